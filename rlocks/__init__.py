@@ -1,0 +1,13 @@
+"""rlocks: distributed, reentrant, thread-aware locks on Redis with the ``threading`` API.
+
+``rlocks.RLock`` behaves like ``threading.RLock`` for every thread of every process that
+uses the same Redis and name. See the README for semantics (leases, renewal, lost holds,
+fork, cluster) and the differences from ``threading``.
+"""
+
+from .errors import LockLostError, NotOwnedError, RLocksError
+from .rlock import RLock
+
+__version__ = "0.1.0"
+
+__all__ = ["RLock", "RLocksError", "NotOwnedError", "LockLostError", "__version__"]

@@ -1,0 +1,19 @@
+"""The shared lock engine under every rlocks primitive.
+
+Modules, lowest first (each imports only the ones above it):
+
+- ``clock``: the monotonic clock every deadline is read from.
+- ``identity``: owner ids (host, pid, per-process nonce renewed at fork, per-thread serial).
+- ``keys``: Redis key and channel names, with the hash tag that keeps one primitive in one
+  cluster slot.
+- ``checks``: argument validation, done before any Redis call.
+- ``scripts``: the Lua files, EVALSHA with NOSCRIPT recovery, and the one reply decoder.
+- ``clients``: the default client (``RLOCKS_URL``).
+- ``waiting``: the per-process wake-up hub (one subscriber connection) and the deadline loop.
+- ``renewal``: the per-process lease renewer (one daemon thread, batched round trips).
+- ``primitive``: the base class a primitive is built from: local bookkeeping of holds,
+  acquire / release / lost-hold handling on top of the modules above.
+
+A primitive module (``rlocks/rlock.py`` ...) chooses its scripts, its key kind, its owner
+scope and its wake policy; it never grows its own wait loop or renewal.
+"""

@@ -1,0 +1,128 @@
+"""Argument validation, done before any Redis call.
+
+Each check raises exactly the exception ``threading`` raises for the same mistake
+(``TypeError``, ``ValueError``, ``OverflowError``), with a message that names the primitive,
+so a bad argument never reaches Redis and never changes anything there.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from _thread import TIMEOUT_MAX
+from typing import Optional
+
+__all__ = [
+    "TIMEOUT_MAX",
+    "check_name",
+    "check_namespace",
+    "check_ttl",
+    "lock_wait",
+    "semaphore_wait",
+]
+
+# Redis keeps PEXPIRE in signed 64-bit milliseconds; a lease past ~292 million years would
+# overflow it. Any lease that long is a mistake, so it is refused up front.
+_TTL_MAX = 2.0**62 / 1000.0
+
+
+def _label(kind: str, name: object) -> str:
+    return f"{kind}({name!r})"
+
+
+def check_name(name: object, kind: str) -> str:
+    """A primitive's name: a non-empty ``str`` that encodes to UTF-8."""
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError(f"{kind} name must not be empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{kind} name {name!r} is not valid unicode: {exc.reason}") from None
+    return name
+
+
+def check_namespace(namespace: object, kind: str, name: str) -> str:
+    """A key namespace: a non-empty ``str`` that encodes to UTF-8."""
+    label = _label(kind, name)
+    if not isinstance(namespace, str):
+        raise TypeError(f"{label}: namespace must be a str, not {type(namespace).__name__}")
+    if not namespace:
+        raise ValueError(f"{label}: namespace must not be empty")
+    try:
+        namespace.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{label}: namespace is not valid unicode: {exc.reason}") from None
+    return namespace
+
+
+def _real(value: object, what: str, label: str) -> float:
+    # bool is an int, and threading accepts True as a timeout of 1 s; so do we.
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{label}: {what} must be a number, not {type(value).__name__}")
+    result = float(value)
+    if math.isnan(result):
+        raise ValueError(f"{label}: {what} must be a number, not NaN")
+    return result
+
+
+def check_ttl(ttl: object, kind: str, name: str) -> int:
+    """The lease length in seconds; returns it in whole milliseconds (at least 1)."""
+    label = _label(kind, name)
+    if isinstance(ttl, bool):
+        raise TypeError(f"{label}: ttl must be a number of seconds, not bool")
+    seconds = _real(ttl, "ttl", label)
+    if not (0.0 < seconds <= _TTL_MAX):
+        raise ValueError(
+            f"{label}: ttl must be a positive, finite number of seconds, got {ttl!r}"
+        )
+    if seconds < 0.001:
+        raise ValueError(f"{label}: ttl must be at least 0.001 s (1 ms), got {ttl!r}")
+    return max(1, round(seconds * 1000.0))
+
+
+def lock_wait(blocking: object, timeout: object, kind: str, name: str) -> Optional[float]:
+    """``threading.Lock.acquire`` arguments -> seconds to wait (``None``: forever, 0: try once).
+
+    Same rules and exception types as ``_thread.RLock.acquire``: a timeout with
+    ``blocking=False`` is a ValueError, so is a negative timeout other than -1 and NaN;
+    above ``threading.TIMEOUT_MAX`` (or infinite) it is an OverflowError.
+    """
+    label = _label(kind, name)
+    seconds = _real(timeout, "timeout", label)
+    if not blocking:
+        if seconds != -1:
+            raise ValueError(f"{label}: can't specify a timeout for a non-blocking call")
+        return 0.0
+    if seconds == -1:
+        return None
+    if seconds < 0:
+        raise ValueError(
+            f"{label}: timeout must be a non-negative number or -1, got {timeout!r}"
+        )
+    if seconds > TIMEOUT_MAX:
+        raise OverflowError(f"{label}: timeout {timeout!r} is above threading.TIMEOUT_MAX")
+    return seconds
+
+
+def semaphore_wait(
+    blocking: object, timeout: object, kind: str, name: str
+) -> Optional[float]:
+    """``threading.Semaphore.acquire`` arguments -> seconds to wait (``None``: forever).
+
+    Same rules as ``threading.Semaphore``: ``timeout=None`` waits forever, a timeout with
+    ``blocking=False`` is a ValueError, and a negative timeout means "try once". NaN is
+    refused (threading would treat it as "forever" by accident).
+    """
+    label = _label(kind, name)
+    if not blocking:
+        if timeout is not None:
+            raise ValueError(f"{label}: can't specify timeout for non-blocking acquire")
+        return 0.0
+    if timeout is None:
+        return None
+    seconds = _real(timeout, "timeout", label)
+    if seconds > TIMEOUT_MAX:
+        raise OverflowError(f"{label}: timeout {timeout!r} is above threading.TIMEOUT_MAX")
+    return max(0.0, seconds)

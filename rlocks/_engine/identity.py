@@ -1,0 +1,73 @@
+"""Owner identity: the string that names *who* holds a hold.
+
+An owner id is ``host:pid:nonce:serial``:
+
+- ``host`` and ``pid`` make ids readable in ``redis-cli`` and unique across hosts;
+- ``nonce`` is 64 random bits drawn when the process starts and drawn again in every
+  ``fork()`` child (``os.register_at_fork``), so a reused pid, or a child that inherited
+  its parent's memory, never presents an id that already holds something;
+- ``serial`` numbers threads in the order they first ask for an id. It lives in a
+  ``threading.local`` (which works for threads started with ``_thread.start_new_thread``
+  too, and does not create ``threading._DummyThread`` objects), so a new thread that
+  reuses a dead thread's ident still gets a fresh serial.
+
+``process_owner()`` is the id shared by all threads of the process, for primitives whose
+holds belong to the process rather than to a thread (semaphore permits).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+
+__all__ = ["thread_owner", "process_owner", "process_token"]
+
+_HOST = socket.gethostname() or "localhost"
+
+# Bumped at every (re)initialisation; a thread's cached id is valid only for the epoch it was
+# built in, which is how a fork child's threads notice that their cached id is stale.
+_epoch = 0
+_prefix = ""
+_serials = itertools.count(1)
+_local = threading.local()
+
+
+def _new_process_identity() -> None:
+    global _epoch, _prefix, _serials
+    _prefix = f"{_HOST}:{os.getpid()}:{os.urandom(8).hex()}"
+    _serials = itertools.count(1)
+    _epoch += 1
+
+
+_new_process_identity()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process_identity)
+
+
+def thread_owner() -> str:
+    """The calling thread's owner id (cached per thread; no I/O)."""
+    local = _local
+    try:
+        if local.epoch == _epoch:
+            owner: str = local.owner
+            return owner
+    except AttributeError:
+        pass
+    # next() on itertools.count is atomic under the GIL, so two new threads never share
+    # a serial.
+    owner = f"{_prefix}:{next(_serials)}"
+    local.owner = owner
+    local.epoch = _epoch
+    return owner
+
+
+def process_owner() -> str:
+    """The owner id shared by every thread of this process (renewed at fork)."""
+    return f"{_prefix}:p"
+
+
+def process_token() -> str:
+    """``host:pid:nonce`` of this process: unique per process lifetime, renewed at fork."""
+    return _prefix

@@ -1,0 +1,38 @@
+"""Redis key and channel names.
+
+Every key and channel of one primitive is built as::
+
+    <namespace>:<kind>:{<name>}[:<suffix>]
+
+The ``{<name>}`` part is the Redis Cluster hash tag, so a primitive's hash, its wake-up
+channel and any side keys map to the same slot and one Lua script may touch them all.
+Inside the namespace and the name, ``%``, ``{`` and ``}`` are percent-escaped: a name can
+then never end the hash tag early, and the mapping from (namespace, kind, name) to key is
+one-to-one (two different names never share a key). Everything else, ``:``, spaces,
+unicode, is kept as it is, so keys stay readable in ``redis-cli``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["PrimitiveKeys", "escape", "keys_for"]
+
+
+def escape(part: str) -> str:
+    """Percent-escape ``%``, ``{`` and ``}`` (``%`` first, so the mapping is reversible)."""
+    return part.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+class PrimitiveKeys(NamedTuple):
+    """The Redis names one primitive uses."""
+
+    hash: str  # owner id -> hold count, plus any per-primitive metadata fields
+    channel: str  # wake-ups published by the release scripts
+
+
+def keys_for(namespace: str, kind: str, name: str) -> PrimitiveKeys:
+    """Key and channel names for primitive ``name`` of ``kind`` in ``namespace``."""
+    assert kind and ":" not in kind and "{" not in kind, kind
+    base = f"{escape(namespace)}:{kind}:{{{escape(name)}}}"
+    return PrimitiveKeys(hash=base, channel=f"{base}:wake")

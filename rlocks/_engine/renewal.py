@@ -1,0 +1,217 @@
+"""Lease renewal: one daemon thread per process keeps every hold of the process alive.
+
+Why one thread
+--------------
+A hold's lease is the PEXPIRE of its key (or, for multi-owner primitives, a per-owner
+deadline the scripts keep); if the process dies, nobody renews it and it ends by itself.
+While the process lives, a hold must not end under a holder that is still working, so
+its lease is renewed about every ``ttl / 3``. Doing that with a thread or a round trip per
+lock does not scale to thousands of holds; here one thread owns a table of leases, wakes
+when the earliest is due, and renews every lease due soon in one pipeline per connection
+pool (one round trip for the whole batch).
+
+Weak references
+---------------
+A lease refers to its primitive weakly. A held lock that the program dropped (no
+reference left) is no longer renewed and its hold expires at the end of its lease,
+instead of being kept alive forever by the renewer.
+
+Lost holds
+----------
+A renewal that finds the owner's hold gone (expired during a stall, deleted by
+``release --force``) reports it lost to the primitive. A renewal that cannot reach Redis
+is retried about every second; once the last successful renewal is older than the lease,
+the hold cannot be trusted any more and is reported lost as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from redis.exceptions import NoScriptError, RedisError
+
+from .clock import monotonic
+from .clients import pool_of
+from .scripts import Script, decode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .primitive import Primitive
+
+__all__ = ["Lease", "Renewer", "renewer"]
+
+log = logging.getLogger(__name__)
+
+RETRY = 1.0  # s between renewal attempts while Redis cannot be reached
+IDLE_EXIT = 30.0  # s without leases after which the renewer thread exits
+EARLY = 0.25  # a lease due within this fraction of its period joins the current batch
+
+
+class Lease:
+    """One owner's hold on one primitive, as the renewer sees it."""
+
+    __slots__ = ("ref", "owner", "ttl", "period", "due", "expires")
+
+    def __init__(self, primitive: "Primitive", owner: str, ttl: float, since: float) -> None:
+        self.ref: "weakref.ReferenceType[Primitive]" = weakref.ref(primitive)
+        self.owner = owner
+        self.ttl = ttl
+        self.period = ttl / 3.0
+        self.due = since + self.period
+        # Our own, conservative idea of when the server lets the hold go: measured from
+        # before the command that set the lease was sent.
+        self.expires = since + ttl
+
+
+class Renewer:
+    """The process's lease renewer. Use :func:`renewer` to get it."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._wakeup = threading.Condition(self._mutex)
+        self._leases: Dict[int, Lease] = {}
+        self._next_wake = float("inf")
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, primitive: "Primitive", owner: str, ttl: float, since: float) -> Lease:
+        """Start renewing ``owner``'s hold on ``primitive``, granted at ``since``."""
+        lease = Lease(primitive, owner, ttl, since)
+        with self._mutex:
+            self._leases[id(lease)] = lease
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rlocks-renewer", daemon=True
+                )
+                self._thread.start()
+            elif lease.due < self._next_wake:
+                self._wakeup.notify()
+        return lease
+
+    def cancel(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` (released or lost). Idempotent, no I/O."""
+        with self._mutex:
+            self._leases.pop(id(lease), None)
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    # -- the renewer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._renew(batch)
+            except Exception:  # noqa: BLE001 - the renewer must outlive any one failure
+                log.exception("lease renewal failed unexpectedly")
+
+    def _next_batch(self) -> Optional[List[Lease]]:
+        """Block until some leases are due; return them (``None``: thread should exit)."""
+        with self._mutex:
+            idle_since: Optional[float] = None
+            while True:
+                now = monotonic()
+                due: List[Lease] = []
+                next_due = float("inf")
+                for lease in self._leases.values():
+                    if lease.due <= now + EARLY * lease.period:
+                        due.append(lease)
+                    elif lease.due < next_due:
+                        next_due = lease.due
+                if due:
+                    self._next_wake = float("inf")
+                    return due
+                if not self._leases:
+                    if idle_since is None:
+                        idle_since = now
+                    elif now - idle_since >= IDLE_EXIT:
+                        self._thread = None
+                        return None
+                    self._next_wake = now + IDLE_EXIT
+                    self._wakeup.wait(IDLE_EXIT)
+                else:
+                    idle_since = None
+                    self._next_wake = next_due
+                    self._wakeup.wait(next_due - now)
+
+    def _renew(self, batch: List[Lease]) -> None:
+        groups: Dict[int, Tuple[Any, List[Tuple[Lease, "Primitive", Script]]]] = {}
+        for lease in batch:
+            primitive = lease.ref()
+            if primitive is None:
+                # Nobody can release it any more: let the lease run out on the server.
+                self.cancel(lease)
+                continue
+            key = id(pool_of(primitive._client))
+            group = groups.setdefault(key, (primitive._client, []))
+            script = primitive._renew_script
+            group[1].append((lease, primitive, script))
+        for client, items in groups.values():
+            self._renew_on(client, items)
+
+    def _renew_on(self, client: Any, items: List[Tuple[Lease, "Primitive", Script]]) -> None:
+        sent = monotonic()
+        try:
+            results = self._pipeline(client, items)
+            if any(isinstance(r, NoScriptError) for r in results):
+                # The server lost its script cache (restart, SCRIPT FLUSH): load and redo.
+                for script in {s.sha: s for _, _, s in items}.values():
+                    client.script_load(script.source)
+                results = self._pipeline(client, items)
+        except RedisError as exc:
+            results = [exc] * len(items)
+        for (lease, primitive, script), result in zip(items, results):
+            if isinstance(result, Exception):
+                self._failed(lease, primitive, result)
+                continue
+            reply = decode(result, script.name)
+            if reply.granted:
+                lease.expires = sent + lease.ttl
+                lease.due = sent + lease.period
+            else:
+                self.cancel(lease)
+                primitive._hold_lost(lease.owner, "its lease was gone when renewal came", lease)
+
+    @staticmethod
+    def _pipeline(client: Any, items: List[Tuple[Lease, "Primitive", Script]]) -> List[Any]:
+        pipe = client.pipeline(transaction=False)
+        for lease, primitive, script in items:
+            keys, args = primitive._renew_arguments(lease.owner)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results: List[Any] = pipe.execute(raise_on_error=False)
+        return results
+
+    def _failed(self, lease: Lease, primitive: "Primitive", error: Exception) -> None:
+        now = monotonic()
+        if now >= lease.expires:
+            self.cancel(lease)
+            primitive._hold_lost(
+                lease.owner, f"renewal could not reach Redis ({error})", lease
+            )
+        else:
+            log.debug("renewal of %r failed, retrying: %s", primitive, error)
+            lease.due = now + min(RETRY, lease.period)
+
+
+_renewer = Renewer()
+
+
+def _reset_after_fork() -> None:
+    # A child holds nothing (its owner ids are new), so it must not renew the parent's
+    # holds: start from an empty renewer.
+    global _renewer
+    _renewer = Renewer()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def renewer() -> Renewer:
+    """The process's renewer (a new, empty one in a fork child)."""
+    return _renewer

