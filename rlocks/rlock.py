@@ -143,7 +143,8 @@ class RLock(Primitive):
             raise NotOwnedError(
                 f"cannot release un-acquired lock {self._describe()}", name=self._name
             )
-        self._give_back(owner, count)
+        # Every level in Redis, not only this object's: a Condition must really let go.
+        self._give_back(owner, count, everything=True)
         return count, owner
 
     def _acquire_restore(self, state: Tuple[int, str]) -> None:

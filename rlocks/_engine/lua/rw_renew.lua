@@ -1,0 +1,31 @@
+-- rw_renew: extend one owner's lease on one side of an RWLock, if it still holds it.
+-- (Runs after rw_lib.lua, which rwlock.py prepends; the hash layout is described there.)
+--
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  owner id
+-- ARGV[2]  side: 'r' or 'w'
+-- ARGV[3]  lease, ms (> 0): the owner's lease on that side now ends this long from now
+--
+-- Returns {status, value}:
+--   {  1, count }  renewed; count = the owner's holds on that side
+--   { -1, 0 }      this owner holds nothing on that side (its lease had ended): lost
+local owner = ARGV[1]
+local side = ARGV[2]
+local lease_ms = tonumber(ARGV[3])
+
+local st = load_state(KEYS[1], server_ms())
+local held = nil
+if side == 'r' then
+    if st.r[owner] ~= nil then held = st.r[owner][1] end
+elseif st.writer == owner then
+    held = st.wcount
+end
+if held == nil then
+    finish(st)
+    return {-1, 0}
+end
+local ends_at = st.now + lease_ms
+redis.call('HSET', KEYS[1], '#' .. side .. ':' .. owner, ends_at)
+if side == 'r' then st.r[owner][2] = ends_at else st.wend = ends_at end
+finish(st)
+return {1, held}

@@ -1,0 +1,487 @@
+"""rlocks.RLock behaviour on a real Redis: semantics, bad input, lost holds, renewal."""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import redis
+
+import rlocks
+from rlocks._engine import identity
+from rlocks._engine.keys import escape
+from rlocks.server import TemporaryRedisServer
+
+from .conftest import NAMESPACE, snapshot
+
+
+class CountingRedis(redis.Redis):  # type: ignore[type-arg]
+    """A real client that records each command it sends and each pipeline it runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: List[str] = []
+        self.pipelines = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.commands.append(str(args[0]).upper())
+        return super().execute_command(*args, **options)
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        self.pipelines += 1
+        return super().pipeline(*args, **kwargs)
+
+
+@pytest.fixture
+def counting(redis_url: str) -> CountingRedis:
+    return CountingRedis.from_url(redis_url)
+
+
+def make(name: str, client: Any, **kwargs: Any) -> rlocks.RLock:
+    return rlocks.RLock(name, client=client, namespace=NAMESPACE, **kwargs)
+
+
+def hash_key(name: str) -> str:
+    return f"{NAMESPACE}:rlock:{{{name}}}"
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())
+
+
+# -- semantics -------------------------------------------------------------------------
+
+
+def test_reentrant_count_lives_in_redis(client: Any, name: str) -> None:
+    lock = make(name, client)
+    owner = identity.thread_owner()
+    assert lock.acquire() and lock.acquire()
+    assert client.hgetall(hash_key(name)) == {owner.encode(): b"2"}
+    assert 0 < client.pttl(hash_key(name)) <= 30_000
+    lock.release()
+    assert client.hget(hash_key(name), owner) == b"1"
+    lock.release()
+    assert not client.exists(hash_key(name))
+
+
+def test_other_thread_waits_and_gets_it_after_release(client: Any, name: str) -> None:
+    lock = make(name, client)
+    lock.acquire()
+    got = threading.Event()
+
+    def contender() -> None:
+        with lock:
+            got.set()
+
+    t = threading.Thread(target=contender)
+    t.start()
+    assert not got.wait(0.2)
+    lock.release()
+    assert got.wait(5)
+    t.join()
+
+
+def test_locked_sees_holders_of_any_thread(client: Any, name: str) -> None:
+    lock = make(name, client)
+    assert not lock.locked()
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            done.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    assert lock.locked() and not lock._is_owned()
+    done.set()
+    t.join()
+    assert not lock.locked()
+
+
+def test_two_objects_same_name_are_one_lock(client: Any, name: str) -> None:
+    a, b = make(name, client), make(name, client)
+    assert a.acquire()
+    assert b.acquire(blocking=False)  # same thread, same name: re-entry
+    assert client.hget(hash_key(name), identity.thread_owner()) == b"2"
+    b.release()
+    a.release()
+    assert not client.exists(hash_key(name))
+
+
+def test_one_round_trip_per_uncontended_operation(counting: CountingRedis, name: str) -> None:
+    lock = make(name, counting)
+    lock.acquire()  # first use may load the script (NOSCRIPT), so measure afterwards
+    lock.release()
+    counting.commands.clear()
+    lock.acquire()
+    lock.acquire()
+    lock.release()
+    lock.release()
+    assert counting.commands == ["EVALSHA"] * 4
+
+
+def test_release_save_and_acquire_restore(client: Any, name: str) -> None:
+    lock = make(name, client)
+    lock.acquire()
+    lock.acquire()
+    state = lock._release_save()
+    assert not client.exists(hash_key(name)) and lock._recursion_count() == 0
+    lock._acquire_restore(state)
+    assert lock._recursion_count() == 2
+    assert client.hget(hash_key(name), identity.thread_owner()) == b"2"
+    lock.release()
+    lock.release()
+
+
+def test_condition_notifies_across_threads(client: Any, name: str) -> None:
+    cond = threading.Condition(make(name, client))
+    ready: List[int] = []
+
+    def consumer() -> None:
+        with cond:
+            assert cond.wait_for(lambda: ready, timeout=5)
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    with cond:
+        ready.append(1)
+        cond.notify()
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_repr_is_local_and_does_no_io(counting: CountingRedis, name: str) -> None:
+    lock = make(name, counting)
+    counting.commands.clear()
+    assert "not held here" in repr(lock) and repr(name) in repr(lock)
+    lock.acquire()
+    lock.acquire()
+    counting.commands.clear()
+    text = repr(lock)
+    assert counting.commands == []
+    assert "count=2" in text and identity.thread_owner() in text
+    lock.release()
+    lock.release()
+
+
+@pytest.mark.parametrize(
+    "suffix", ["a:b", "{x}", "}", "{", "%7B", "x y", "ünï©ødé", "line\nbreak", '"]]--', "%"]
+)
+def test_awkward_names_are_distinct_and_inert(client: Any, name: str, suffix: str) -> None:
+    plain = make(name, client)
+    odd = make(name + suffix, client)
+    with odd:
+        assert plain.acquire(blocking=False)  # a different lock: not blocked
+        plain.release()
+        key = f"{NAMESPACE}:rlock:{{{escape(name + suffix)}}}"
+        assert client.hget(key, identity.thread_owner()) == b"1"
+        assert not client.exists(hash_key(name))
+        # The whole name sits inside one hash tag: from the first '{' to the first '}'.
+        tag = key[key.index("{") + 1 : key.index("}")]
+        assert tag == escape(name + suffix)
+    assert not odd.locked()
+
+
+# -- bad input: a clear error, naming the lock, and no change in Redis ----------------------
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [(None, TypeError), (1, TypeError), (b"x", TypeError), ("", ValueError), ("\ud800", ValueError)],
+)
+def test_bad_names(client: Any, bad: Any, error: type) -> None:
+    before = snapshot(client)
+    with pytest.raises(error, match="name"):
+        rlocks.RLock(bad, client=client, namespace=NAMESPACE)
+    assert snapshot(client) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"ttl": "1"}, TypeError, "ttl must be a number"),
+        ({"ttl": None}, TypeError, "ttl must be a number"),
+        ({"ttl": True}, TypeError, "not bool"),
+        ({"ttl": math.nan}, ValueError, "NaN"),
+        ({"ttl": math.inf}, ValueError, "positive, finite"),
+        ({"ttl": 0}, ValueError, "positive, finite"),
+        ({"ttl": -1}, ValueError, "positive, finite"),
+        ({"ttl": 0.0001}, ValueError, "at least 0.001"),
+        ({"namespace": ""}, ValueError, "namespace must not be empty"),
+        ({"namespace": 3}, TypeError, "namespace must be a str"),
+        ({"on_lost": 3}, TypeError, "on_lost must be callable"),
+        ({"client": "redis://localhost"}, TypeError, "client must be a redis.Redis"),
+    ],
+)
+def test_bad_constructor_arguments(
+    client: Any, name: str, kwargs: Any, error: type, words: str
+) -> None:
+    before = snapshot(client)
+    kwargs.setdefault("client", client)
+    kwargs.setdefault("namespace", NAMESPACE)
+    with pytest.raises(error, match=words) as info:
+        rlocks.RLock(name, **kwargs)
+    assert name in str(info.value)
+    assert snapshot(client) == before
+
+
+def test_async_client_is_refused(name: str, redis_url: str) -> None:
+    import redis.asyncio
+
+    with pytest.raises(TypeError, match="redis.asyncio"):
+        rlocks.RLock(name, client=redis.asyncio.Redis.from_url(redis_url))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, words",
+    [
+        ((), {"timeout": math.nan}, ValueError, "NaN"),
+        ((), {"timeout": -2}, ValueError, "non-negative"),
+        ((), {"timeout": -0.5}, ValueError, "non-negative"),
+        ((), {"timeout": "1"}, TypeError, "timeout must be a number"),
+        ((), {"timeout": None}, TypeError, "timeout must be a number"),
+        ((), {"timeout": 1e100}, OverflowError, "TIMEOUT_MAX"),
+        ((), {"timeout": math.inf}, OverflowError, "TIMEOUT_MAX"),
+        ((False, 1), {}, ValueError, "non-blocking"),
+    ],
+)
+def test_bad_acquire_arguments_change_nothing(
+    client: Any, name: str, args: Any, kwargs: Any, error: type, words: str
+) -> None:
+    lock = make(name, client)
+    other = make(name + "-held", client)
+    other.acquire()  # some state in Redis that must stay exactly as it is
+    before = snapshot(client)
+    with pytest.raises(error, match=words) as info:
+        lock.acquire(*args, **kwargs)
+    assert name in str(info.value)
+    assert snapshot(client) == before
+    assert lock._recursion_count() == 0
+    other.release()
+
+
+def test_release_unheld_raises_runtime_error_naming_lock(client: Any, name: str) -> None:
+    lock = make(name, client)
+    with pytest.raises(RuntimeError, match="un-acquired") as info:
+        lock.release()
+    assert isinstance(info.value, rlocks.NotOwnedError) and name in str(info.value)
+
+
+def test_release_of_other_threads_hold_changes_nothing(client: Any, name: str) -> None:
+    lock = make(name, client)
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            done.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    before = snapshot(client)
+    with pytest.raises(rlocks.NotOwnedError):
+        lock.release()
+    with pytest.raises(rlocks.NotOwnedError):
+        lock._release_save()
+    assert snapshot(client) == before
+    done.set()
+    t.join()
+
+
+# -- lost holds ------------------------------------------------------------------------------
+
+
+def test_deleted_key_makes_release_raise_lock_lost(client: Any, name: str) -> None:
+    lost: List[Any] = []
+    lock = make(name, client, on_lost=lost.append)
+    lock.acquire()
+    client.delete(hash_key(name))
+    thief = make(name, client)
+    stolen = threading.Event()
+    t = threading.Thread(target=lambda: (thief.acquire(), stolen.set()))
+    t.start()
+    assert stolen.wait(5)
+    thief_state = client.hgetall(hash_key(name))
+    with pytest.raises(rlocks.LockLostError, match=name) as info:
+        lock.release()
+    assert isinstance(info.value, RuntimeError)
+    assert client.hgetall(hash_key(name)) == thief_state  # the new owner is untouched
+    assert lost == [lock]
+    assert lock._recursion_count() == 0
+
+
+def test_nested_with_reports_a_loss_once(client: Any, name: str) -> None:
+    lock = make(name, client)
+    with pytest.raises(rlocks.LockLostError) as info:
+        with lock:
+            with lock:
+                client.delete(hash_key(name))
+    assert info.value.__context__ is None  # not a second error raised while unwinding
+    assert lock._recursion_count() == 0
+    assert lock.acquire(blocking=False)  # usable again
+    lock.release()
+
+
+def test_reentering_a_lost_hold_raises(client: Any, name: str) -> None:
+    lock = make(name, client)
+    lock.acquire()
+    client.delete(hash_key(name))
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()  # discovers the loss; the thread now holds nothing
+    lock.acquire()
+    lock.acquire()
+    client.delete(hash_key(name))
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    with pytest.raises(rlocks.LockLostError, match="re-enter"):
+        lock.acquire()  # the remaining level is lost too: re-entering would hide it
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    assert lock._recursion_count() == 0
+
+
+def test_renewal_finding_the_hold_gone_calls_on_lost(client: Any, name: str) -> None:
+    called = threading.Event()
+    lock = make(name, client, ttl=0.3, on_lost=lambda _lock: called.set())
+    lock.acquire()
+    client.delete(hash_key(name))
+    assert called.wait(3), "the renewer did not notice within a few periods"
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+
+
+# -- leases and renewal ----------------------------------------------------------------------
+
+
+def test_renewal_keeps_a_short_lease_alive(client: Any, name: str) -> None:
+    lock = make(name, client, ttl=0.3)
+    lock.acquire()
+    owner = identity.thread_owner().encode()
+    end = time.monotonic() + 1.5  # five leases long
+    while time.monotonic() < end:
+        assert client.hget(hash_key(name), owner) == b"1"
+        time.sleep(0.02)
+    lock.release()
+
+
+def test_without_auto_renew_the_lease_ends(client: Any, name: str) -> None:
+    lock = make(name, client, ttl=0.2, auto_renew=False)
+    lock.acquire()
+    assert wait_for(lambda: not client.exists(hash_key(name)), timeout=2)
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+
+
+def test_dropped_held_lock_is_no_longer_renewed(client: Any, name: str) -> None:
+    lock = make(name, client, ttl=0.3)
+    lock.acquire()
+    del lock
+    gc.collect()
+    assert wait_for(lambda: not client.exists(hash_key(name)), timeout=3)
+
+
+def test_renewals_are_batched_in_one_pipeline(counting: CountingRedis, name: str) -> None:
+    locks = [make(f"{name}-{i}", counting, ttl=0.9) for i in range(100)]
+    for lock in locks:
+        lock.acquire()
+    counting.pipelines = 0
+    time.sleep(1.0)  # about three renewal periods
+    pipelines = counting.pipelines
+    for lock in locks:
+        lock.release()
+    # 100 leases, ~3 periods: batched that is a handful of pipelines, unbatched ~300.
+    assert 1 <= pipelines <= 10, pipelines
+
+
+# -- waiting ---------------------------------------------------------------------------------
+
+
+def test_release_wakes_one_waiter_not_all(counting: CountingRedis, name: str) -> None:
+    lock = make(name, counting, ttl=30)
+    lock.acquire()
+    stop = threading.Event()
+    entered: List[int] = []
+
+    def waiter(i: int) -> None:
+        if lock.acquire(timeout=10):
+            entered.append(i)
+            stop.wait(10)
+            lock.release()
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # all six have failed their attempts and are parked
+    counting.commands.clear()
+    lock.release()
+    assert wait_for(lambda: len(entered) == 1)
+    time.sleep(0.3)
+    attempts = counting.commands.count("EVALSHA") - 1  # minus our release
+    assert len(entered) == 1
+    assert attempts <= 2, f"one release caused {attempts} acquire attempts"
+    stop.set()
+    for t in threads:
+        t.join(15)
+    assert sorted(entered) == list(range(6))
+
+
+def test_timeout_is_honoured_while_held(client: Any, name: str) -> None:
+    lock = make(name, client)
+    lock.acquire()
+    result: List[Any] = []
+
+    def contender() -> None:
+        start = time.monotonic()
+        result.append(lock.acquire(timeout=0.3))
+        result.append(time.monotonic() - start)
+
+    t = threading.Thread(target=contender)
+    t.start()
+    t.join(5)
+    lock.release()
+    assert result[0] is False and 0.25 <= result[1] < 2.0
+
+
+def test_crashed_holder_without_release_is_waited_out(client: Any, name: str) -> None:
+    # A hold left by an owner that vanished (a field nobody renews) ends with its lease;
+    # a waiter must notice without any wake-up message.
+    client.hset(hash_key(name), "ghost-owner", 1)
+    client.pexpire(hash_key(name), 400)
+    lock = make(name, client)
+    start = time.monotonic()
+    assert lock.acquire(timeout=5)
+    assert time.monotonic() - start < 1.5
+    lock.release()
+
+
+# -- Redis going away ------------------------------------------------------------------------
+
+
+def test_unreachable_redis_raises_promptly_and_changes_nothing_locally(name: str) -> None:
+    with TemporaryRedisServer() as server:
+        client = redis.Redis.from_url(server.url, socket_timeout=1, socket_connect_timeout=1)
+        lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+        lock.acquire()
+        server.stop()
+        start = time.monotonic()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            lock.release()
+        # The local hold is dropped so nothing keeps renewing it; the server-side lease
+        # would end on its own.
+        assert lock._recursion_count() == 0
+        with pytest.raises(redis.exceptions.ConnectionError):
+            lock.acquire(timeout=0.5)
+        assert time.monotonic() - start < 10
+        assert lock._recursion_count() == 0
