@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import threading
 import time
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import pytest
 import redis
@@ -47,6 +48,26 @@ def make(name: str, client: Any, **kwargs: Any) -> rlocks.RLock:
 
 def hash_key(name: str) -> str:
     return f"{NAMESPACE}:rlock:{{{name}}}"
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock: rlocks.RLock) -> Iterator[None]:
+    """Hold ``lock`` in a helper thread for the duration of the block."""
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(5)
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
@@ -93,19 +114,8 @@ def test_other_thread_waits_and_gets_it_after_release(client: Any, name: str) ->
 def test_locked_sees_holders_of_any_thread(client: Any, name: str) -> None:
     lock = make(name, client)
     assert not lock.locked()
-    held, done = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with lock:
-            held.set()
-            done.wait(5)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait(5)
-    assert lock.locked() and not lock._is_owned()
-    done.set()
-    t.join()
+    with held_by_another_thread(lock):
+        assert lock.locked() and not lock._is_owned()
     assert not lock.locked()
 
 
@@ -280,24 +290,13 @@ def test_release_unheld_raises_runtime_error_naming_lock(client: Any, name: str)
 
 def test_release_of_other_threads_hold_changes_nothing(client: Any, name: str) -> None:
     lock = make(name, client)
-    held, done = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with lock:
-            held.set()
-            done.wait(5)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait(5)
-    before = snapshot(client)
-    with pytest.raises(rlocks.NotOwnedError):
-        lock.release()
-    with pytest.raises(rlocks.NotOwnedError):
-        lock._release_save()
-    assert snapshot(client) == before
-    done.set()
-    t.join()
+    with held_by_another_thread(lock):
+        before = snapshot(client)
+        with pytest.raises(rlocks.NotOwnedError):
+            lock.release()
+        with pytest.raises(rlocks.NotOwnedError):
+            lock._release_save()
+        assert snapshot(client) == before
 
 
 # -- lost holds ------------------------------------------------------------------------------

@@ -30,31 +30,27 @@ def _label(kind: str, name: object) -> str:
     return f"{kind}({name!r})"
 
 
+def _text(value: object, what: str, where: str) -> str:
+    """A non-empty ``str`` that encodes to UTF-8 (Redis keys travel as UTF-8)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where} {what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{where} {what} must not be empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} {what} {value!r} is not valid unicode: {exc.reason}") from None
+    return value
+
+
 def check_name(name: object, kind: str) -> str:
     """A primitive's name: a non-empty ``str`` that encodes to UTF-8."""
-    if not isinstance(name, str):
-        raise TypeError(f"{kind} name must be a str, not {type(name).__name__}")
-    if not name:
-        raise ValueError(f"{kind} name must not be empty")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{kind} name {name!r} is not valid unicode: {exc.reason}") from None
-    return name
+    return _text(name, "name", kind)
 
 
 def check_namespace(namespace: object, kind: str, name: str) -> str:
     """A key namespace: a non-empty ``str`` that encodes to UTF-8."""
-    label = _label(kind, name)
-    if not isinstance(namespace, str):
-        raise TypeError(f"{label}: namespace must be a str, not {type(namespace).__name__}")
-    if not namespace:
-        raise ValueError(f"{label}: namespace must not be empty")
-    try:
-        namespace.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{label}: namespace is not valid unicode: {exc.reason}") from None
-    return namespace
+    return _text(namespace, "namespace", _label(kind, name) + ":")
 
 
 def _real(value: object, what: str, label: str) -> float:
