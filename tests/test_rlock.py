@@ -484,3 +484,26 @@ def test_unreachable_redis_raises_promptly_and_changes_nothing_locally(name: str
             lock.acquire(timeout=0.5)
         assert time.monotonic() - start < 10
         assert lock._recursion_count() == 0
+
+
+def test_direct_path_sends_one_evalsha_per_operation(name: str) -> None:
+    # Counted by the server, on a server of its own, for a plain redis.Redis (which takes
+    # the pre-packed path that CountingRedis, as an instrumented subclass, does not).
+    with TemporaryRedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, auto_renew=False)
+        lock.acquire()  # loads the scripts (NOSCRIPT recovery) and packs the calls
+        lock.release()
+
+        def evalsha_calls() -> int:
+            return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+        before = evalsha_calls()
+        for _ in range(10):
+            lock.acquire()
+            lock.acquire()
+            lock.release()
+            lock.release()
+        assert evalsha_calls() - before == 40
+        assert not lock.locked()
+        client.close()

@@ -25,7 +25,7 @@ from .clients import default_client, is_cluster
 from .clock import monotonic
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, renewer
-from .scripts import Arg, Reply, Script, run
+from .scripts import Arg, Call, Reply, Script
 from .waiting import hub_for, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
@@ -33,6 +33,7 @@ __all__ = ["Hold", "Primitive"]
 log = logging.getLogger("rlocks")
 
 _bookkeeping = threading.Lock()
+_MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
 def _reset_after_fork() -> None:
@@ -72,6 +73,7 @@ class Primitive:
         "_keys",
         "_holds",
         "_publish",
+        "_calls",
         "__weakref__",
     )
 
@@ -121,6 +123,7 @@ class Primitive:
         self._holds: Dict[str, Hold] = {}
         # Cluster servers deliver sharded messages only to the shard's subscribers.
         self._publish = "SPUBLISH" if is_cluster(client) else "PUBLISH"
+        self._calls: Dict[Tuple[str, str, int, bool], Call] = {}
 
     # -- read-only facts -----------------------------------------------------------------
 
@@ -157,6 +160,23 @@ class Primitive:
 
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         raise NotImplementedError
+
+    def _call(self, op: str, owner: str, count: int, everything: bool = False) -> Call:
+        """The prepared script call for ``op`` ("acquire"/"release") by ``owner``."""
+        key = (op, owner, count, everything)
+        call = self._calls.get(key)
+        if call is None:
+            if op == "acquire":
+                keys, args = self._acquire_arguments(owner, count)
+                script = self._acquire_script
+            else:
+                keys, args = self._release_arguments(owner, count, everything)
+                script = self._release_script
+            if len(self._calls) >= _MAX_CALLS:
+                # Owners are threads, and threads come and go: keep the cache bounded.
+                self._calls.clear()
+            call = self._calls[key] = Call(script, keys, args)
+        return call
 
     # -- local bookkeeping (no I/O) ------------------------------------------------------
 
@@ -238,13 +258,12 @@ class Primitive:
                 name=self._name,
             )
         client = self._client
-        script = self._acquire_script
-        keys, args = self._acquire_arguments(owner, count)
+        call = self._call("acquire", owner, count)
         started = [0.0]
 
         def attempt() -> Reply:
             started[0] = monotonic()
-            return run(client, script, keys, args)
+            return call(client)
 
         reply = attempt()
         if reply.busy and wait != 0.0:
@@ -277,9 +296,9 @@ class Primitive:
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
-        keys, args = self._release_arguments(owner, count, everything)
+        call = self._call("release", owner, count, everything)
         try:
-            reply = run(self._client, self._release_script, keys, args)
+            reply = call(self._client)
         except BaseException:
             self._record_release(owner, count)
             raise
