@@ -64,7 +64,8 @@ class RLock(Primitive):
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
 
     def _acquire_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, count)
+        reentry = 1 if self._held(owner) > 0 else 0
+        return (self._keys.hash,), (owner, self._ttl_ms, count, reentry)
 
     def _release_arguments(
         self, owner: str, count: int, everything: bool

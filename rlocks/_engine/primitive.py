@@ -161,16 +161,20 @@ class Primitive:
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         raise NotImplementedError
 
-    def _call(self, op: str, owner: str, count: int, everything: bool = False) -> Call:
-        """The prepared script call for ``op`` ("acquire"/"release") by ``owner``."""
-        key = (op, owner, count, everything)
+    def _call(self, op: str, owner: str, count: int, flag: bool = False) -> Call:
+        """The prepared script call for ``op`` by ``owner``.
+
+        ``flag`` is, for "acquire", whether the owner already holds here (an argument
+        builder may read ``self._held(owner)``); for "release", "give back everything".
+        """
+        key = (op, owner, count, flag)
         call = self._calls.get(key)
         if call is None:
             if op == "acquire":
                 keys, args = self._acquire_arguments(owner, count)
                 script = self._acquire_script
             else:
-                keys, args = self._release_arguments(owner, count, everything)
+                keys, args = self._release_arguments(owner, count, flag)
                 script = self._release_script
             if len(self._calls) >= _MAX_CALLS:
                 # Owners are threads, and threads come and go: keep the cache bounded.
@@ -246,9 +250,10 @@ class Primitive:
     def _take(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """Acquire ``count`` holds for ``owner``; wait ``wait`` s (``None``: forever, 0: no).
 
-        Returns whether it was granted. Raises LockLostError, without any I/O, when the
-        owner's earlier hold is known lost and not yet released (re-entering a critical
-        section that is no longer protected would hide the loss). Redis errors propagate.
+        Returns whether it was granted. Raises LockLostError when the owner's earlier hold
+        is lost and not yet released: without I/O when that is known already, else when
+        the script finds the hold gone (re-entering a critical section that is no longer
+        protected would hide the loss). Redis errors propagate.
         """
         hold = self._holds.get(owner)
         if hold is not None and hold.lost:
@@ -258,7 +263,7 @@ class Primitive:
                 name=self._name,
             )
         client = self._client
-        call = self._call("acquire", owner, count)
+        call = self._call("acquire", owner, count, self._held(owner) > 0)
         started = [0.0]
 
         def attempt() -> Reply:
@@ -270,6 +275,10 @@ class Primitive:
             deadline = None if wait is None else started[0] + wait
             hub = hub_for(client, self._namespace)
             reply = wait_until_granted(hub, self._keys.channel, attempt, deadline)
+        if reply.not_owner:
+            # A re-entry whose hold ended unnoticed: report the loss now, not at release.
+            self._hold_lost(owner, "its hold was gone at re-entry")
+            raise self._lost_error()
         if not reply.granted:
             return False
         self._record_grant(owner, count, started[0])

@@ -1,0 +1,355 @@
+"""Fork and thread identity: who owns a hold must never be inherited or reused.
+
+A ``fork()`` child is a copy of its parent's memory, including an RLock object whose local
+bookkeeping says "held". It must not believe it holds anything: its owner ids are new, so
+it can neither release nor re-enter the parent's hold. Threads started with the low-level
+``_thread.start_new_thread`` reuse idents of dead threads; owner ids must not.
+
+The fork tests call ``os.fork`` directly. The child reports over a pipe (one JSON object a
+line) and always leaves with ``os._exit``, so no pytest machinery runs twice.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, List, Tuple
+
+import pytest
+import redis
+
+import rlocks
+from rlocks._engine import renewal
+from rlocks._engine.identity import thread_owner
+
+from .conftest import NAMESPACE
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def hash_key(name: str) -> str:
+    return f"{NAMESPACE}:rlock:{{{name}}}"
+
+
+class Pipe:
+    """One end of a pair of pipes carrying JSON lines."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self.buffer = b""
+
+    def send(self, obj: Any) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        while data:
+            data = data[os.write(self.write_fd, data) :]
+
+    def recv(self, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:
+                raise AssertionError(f"no message over the pipe within {timeout} s")
+            chunk = os.read(self.read_fd, 65536)
+            if not chunk:
+                raise AssertionError("the other side closed the pipe")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def fork(child: Callable[[Pipe], None]) -> Tuple[int, Pipe]:
+    """Fork; the child runs ``child(pipe)`` and exits 0, or sends its traceback and exits 1."""
+    to_parent_r, to_parent_w = os.pipe()
+    to_child_r, to_child_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, which os._exit()s
+        code = 1
+        try:
+            os.close(to_parent_r)
+            os.close(to_child_w)
+            pipe = Pipe(to_child_r, to_parent_w)
+            try:
+                child(pipe)
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported to the parent
+                pipe.send({"child_error": traceback.format_exc()})
+        finally:
+            os._exit(code)
+    os.close(to_parent_w)
+    os.close(to_child_r)
+    return pid, Pipe(to_parent_r, to_child_w)
+
+
+def reap(pid: int, timeout: float = 10.0) -> int:
+    """Wait for the child to exit and return its exit code (killing it if it hangs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the fork child did not exit")
+
+
+def checked(message: Any) -> Any:
+    if isinstance(message, dict) and "child_error" in message:
+        raise AssertionError("the fork child failed:\n" + message["child_error"])
+    return message
+
+
+@pytest.mark.timeout(30)
+def test_fork_child_owns_nothing_of_its_parents_hold(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    key = hash_key(name)
+    lock = rlocks.RLock(name, client=client, ttl=10.0, namespace=NAMESPACE)
+    assert lock.acquire() and lock.acquire()  # held twice by the forking thread
+    parent_owner = thread_owner()
+
+    def child(pipe: Pipe) -> None:
+        # Same object, same memory: its local table still says parent_owner holds 2.
+        report: dict = {"owner": thread_owner()}
+        report["is_owned"] = lock._is_owned()
+        report["count"] = lock._recursion_count()
+        report["renewing"] = len(renewal.renewer())
+        try:
+            lock.release()
+            report["release"] = "returned"
+        except RuntimeError as exc:
+            report["release"] = type(exc).__name__
+            report["release_is_runtime_error"] = isinstance(exc, RuntimeError)
+        report["try_acquire"] = lock.acquire(blocking=False)
+        pipe.send(report)
+
+        assert pipe.recv(20) == "released"
+        after: dict = {"acquired": lock.acquire(timeout=5)}
+        after["count"] = lock._recursion_count()
+        after["hash"] = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+        lock.release()
+        after["exists"] = client.exists(key)
+        pipe.send(after)
+
+    pid, pipe = fork(child)
+    try:
+        report = checked(pipe.recv(20))
+        assert report["owner"] != parent_owner
+        assert report["is_owned"] is False
+        assert report["count"] == 0
+        assert report["renewing"] == 0  # the child does not renew the parent's lease
+        assert report["release"] == "NotOwnedError" and report["release_is_runtime_error"]
+        assert report["try_acquire"] is False
+        # The child's attempts changed nothing: the parent still holds, twice.
+        assert client.hgetall(key) == {parent_owner.encode(): b"2"}
+        assert lock._recursion_count() == 2
+
+        lock.release()
+        lock.release()
+        assert not client.exists(key)
+        pipe.send("released")
+
+        after = checked(pipe.recv(20))
+        assert after == {
+            "acquired": True,
+            "count": 1,
+            "hash": {report["owner"]: "1"},
+            "exists": 0,
+        }
+        assert reap(pid) == 0
+        pid = 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pipe.close()
+        client.delete(key)
+
+
+@pytest.mark.timeout(30)
+def test_fork_children_of_one_parent_get_distinct_owner_ids(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # Two children forked from the same state (same nonce, same serial counter in memory)
+    # must still differ from each other and from the parent, thread by thread.
+    parent = thread_owner()
+
+    def child(pipe: Pipe) -> None:
+        ids: List[str] = [thread_owner()]
+        t = threading.Thread(target=lambda: ids.append(thread_owner()))
+        t.start()
+        t.join()
+        pipe.send(ids)
+
+    seen = [parent]
+    for _ in range(2):
+        pid, pipe = fork(child)
+        try:
+            ids = checked(pipe.recv(20))
+            assert reap(pid) == 0
+        finally:
+            pipe.close()
+        assert all(f":{pid}:" in owner for owner in ids), ids
+        seen.extend(ids)
+    assert len(set(seen)) == len(seen) == 5, seen
+
+
+@pytest.mark.timeout(30)
+def test_fork_child_waiting_on_its_parent_is_woken_by_the_release(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # The parent has a running wake-up hub (a contended acquire below starts it) and a
+    # renewer when it forks. The child must build its own hub, not use the parent's
+    # subscriber connection, and must be woken by the release, long before the lease ends.
+    key = hash_key(name)
+    ttl = 10.0
+    lock = rlocks.RLock(name, client=client, ttl=ttl, namespace=NAMESPACE)
+    assert lock.acquire()
+    contender = threading.Thread(target=lambda: lock.acquire(timeout=0.05) and lock.release())
+    contender.start()
+    contender.join()
+    channel = f"{key}:wake"
+
+    def child(pipe: Pipe) -> None:
+        began = time.monotonic()
+        acquired = lock.acquire(timeout=20)
+        waited = time.monotonic() - began
+        lock.release()
+        pipe.send({"acquired": acquired, "waited": waited, "owner": thread_owner()})
+
+    def subscribers() -> int:
+        return int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+    # The parent's hub stays subscribed for a while after its waiter left (it lingers):
+    # wait for that, then the child's own hub is the second subscriber.
+    deadline = time.monotonic() + 10
+    while subscribers() < 1:
+        assert time.monotonic() < deadline, "the parent's hub never subscribed"
+        time.sleep(0.005)
+    before = subscribers()
+
+    pid, pipe = fork(child)
+    try:
+        deadline = time.monotonic() + 10
+        while subscribers() <= before:
+            assert time.monotonic() < deadline, "the child never subscribed to wake-ups"
+            time.sleep(0.005)
+        released = time.monotonic()
+        lock.release()
+        report = checked(pipe.recv(20))
+        woken_after = time.monotonic() - released
+        assert report["acquired"] is True
+        assert woken_after < ttl / 4, f"child took {woken_after:.3f} s: not woken"
+        assert reap(pid) == 0
+        pid = 0
+        assert not client.exists(key)
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pipe.close()
+        client.delete(key)
+
+
+# -- thread identity -----------------------------------------------------------------------
+
+
+def _run_raw_thread(body: Callable[[], None]) -> None:
+    """Run ``body`` in a ``_thread.start_new_thread`` thread; return once it has exited."""
+    baseline = _thread._count()
+    finished = _thread.allocate_lock()
+    finished.acquire()
+
+    def run() -> None:
+        try:
+            body()
+        finally:
+            finished.release()
+
+    _thread.start_new_thread(run, ())
+    assert finished.acquire(timeout=10), "raw thread did not finish"
+    # _thread._count() drops once the thread's bootstrap returned: wait for that state, so
+    # the next thread is started after this one is really gone (and may reuse its ident).
+    deadline = time.monotonic() + 10
+    while _thread._count() > baseline:
+        assert time.monotonic() < deadline, "raw thread did not exit"
+        time.sleep(0.001)
+
+
+@pytest.mark.timeout(30)
+def test_owner_ids_are_unique_across_raw_threads_even_when_idents_repeat() -> None:
+    records: List[Tuple[int, str]] = []
+    for _ in range(50):
+        _run_raw_thread(lambda: records.append((_thread.get_ident(), thread_owner())))
+    idents = [ident for ident, _ in records]
+    owners = [owner for _, owner in records]
+    assert len(records) == 50
+    assert len(set(owners)) == 50, "two threads got the same owner id"
+    assert thread_owner() not in owners
+    # Informative: on glibc a dead thread's ident is reused by the next thread, which is
+    # the case that matters (an owner id derived from the ident would repeat here).
+    if len(set(idents)) == 50:  # pragma: no cover - platform without ident reuse
+        pytest.skip("this platform did not reuse any thread ident; uniqueness checked anyway")
+
+
+@pytest.mark.timeout(30)
+def test_thread_reusing_a_dead_holders_ident_does_not_inherit_its_hold(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    key = hash_key(name)
+    lock = rlocks.RLock(name, client=client, ttl=10.0, auto_renew=False, namespace=NAMESPACE)
+    dead: dict = {}
+
+    def holder() -> None:
+        dead["ident"] = _thread.get_ident()
+        dead["owner"] = thread_owner()
+        dead["acquired"] = lock.acquire(blocking=False)
+        # ... and exits without releasing: the hold stays until its lease ends.
+
+    try:
+        _run_raw_thread(holder)
+        assert dead["acquired"]
+        assert client.hgetall(key) == {dead["owner"].encode(): b"1"}
+        for _ in range(20):
+            seen: dict = {}
+
+            def successor() -> None:
+                seen["ident"] = _thread.get_ident()
+                seen["owner"] = thread_owner()
+                seen["is_owned"] = lock._is_owned()
+                seen["count"] = lock._recursion_count()
+                seen["acquired"] = lock.acquire(blocking=False)
+                try:
+                    lock.release()
+                    seen["release"] = "returned"
+                except RuntimeError as exc:
+                    seen["release"] = type(exc).__name__
+
+            _run_raw_thread(successor)
+            assert seen["owner"] != dead["owner"]
+            assert seen["is_owned"] is False and seen["count"] == 0
+            assert seen["acquired"] is False
+            assert seen["release"] == "NotOwnedError"
+            if seen["ident"] == dead["ident"]:
+                break
+        else:  # pragma: no cover - platform without ident reuse
+            pytest.skip("no thread reused the dead holder's ident")
+        assert client.hgetall(key) == {dead["owner"].encode(): b"1"}  # untouched
+    finally:
+        client.delete(key)
