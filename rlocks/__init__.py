@@ -7,7 +7,19 @@ fork, cluster) and the differences from ``threading``.
 
 from .errors import LockLostError, NotOwnedError, RLocksError
 from .rlock import RLock
+from .rwlock import RWLock, UpgradeError
+from .semaphore import BoundedSemaphore, Semaphore
 
 __version__ = "0.1.0"
 
-__all__ = ["RLock", "RLocksError", "NotOwnedError", "LockLostError", "__version__"]
+__all__ = [
+    "RLock",
+    "RWLock",
+    "Semaphore",
+    "BoundedSemaphore",
+    "RLocksError",
+    "NotOwnedError",
+    "LockLostError",
+    "UpgradeError",
+    "__version__",
+]

@@ -39,6 +39,7 @@ end
 local left = held - give
 if left > 0 and everything == 0 then
     redis.call('HSET', KEYS[1], side .. ':' .. owner, left)
+    finish(st)
     return {1, left}
 end
 drop(st, side, owner)

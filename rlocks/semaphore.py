@@ -1,0 +1,269 @@
+"""``rlocks.Semaphore`` and ``rlocks.BoundedSemaphore``: ``threading``'s semaphores across
+processes and hosts.
+
+One Redis hash per semaphore (layout in ``_engine/lua/sem_lib.lua``): the free count, the
+initial value and kind, and the permits each *process* holds under that process's lease.
+Permits belong to the process (``identity.process_owner()``), not the thread, because
+``threading.Semaphore`` lets any thread release what another acquired.
+"""
+
+from __future__ import annotations
+
+import operator
+from types import TracebackType
+from typing import Any, Callable, Optional, Sequence, Tuple, Type
+
+from redis.exceptions import ResponseError
+
+from ._engine import checks, identity
+from ._engine import primitive as _primitive
+from ._engine.clock import monotonic
+from ._engine.primitive import Primitive
+from ._engine.renewal import renewer
+from ._engine.scripts import Arg, Script, load, run
+from .errors import LockLostError
+
+__all__ = ["Semaphore", "BoundedSemaphore"]
+
+# Lua numbers are doubles: counts above 2**53 would silently lose precision.
+_COUNT_MAX = 2**53 - 1
+_MISMATCH = "RLOCKS_SEM_MISMATCH"
+
+
+def _with_lib(name: str) -> Script:
+    # Every sem_* operation runs with the shared helpers prepended: still one script.
+    return Script(name, load("sem_lib").source + "\n" + load(name).source)
+
+
+def _count(value: object, what: str, label: str) -> int:
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{label}: {what} must be an int, not {type(value).__name__}") from None
+    if number > _COUNT_MAX:
+        raise ValueError(f"{label}: {what} must be at most 2**53 - 1, got {number}")
+    return number
+
+
+class Semaphore(Primitive):
+    """A counting semaphore shared by every process that uses the same name and Redis.
+
+    ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
+    namespace="rlocks", on_lost=None)``
+
+    Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
+    free; ``release(n)`` gives ``n`` back, and any thread may release (an unbounded
+    semaphore's value grows past its initial value exactly as ``threading``'s does).
+
+    Permits belong to the *process*: while this process lives and keeps a reference to
+    the semaphore, its lease on them is renewed about every ``ttl / 3``; when it dies
+    they come back to the pool at most ``ttl`` after its last renewal (a
+    BoundedSemaphore never goes above its initial value, recovery included).
+
+    The initial ``value`` (and whether the semaphore is bounded) is stored in Redis by the
+    first operation that leaves state there. Every later operation, from any process,
+    checks its own ``value`` and kind against the stored ones and raises ValueError naming
+    both when they differ, changing nothing. A semaphore at rest (nobody holds a permit and
+    the free count equals the initial value) leaves no key in Redis, so the next user's
+    value then defines it afresh.
+
+    Construction validates arguments and does no I/O.
+    """
+
+    __slots__ = ("_value",)
+
+    _label = "rlocks.Semaphore"
+    _kind = "sem"
+    _bounded = 0
+    _acquire_script = _with_lib("sem_acquire")
+    _release_script = _with_lib("sem_release")
+    _renew_script = _with_lib("sem_renew")
+
+    def __init__(
+        self,
+        name: str,
+        value: int = 1,
+        *,
+        client: Any = None,
+        ttl: float = 30.0,
+        auto_renew: bool = True,
+        namespace: str = "rlocks",
+        on_lost: Optional[Callable[[Any], object]] = None,
+    ) -> None:
+        label = f"{self._label}({name!r})"
+        value = _count(value, "value", label)
+        if value < 0:
+            raise ValueError(f"{label}: semaphore initial value must be >= 0, got {value}")
+        super().__init__(
+            name,
+            client=client,
+            ttl=ttl,
+            auto_renew=auto_renew,
+            namespace=namespace,
+            on_lost=on_lost,
+        )
+        self._value = value
+
+    @property
+    def value(self) -> int:
+        """The initial value this object was built with (no I/O)."""
+        return self._value
+
+    # -- script arguments (see the headers of the sem_*.lua files) -----------------------
+
+    def _acquire_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, self._ttl_ms, count, self._value, self._bounded)
+
+    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, self._ttl_ms, self._value, self._bounded)
+
+    # -- the threading.Semaphore surface -------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take one permit for this process, waiting while none is free.
+
+        Waits forever with ``timeout=None``, at most ``timeout`` seconds otherwise, not at
+        all with ``blocking=False``. Returns True once a permit is taken, False if none
+        could be had in time.
+
+        Raises, before touching Redis, what ``threading.Semaphore.acquire`` raises for bad
+        arguments; LockLostError if this process's permits were lost (lease ended) and not
+        all released yet; ValueError if Redis holds this semaphore with another initial
+        value or kind. Redis errors propagate.
+
+        In Redis: one off the free count, one onto this process's permits, its lease
+        restarted.
+        """
+        wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
+        try:
+            return self._take(identity.process_owner(), 1, wait)
+        except ResponseError as exc:
+            raise self._translate(exc) from None
+
+    __enter__ = acquire
+
+    def release(self, n: int = 1) -> None:
+        """Give ``n`` permits back and wake up to ``n`` waiters (per waiting process).
+
+        Any thread may release, whether or not this process acquired: permits this process
+        holds are taken off its record first; the rest add to the free count, as in
+        ``threading.Semaphore``.
+
+        Raises, without changing anything in Redis: ValueError if ``n < 1``, if a
+        BoundedSemaphore would go above its initial value ("Semaphore released too many
+        times"), or if Redis holds this semaphore with another initial value or kind;
+        TypeError if ``n`` is not an int; LockLostError if permits this process held were
+        lost (lease ended: they are back in the pool already; the local count drops).
+        """
+        label = self._describe()
+        n = _count(n, "n", label)
+        if n < 1:
+            raise ValueError(f"{label}: n must be one or more")
+        owner = identity.process_owner()
+        own, lost = self._reserve(owner, n)
+        if lost:
+            raise self._lost_error()
+        keys = (self._keys.hash, self._keys.channel)
+        args = (owner, n, own, self._value, self._bounded, self._publish)
+        since = monotonic()
+        try:
+            reply = run(self._client, self._release_script, keys, args)
+        except ResponseError as exc:
+            self._unreserve(owner, own, since)
+            raise self._translate(exc) from None
+        # On any other error (connection...) the reserved permits stay dropped locally, as
+        # RLock's release does: renewal stops and their lease runs out on the server.
+        if reply.busy:
+            self._unreserve(owner, own, since)
+            raise ValueError(f"{label}: Semaphore released too many times")
+        if reply.not_owner:
+            self._hold_lost_after_reserve(owner)
+            raise self._lost_error()
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
+            # An inner block already reported the loss: unwind our permit quietly.
+            self._record_release(identity.process_owner(), 1)
+            return
+        self.release()
+
+    # -- local bookkeeping of permits ----------------------------------------------------
+
+    def _reserve(self, owner: str, n: int) -> Tuple[int, bool]:
+        """Take up to ``n`` of ``owner``'s local permits off the books before the I/O.
+
+        Returns (permits taken, whether the hold is known lost). Taking them first keeps
+        the local count at or below Redis's (grants are recorded after Redis), so the
+        renewer never finds a local permit that Redis lacks unless it really was lost.
+        A lost hold only has its local count dropped.
+        """
+        lease = None
+        with _primitive._bookkeeping:
+            hold = self._holds.get(owner)
+            if hold is None:
+                return 0, False
+            own = min(n, hold.count)
+            hold.count -= own
+            lost = hold.lost
+            if hold.count <= 0:
+                del self._holds[owner]
+                lease, hold.lease = hold.lease, None
+        if lease is not None:
+            renewer().cancel(lease)
+        return own, lost
+
+    def _unreserve(self, owner: str, own: int, since: float) -> None:
+        # Redis refused the release and changed nothing: the permits are ours again.
+        if own:
+            self._record_grant(owner, own, since)
+
+    def _hold_lost_after_reserve(self, owner: str) -> None:
+        # The permits were reserved (so maybe no longer on the books) when Redis said they
+        # were gone; mark what is left lost, and report it like the renewer would.
+        self._hold_lost(owner, "its permits were gone at release")
+
+    def _translate(self, exc: ResponseError) -> Exception:
+        text = str(exc)
+        if not text.startswith(_MISMATCH):
+            return exc
+        try:
+            stored_value, stored_bounded = (int(part) for part in text.split()[1:3])
+        except ValueError:
+            return exc
+        stored_kind = "BoundedSemaphore" if stored_bounded == 1 else "Semaphore"
+        mine = "BoundedSemaphore" if self._bounded else "Semaphore"
+        return ValueError(
+            f"{self._describe()}: Redis holds this name as a {stored_kind} with initial "
+            f"value {stored_value}, but this object is a {mine} with initial value "
+            f"{self._value}; nothing was changed"
+        )
+
+    # -- introspection -------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        # Local truth only: no I/O in a repr (the free count lives in Redis).
+        held = sum(count for _owner, count in self._local_owners())
+        return (
+            f"<{self._label} name={self._name!r} namespace={self._namespace!r} "
+            f"value={self._value} held here={held} at {id(self):#x}>"
+        )
+
+
+class BoundedSemaphore(Semaphore):
+    """A :class:`Semaphore` whose free count never goes above its initial value.
+
+    ``release()`` raises ValueError ("Semaphore released too many times") when it would,
+    as ``threading.BoundedSemaphore`` does, and permits recovered from a dead process are
+    capped at the initial value too. Redis remembers the kind: a Semaphore and a
+    BoundedSemaphore cannot share a name.
+    """
+
+    __slots__ = ()
+
+    _label = "rlocks.BoundedSemaphore"
+    _bounded = 1

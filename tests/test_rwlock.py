@@ -1,0 +1,349 @@
+"""rlocks RWLock on a real Redis: sharing, exclusion, reentrancy, writer preference,
+downgrade, refused upgrade, per-owner leases, and readers/writers in real processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import redis
+
+from rlocks._engine import identity
+from rlocks._engine.scripts import run
+from rlocks.errors import LockLostError, NotOwnedError
+from rlocks.rwlock import RWLock, UpgradeError, WriteLock
+
+from .conftest import NAMESPACE, snapshot
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def key(name: str) -> str:
+    return f"{NAMESPACE}:rw:{{{name}}}"
+
+
+def make(name: str, client: Any, **kw: Any) -> RWLock:
+    return RWLock(name, client=client, namespace=NAMESPACE, **kw)
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def in_thread(fn: Any) -> Any:
+    out: List[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    return out[0]
+
+
+def fields(client: "redis.Redis[bytes]", name: str, prefix: str) -> List[bytes]:
+    return [f for f in client.hkeys(key(name)) if f.startswith(prefix.encode())]
+
+
+# -- workers (top level: picklable under "spawn") ------------------------------------------
+
+
+def reader_worker(url: str, name: str, held: Any, release: Any) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    lock = RWLock(name, client=client, ttl=10.0, namespace=NAMESPACE)
+    ok = lock.read_lock.acquire(timeout=20)
+    held.set()
+    ok = ok and release.wait(60)
+    lock.read_lock.release()
+    import os
+
+    os._exit(0 if ok else 3)
+
+
+def reader_stream_worker(url: str, name: str, stop: Any, started: Any) -> None:
+    """Two threads that keep the read side held without a gap until ``stop`` is set."""
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    lock = RWLock(name, client=client, ttl=10.0, namespace=NAMESPACE)
+
+    def loop() -> None:
+        while not stop.is_set():
+            if lock.read_lock.acquire(timeout=0.5):
+                started.set()
+                time.sleep(0.03)
+                lock.read_lock.release()
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    import os
+
+    os._exit(0)
+
+
+# -- sharing and exclusion -------------------------------------------------------------------
+
+
+def test_readers_share_writer_excludes(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    assert lock.read_lock.acquire()
+    assert in_thread(lambda: lock.read_lock.acquire(blocking=False))  # a second reader
+    assert len(fields(client, name, "r:")) == 2
+    assert lock.read_lock.locked() and not lock.write_lock.locked()
+    assert not in_thread(lambda: lock.write_lock.acquire(blocking=False))
+    assert not fields(client, name, "#c:"), "a single try must not leave a claim"
+    lock.read_lock.release()
+    # the other reader's thread has ended but its hold is alive (lease): still shared
+    assert not in_thread(lambda: lock.write_lock.acquire(timeout=0.05))
+    assert not fields(client, name, "#c:"), "a writer that gave up withdraws its claim"
+
+
+def test_writer_excludes_everyone_and_reenters(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    with lock.write_lock:
+        with lock.write_lock:
+            assert lock.write_lock._recursion_count() == 2
+            assert client.hget(key(name), f"w:{identity.thread_owner()}") == b"2"
+            assert not in_thread(lambda: lock.read_lock.acquire(blocking=False))
+            assert not in_thread(lambda: lock.write_lock.acquire(timeout=0.05))
+        assert lock.write_lock.locked()
+    assert not client.exists(key(name))
+    assert not lock.write_lock.locked()
+
+
+def test_read_side_is_reentrant(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    with lock.read_lock:
+        with lock.read_lock:
+            assert lock.read_lock._recursion_count() == 2
+            assert lock.read_lock._is_owned() and not lock.write_lock._is_owned()
+    assert not client.exists(key(name))
+
+
+def test_downgrade(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    assert lock.write_lock.acquire()
+    assert lock.read_lock.acquire(blocking=False)  # the writer may read
+    lock.write_lock.release()
+    assert lock.read_lock._is_owned()
+    # Now an ordinary reader: others may read, nobody may write.
+    assert in_thread(lambda: lock.read_lock.acquire(blocking=False))
+    assert not in_thread(lambda: lock.write_lock.acquire(blocking=False))
+    lock.read_lock.release()
+
+
+def test_upgrade_is_refused_at_once_and_changes_nothing(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = make(name, client)
+    assert lock.read_lock.acquire()
+    before = snapshot(client)
+    began = time.monotonic()
+    with pytest.raises(UpgradeError, match="upgrad"):
+        lock.write_lock.acquire()
+    with pytest.raises(RuntimeError):
+        lock.write_lock.acquire(timeout=5)
+    assert time.monotonic() - began < 1.0
+    assert snapshot(client) == before
+    lock.read_lock.release()
+
+
+def test_bad_input_changes_nothing(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    assert lock.read_lock.acquire()
+    before = snapshot(client)
+    with pytest.raises(NotOwnedError):
+        lock.write_lock.release()
+    assert isinstance(in_thread(lambda: _error_of(lock.read_lock.release)), NotOwnedError)
+    for side in (lock.read_lock, lock.write_lock):
+        with pytest.raises(ValueError):
+            side.acquire(False, timeout=1)
+        with pytest.raises(ValueError):
+            side.acquire(timeout=-5)
+        with pytest.raises(OverflowError):
+            side.acquire(timeout=1e300)
+        with pytest.raises(TypeError):
+            side.acquire(timeout="1")
+    assert snapshot(client) == before
+    lock.read_lock.release()
+    for bad, error in [("", ValueError), (3, TypeError)]:
+        with pytest.raises(error):
+            RWLock(bad, client=client, namespace=NAMESPACE)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        RWLock(name, client=client, ttl=0, namespace=NAMESPACE)
+
+
+def _error_of(fn: Any) -> Any:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - returned to the test thread
+        return exc
+    return None
+
+
+# -- writer preference and claims -------------------------------------------------------------
+
+
+def test_waiting_writer_holds_new_readers_back(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    assert lock.read_lock.acquire()
+    got: List[bool] = []
+    writer = threading.Thread(target=lambda: got.append(lock.write_lock.acquire(timeout=20)))
+    writer.start()
+    wait_for(lambda: bool(fields(client, name, "#c:")), 5, "the writer's claim")
+    assert not in_thread(lambda: lock.read_lock.acquire(blocking=False)), "new reader got in"
+    assert lock.read_lock.acquire(blocking=False), "re-entry of a reader must not block"
+    lock.read_lock.release()
+    began = time.monotonic()
+    lock.read_lock.release()  # the last reader leaves: the writer is woken
+    writer.join(10)
+    assert got == [True] and time.monotonic() - began < 2.0
+    assert not fields(client, name, "#c:"), "the granted writer's claim is gone"
+
+
+def test_dead_waiting_writers_claim_expires(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    assert lock.read_lock.acquire()
+    # A writer in some process attempts once, claims for 300 ms, then dies.
+    reply = run(client, WriteLock._acquire_script, [key(name)], ["ghost:1:x:1", 300, 1, 1])
+    assert reply.busy
+    assert not in_thread(lambda: lock.read_lock.acquire(blocking=False))
+    began = time.monotonic()
+    assert in_thread(lambda: lock.read_lock.acquire(timeout=5))
+    assert time.monotonic() - began < 1.0
+    assert not fields(client, name, "#c:")
+    lock.read_lock.release()
+
+
+def test_one_dead_reader_expires_while_another_reads(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lost: List[Any] = []
+    short = make(name, client, ttl=0.2, auto_renew=False, on_lost=lost.append)
+    long = make(name, client, ttl=30.0)
+    assert in_thread(lambda: short.read_lock.acquire())  # this reader's thread "dies"
+    assert long.read_lock.acquire()
+    assert len(fields(client, name, "r:")) == 2
+    got: List[bool] = []
+    writer = threading.Thread(target=lambda: got.append(long.write_lock.acquire(timeout=20)))
+    writer.start()
+    wait_for(lambda: len(fields(client, name, "r:")) == 1, 5, "the dead reader's purge")
+    assert got == [] and client.exists(key(name))
+    long.read_lock.release()
+    writer.join(10)
+    assert got == [True]
+
+
+def test_lost_write_hold_is_reported(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client, ttl=0.2, auto_renew=False)
+    assert lock.write_lock.acquire()
+    wait_for(lambda: not client.exists(key(name)), 3, "the lease to end")
+    with pytest.raises(LockLostError):
+        lock.write_lock.release()
+    assert not client.exists(key(name))
+
+
+def test_condition_on_write_side(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = make(name, client)
+    cond = threading.Condition(lock.write_lock)
+    ready: List[int] = []
+
+    def producer() -> None:
+        with cond:
+            ready.append(1)
+            cond.notify()
+
+    with cond:
+        threading.Thread(target=producer).start()
+        assert cond.wait_for(lambda: ready, timeout=10)
+
+
+# -- across processes ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_two_reader_processes_share_and_a_writer_waits_for_both(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    held = [SPAWN.Event(), SPAWN.Event()]
+    release = [SPAWN.Event(), SPAWN.Event()]
+    readers = [
+        SPAWN.Process(target=reader_worker, args=(redis_url, name, held[i], release[i]))
+        for i in range(2)
+    ]
+    try:
+        for p in readers:
+            p.start()
+        assert held[0].wait(30) and held[1].wait(30)
+        # Both hold at once: neither has been told to release.
+        assert len(fields(client, name, "r:")) == 2
+        lock = make(name, client)
+        assert not lock.write_lock.acquire(blocking=False)
+        got: List[Any] = []
+
+        def write() -> None:
+            granted = lock.write_lock.acquire(timeout=30)
+            got.append((granted, len(fields(client, name, "r:"))))
+            if granted:
+                lock.write_lock.release()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_for(lambda: bool(fields(client, name, "#c:")), 5, "the writer's claim")
+        release[0].set()
+        readers[0].join(20)
+        assert readers[0].exitcode == 0
+        assert len(fields(client, name, "r:")) == 1 and got == []
+        release[1].set()
+        writer.join(10)
+        assert got == [(True, 0)]
+        readers[1].join(20)
+        assert readers[1].exitcode == 0
+        assert not client.exists(key(name))
+    finally:
+        for ev in release:
+            ev.set()
+        for p in readers:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_stream_of_readers_does_not_starve_a_writer(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    stop, started = SPAWN.Event(), SPAWN.Event()
+    readers = [
+        SPAWN.Process(target=reader_stream_worker, args=(redis_url, name, stop, started))
+        for _ in range(2)
+    ]
+    try:
+        for p in readers:
+            p.start()
+        assert started.wait(30)
+        wait_for(lambda: len(fields(client, name, "r:")) >= 2, 10, "overlapping readers")
+        lock = make(name, client)
+        for _ in range(3):
+            began = time.monotonic()
+            assert lock.write_lock.acquire(timeout=10), "the writer starved"
+            waited = time.monotonic() - began
+            assert not fields(client, name, "r:"), "a reader held during the write"
+            lock.write_lock.release()
+            assert waited < 2.0, f"the writer waited {waited:.3f} s"
+            wait_for(lambda: bool(fields(client, name, "r:")), 10, "readers to resume")
+    finally:
+        stop.set()
+        for p in readers:
+            p.join(20)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    assert [p.exitcode for p in readers] == [0, 0]

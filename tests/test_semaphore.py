@@ -1,0 +1,305 @@
+"""rlocks Semaphore / BoundedSemaphore on a real Redis: semantics, bad input, leases,
+value mismatch, and permits across real processes (spawned, killed)."""
+
+from __future__ import annotations
+
+import math
+import re
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from rlocks._engine import identity
+from rlocks.errors import LockLostError
+from rlocks.semaphore import BoundedSemaphore, Semaphore
+
+from .conftest import NAMESPACE, snapshot
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def key(name: str) -> str:
+    return f"{NAMESPACE}:sem:{{{name}}}"
+
+
+def make(name: str, client: Any, value: int = 1, bounded: bool = False, **kw: Any) -> Semaphore:
+    cls = BoundedSemaphore if bounded else Semaphore
+    return cls(name, value, client=client, namespace=NAMESPACE, **kw)
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+# -- workers (top level: picklable under "spawn") ------------------------------------------
+
+
+def pool_worker(url: str, name: str, gauge: str, peaks: str, rounds: int, start: Any) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    sem = BoundedSemaphore(name, 2, client=client, ttl=10.0, namespace=NAMESPACE)
+    start.wait(60)
+    peak = 0
+    for _ in range(rounds):
+        with sem:
+            peak = max(peak, client.incr(gauge))
+            time.sleep(0.01)
+            client.decr(gauge)
+    client.rpush(peaks, peak)
+    os._exit(0)
+
+
+def holding_worker(url: str, name: str, value: int, take: int, ttl: float, held: Any) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    sem = BoundedSemaphore(name, value, client=client, ttl=ttl, namespace=NAMESPACE)
+    for _ in range(take):
+        assert sem.acquire(timeout=10)
+    held.set()
+    time.sleep(120)  # killed long before this ends
+    os._exit(0)
+
+
+# -- threading semantics -------------------------------------------------------------------
+
+
+def test_acquire_release_and_layout(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 3)
+    assert sem.acquire() and sem.acquire(blocking=False)
+    owner = identity.process_owner().encode()
+    state = client.hgetall(key(name))
+    assert state[owner] == b"2"
+    assert state[b"#free"] == b"1" and state[b"#value"] == b"3" and state[b"#bounded"] == b"0"
+    assert int(state[b"#lease:" + owner]) > 0
+    assert 0 < client.pttl(key(name)) <= 30_000  # recovery would restore the initial value
+    sem.release(2)
+    assert not client.exists(key(name)), "a semaphore at rest leaves nothing behind"
+
+
+def test_permits_belong_to_the_process(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 1, bounded=True)
+    assert sem.acquire()
+    other = threading.Thread(target=sem.release)  # threading allows this; so do we
+    other.start()
+    other.join()
+    assert not client.exists(key(name))
+    assert sem.acquire(blocking=False)
+    sem.release()
+
+
+def test_unbounded_release_grows_and_persists(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 0)
+    assert not sem.acquire(blocking=False)
+    assert not client.exists(key(name)), "a failed try must not create state"
+    sem.release(2)
+    assert client.hget(key(name), "#free") == b"2"
+    assert client.pttl(key(name)) == -1, "released permits must not expire"
+    assert sem.acquire(blocking=False) and sem.acquire(blocking=False)
+    assert not sem.acquire(blocking=False)
+    sem.release(2)
+    assert client.hget(key(name), "#free") == b"2"
+
+
+def test_release_publishes_the_number_of_permits(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 0)
+    pubsub = client.pubsub()
+    pubsub.subscribe(f"{key(name)}:wake")
+    try:
+        assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+        sem.release(3)
+        message = pubsub.get_message(timeout=5)
+        assert message["data"] == b"3"
+    finally:
+        pubsub.close()
+
+
+def test_waiter_is_woken_by_release(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 1)
+    assert sem.acquire()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=10)))
+    waiter.start()
+    wait_for(lambda: bool(client.pubsub_numsub(f"{key(name)}:wake")[0][1]), 5, "subscription")
+    began = time.monotonic()
+    sem.release()
+    waiter.join(10)
+    assert got == [True] and time.monotonic() - began < 2.0
+    sem.release()
+
+
+# -- bad input: a clear error, nothing changed in Redis --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, error", [(-1, ValueError), (-(2**63), ValueError), (1.5, TypeError),
+                     ("3", TypeError), (2**60, ValueError)]
+)
+def test_bad_initial_value(client: "redis.Redis[bytes]", name: str, value: Any, error: Any) -> None:
+    with pytest.raises(error, match=re.escape(name)):
+        Semaphore(name, value, client=client, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_bad_arguments_change_nothing(
+    client: "redis.Redis[bytes]", name: str, bounded: bool
+) -> None:
+    sem = make(name, client, 2, bounded=bounded)
+    assert sem.acquire()
+    before = snapshot(client)
+    cases = [
+        (lambda: sem.release(0), ValueError),
+        (lambda: sem.release(-3), ValueError),
+        (lambda: sem.release(1.0), TypeError),
+        (lambda: sem.acquire(False, timeout=1), ValueError),
+        (lambda: sem.acquire(timeout=math.nan), ValueError),
+        (lambda: sem.acquire(timeout="1"), TypeError),
+        (lambda: sem.acquire(timeout=1e300), OverflowError),
+    ]
+    for call, error in cases:
+        with pytest.raises(error):
+            call()
+    assert snapshot(client) == before
+    sem.release()
+
+
+def test_bounded_over_release_changes_nothing(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 2, bounded=True)
+    assert sem.acquire()
+    sem.release()
+    with pytest.raises(ValueError, match="Semaphore released too many times"):
+        sem.release()
+    assert sem.acquire()
+    before = snapshot(client)
+    with pytest.raises(ValueError, match="released too many times"):
+        sem.release(2)
+    assert snapshot(client) == before
+    sem.release()  # the refused release left our permit ours
+    assert not client.exists(key(name))
+
+
+@pytest.mark.parametrize(
+    "value, bounded, stored", [(3, False, "value 2"), (2, True, "BoundedSemaphore")]
+)
+def test_value_mismatch_is_refused(
+    client: "redis.Redis[bytes]", name: str, value: int, bounded: bool, stored: str
+) -> None:
+    first = make(name, client, 2)
+    assert first.acquire()
+    before = snapshot(client)
+    other = make(name, client, value, bounded=bounded)
+    with pytest.raises(ValueError, match=stored) as info:
+        other.acquire(blocking=False)
+    assert "initial value 2" in str(info.value) and f"initial value {value}" in str(info.value)
+    with pytest.raises(ValueError, match="nothing was changed"):
+        other.release()
+    assert snapshot(client) == before
+    first.release()
+    # At rest nothing is stored, so the next user's value defines the semaphore afresh.
+    assert other.acquire(blocking=False)
+    other.release()
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+def test_lost_permits_are_reported_and_not_given_back_twice(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lost = []
+    sem = make(name, client, 2, ttl=0.2, auto_renew=False, on_lost=lost.append)
+    assert sem.acquire() and sem.acquire()
+    wait_for(lambda: not client.exists(key(name)), 3, "the lease to end")
+    with pytest.raises(LockLostError):
+        sem.release(2)
+    assert not client.exists(key(name)), "lost permits must not be released a second time"
+    fresh = make(name, client, 2)
+    assert fresh.acquire(blocking=False) and fresh.acquire(blocking=False)
+    assert not fresh.acquire(blocking=False), "never more than the initial value free"
+    fresh.release(2)
+
+
+def test_renewal_keeps_a_short_lease(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 1, ttl=0.3)
+    assert sem.acquire()
+    owner = identity.process_owner()
+    first = int(client.hget(key(name), f"#lease:{owner}"))
+    wait_for(lambda: int(client.hget(key(name), f"#lease:{owner}")) > first, 3, "a renewal")
+    time.sleep(0.5)  # longer than the lease: it must still be held
+    assert client.hget(key(name), owner) == b"1"
+    sem.release()
+
+
+# -- across processes ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_pool_of_two_shared_by_five_processes(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    gauge, peaks = f"{NAMESPACE}:data:{name}:gauge", f"{NAMESPACE}:data:{name}:peaks"
+    client.set(gauge, 0)
+    start = SPAWN.Barrier(6)
+    children = [
+        SPAWN.Process(target=pool_worker, args=(redis_url, name, gauge, peaks, 15, start))
+        for _ in range(5)
+    ]
+    try:
+        for p in children:
+            p.start()
+        start.wait(60)
+        for p in children:
+            p.join(60)
+        assert [p.exitcode for p in children] == [0] * 5
+        seen = [int(v) for v in client.lrange(peaks, 0, -1)]
+        assert max(seen) == 2, seen
+        assert int(client.get(gauge)) == 0
+        assert not client.exists(key(name))
+    finally:
+        for p in children:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        client.delete(gauge, peaks)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_sigkilled_holders_permits_come_back_capped(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    ttl = 1.0
+    held = SPAWN.Event()
+    child = SPAWN.Process(target=holding_worker, args=(redis_url, name, 3, 2, ttl, held))
+    child.start()
+    try:
+        assert held.wait(30)
+        sem = make(name, client, 3, bounded=True, ttl=10.0)
+        # Another process (us) releases one it never took: allowed, free 1 -> 2 <= 3.
+        sem.release()
+        assert client.hget(key(name), "#free") == b"2"
+        os.kill(child.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert sem.acquire(timeout=5) and sem.acquire(timeout=5)
+        assert sem.acquire(timeout=ttl + 3)
+        waited = time.monotonic() - killed
+        assert waited <= ttl + 1.0, f"{waited:.3f} s after the kill (ttl {ttl} s)"
+        # Recovery gave back 2 onto 2 free, but a bounded value never exceeds 3.
+        assert not sem.acquire(blocking=False)
+        assert client.hget(key(name), "#free") == b"0"
+        child.join(10)
+        assert child.exitcode == -signal.SIGKILL
+        sem.release(3)
+        assert not client.exists(key(name))
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(10)
