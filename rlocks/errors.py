@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["RLocksError", "NotOwnedError", "LockLostError"]
+__all__ = ["RLocksError", "NotOwnedError", "LockLostError", "UpgradeError"]
 
 
 class RLocksError(Exception):
@@ -42,4 +42,13 @@ class LockLostError(RLocksError, RuntimeError):
     off) or the key was deleted. Raised by ``release()`` in place of the release; whoever
     holds the primitive now was not touched. The local hold count still drops by one per
     ``release()``, so nested ``with`` blocks unwind normally.
+    """
+
+
+class UpgradeError(RLocksError, RuntimeError):
+    """A thread that holds an RWLock's read side asked for its write side.
+
+    Refused at once, without any I/O: two readers upgrading at the same time would each
+    wait for the other forever. Release the read side first (or take the write side first
+    and downgrade, which is allowed).
     """

@@ -9,159 +9,53 @@ reader left" wakes a writer and never a reader that would only find the writer's
 
 from __future__ import annotations
 
-import threading
-from types import TracebackType
-from typing import Any, Callable, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Optional, Sequence, Tuple
 
-from ._engine import checks, identity
-from ._engine.keys import PrimitiveKeys
-from ._engine.primitive import Primitive
-from ._engine.scripts import Arg, Script, load, run
-from .errors import LockLostError, NotOwnedError, RLocksError
+from ._engine.reentrant import ReentrantLock
+from ._engine.scripts import Arg, load, run
+from .errors import UpgradeError
 
 __all__ = ["RWLock", "ReadLock", "WriteLock", "UpgradeError"]
 
 
-class UpgradeError(RLocksError, RuntimeError):
-    """A thread that holds the read side asked for the write side.
-
-    Refused at once, without any I/O: two readers upgrading at the same time would each
-    wait for the other forever. Release the read side first (or take the write side first
-    and downgrade, which is allowed).
-    """
-
-
-def _with_lib(lib: str, name: str) -> Script:
-    # The rw_* and sem_* files share helpers (state loading, lease purging, key expiry);
-    # the library is prepended so each operation is still one script, one round trip.
-    return Script(name, load(lib).source + "\n" + load(name).source)
-
-
-# Set by WriteLock._take for the one call to _acquire_arguments it makes on this thread:
-# a single try must not leave a claim behind, a waiting call must stake one.
-_claiming = threading.local()
-
-
-class _Side(Primitive):
+class _Side(ReentrantLock):
     """One side of an RWLock: the ``threading.RLock`` surface on a shared hash."""
 
     __slots__ = ("_side",)
 
     _kind = "rw"
     _label = "rlocks.RWLock"
-    _release_script = _with_lib("rw_lib", "rw_release")
-    _renew_script = _with_lib("rw_lib", "rw_renew")
-    _holders_script = _with_lib("rw_lib", "rw_holders")
+    _release_script = load("rw_release", prelude="rw_lib")
+    _renew_script = load("rw_renew", prelude="rw_lib")
+    _holders_script = load("rw_holders", prelude="rw_lib")
     _side_code = ""  # 'r' or 'w', the field prefix in the hash
+    _side_name = ""  # 'read_lock' or 'write_lock'
 
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, **options)
         self._side = self._side_code
-        # Both sides share the hash; each waits on its own wake-up channel (same hash tag).
-        hash_key = self._keys.hash
-        channel = _read_channel(hash_key) if self._side == "r" else _write_channel(hash_key)
-        self._keys = PrimitiveKeys(hash=hash_key, channel=channel)
 
     def _describe(self) -> str:
-        kind = "read_lock" if self._side == "r" else "write_lock"
-        return f"{self._label}({self._name!r}).{kind}"
+        return f"{self._label}({self._name!r}).{self._side_name}"
+
+    def _describe_class(self) -> str:
+        return f"{self._label}.{self._side_name}"
 
     # -- script arguments (see the headers of the rw_*.lua files) ------------------------
 
     def _release_arguments(
         self, owner: str, count: int, everything: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        keys = (self._keys.hash, _read_channel(self._keys.hash), _write_channel(self._keys.hash))
+        keys = (self._keys.hash, self._keys.wake(ReadLock._wake_role), self._keys.wake(WriteLock._wake_role))
         return keys, (owner, self._side, count, 1 if everything else 0, self._publish)
 
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         return (self._keys.hash,), (owner, self._side, self._ttl_ms)
 
-    # -- the threading.RLock surface -----------------------------------------------------
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Acquire this side, or re-enter it if the calling thread holds it already.
-
-        Blocks while the lock is unavailable (see :class:`RWLock`) when ``blocking`` is
-        true, for at most ``timeout`` seconds unless it is -1 (forever). Returns True once
-        held, False if it could not be had in time.
-
-        Raises, before touching Redis: what ``threading.RLock.acquire`` raises for bad
-        arguments; LockLostError if this thread's earlier hold of this side was lost and
-        not yet released; :class:`UpgradeError` (a RuntimeError) when the write side is
-        asked for by a thread that holds only the read side. Redis errors propagate.
-
-        In Redis: adds one to this thread's count on this side and restarts its lease.
-        """
-        wait = checks.lock_wait(blocking, timeout, self._label, self._name)
-        return self._take(identity.thread_owner(), 1, wait)
-
-    def release(self) -> None:
-        """Release one level of the calling thread's hold on this side.
-
-        Raises RuntimeError (:class:`~rlocks.errors.NotOwnedError`) if the calling thread
-        does not hold this side, without any I/O; LockLostError if its hold had already
-        ended in Redis. Releasing the write side wakes every waiter; releasing the last
-        read hold of the lock wakes one waiting writer (per process).
-        """
-        self._give_back(identity.thread_owner(), 1)
-
-    __enter__ = acquire
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
-            # An inner block already reported this side lost: unwind our level quietly.
-            self._record_release(identity.thread_owner(), 1)
-            return
-        self.release()
-
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds this side now (one round trip)."""
         reply = run(self._client, self._holders_script, (self._keys.hash,), (self._side,))
         return reply.count > 0
-
-    # -- threading.Condition protocol (same names and contracts as threading.RLock) ------
-
-    def _is_owned(self) -> bool:
-        """Whether the calling thread holds this side (local knowledge, no I/O)."""
-        return self._held(identity.thread_owner()) > 0
-
-    def _recursion_count(self) -> int:
-        """How many times the calling thread holds this side (no I/O)."""
-        return self._held(identity.thread_owner())
-
-    def _release_save(self) -> Tuple[int, str]:
-        """Release every level of the calling thread's hold; return what restores it."""
-        owner = identity.thread_owner()
-        count = self._held(owner)
-        if count == 0:
-            raise NotOwnedError(
-                f"cannot release un-acquired lock {self._describe()}", name=self._name
-            )
-        self._give_back(owner, count, everything=True)
-        return count, owner
-
-    def _acquire_restore(self, state: Tuple[int, str]) -> None:
-        """Re-acquire, blocking, the levels ``_release_save`` gave back."""
-        count, _owner = state
-        self._take(identity.thread_owner(), count, None)
-
-    # -- introspection -------------------------------------------------------------------
-
-    def __repr__(self) -> str:
-        # Local truth only: no I/O in a repr.
-        owners = self._local_owners()
-        state = f"held here by {len(owners)} thread(s)" if owners else "not held here"
-        kind = "read_lock" if self._side == "r" else "write_lock"
-        return (
-            f"<{self._label}.{kind} name={self._name!r} namespace={self._namespace!r} "
-            f"{state} at {id(self):#x}>"
-        )
 
 
 class ReadLock(_Side):
@@ -176,10 +70,13 @@ class ReadLock(_Side):
     __slots__ = ()
 
     _side_code = "r"
-    _acquire_script = _with_lib("rw_lib", "rw_acquire_read")
+    _side_name = "read_lock"
+    _acquire_script = load("rw_acquire_read", prelude="rw_lib")
 
-    def _acquire_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, count)
+    def _acquire_arguments(
+        self, owner: str, count: int, reentry: bool, waiting: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
 
 
 class WriteLock(_Side):
@@ -194,18 +91,25 @@ class WriteLock(_Side):
     __slots__ = ("_read",)
 
     _side_code = "w"
-    _acquire_script = _with_lib("rw_lib", "rw_acquire_write")
-    _unclaim_script = _with_lib("rw_lib", "rw_unclaim")
+    _side_name = "write_lock"
+    # Writers wait for "the last reader left", which readers need not hear.
+    _wake_role = "writers"
+    _acquire_script = load("rw_acquire_write", prelude="rw_lib")
+    _unclaim_script = load("rw_unclaim", prelude="rw_lib")
 
     def __init__(self, name: str, read: ReadLock, **options: Any) -> None:
         super().__init__(name, **options)
         self._read = read
 
-    def _acquire_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
-        claim = 1 if getattr(_claiming, "on", True) else 0
-        return (self._keys.hash,), (owner, self._ttl_ms, count, claim)
+    def _acquire_arguments(
+        self, owner: str, count: int, reentry: bool, waiting: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        # Only a caller that will wait stakes a claim; a single try never leaves one.
+        args = (owner, self._ttl_ms, count, 1 if waiting else 0, 1 if reentry else 0)
+        return (self._keys.hash,), args
 
-    def _take(self, owner: str, count: int, wait: Optional[float]) -> bool:
+    def _check_take(self, owner: str) -> None:
+        super()._check_take(owner)
         if self._read._held(owner) > 0 and self._held(owner) == 0:
             raise UpgradeError(
                 f"{self._describe()}: this thread holds the read side; upgrading to the "
@@ -213,37 +117,26 @@ class WriteLock(_Side):
                 "read side first",
                 name=self._name,
             )
-        waiting = wait != 0.0
-        _claiming.on = waiting
-        try:
-            granted = super()._take(owner, count, wait)
-        except BaseException:
-            if waiting:
-                self._unclaim(owner, quiet=True)
-            raise
-        finally:
-            _claiming.on = True
-        if not granted and waiting:
-            self._unclaim(owner, quiet=False)
-        return granted
 
-    def _unclaim(self, owner: str, quiet: bool) -> None:
+    def _refused(self, owner: str, reentry: bool) -> BaseException:
+        if reentry:
+            return super()._refused(owner, reentry)
+        # Reads without writing through another object of this name: still an upgrade.
+        return UpgradeError(
+            f"{self._describe()}: this thread holds the read side; upgrading to the "
+            "write side is refused",
+            name=self._name,
+        )
+
+    def _gave_up(self, owner: str, error: Optional[BaseException]) -> None:
         """Withdraw ``owner``'s claim after it stopped waiting (it ends by itself anyway)."""
-        keys = (self._keys.hash, _read_channel(self._keys.hash))
+        keys = (self._keys.hash, self._keys.wake(ReadLock._wake_role))
         try:
             run(self._client, self._unclaim_script, keys, (owner, self._publish))
         except Exception:
-            if not quiet:
+            if error is None:
                 raise
             # Already unwinding another error; the claim ends with its ttl regardless.
-
-
-def _read_channel(hash_key: str) -> str:
-    return f"{hash_key}:wake"
-
-
-def _write_channel(hash_key: str) -> str:
-    return f"{hash_key}:wake:writers"
 
 
 class RWLock:

@@ -16,11 +16,9 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Type
 from redis.exceptions import ResponseError
 
 from ._engine import checks, identity
-from ._engine import primitive as _primitive
 from ._engine.clock import monotonic
 from ._engine.primitive import Primitive
-from ._engine.renewal import renewer
-from ._engine.scripts import Arg, Script, load, run
+from ._engine.scripts import Arg, load
 from .errors import LockLostError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -28,11 +26,6 @@ __all__ = ["Semaphore", "BoundedSemaphore"]
 # Lua numbers are doubles: counts above 2**53 would silently lose precision.
 _COUNT_MAX = 2**53 - 1
 _MISMATCH = "RLOCKS_SEM_MISMATCH"
-
-
-def _with_lib(name: str) -> Script:
-    # Every sem_* operation runs with the shared helpers prepended: still one script.
-    return Script(name, load("sem_lib").source + "\n" + load(name).source)
 
 
 def _count(value: object, what: str, label: str) -> int:
@@ -75,9 +68,9 @@ class Semaphore(Primitive):
     _label = "rlocks.Semaphore"
     _kind = "sem"
     _bounded = 0
-    _acquire_script = _with_lib("sem_acquire")
-    _release_script = _with_lib("sem_release")
-    _renew_script = _with_lib("sem_renew")
+    _acquire_script = load("sem_acquire", prelude="sem_lib")
+    _release_script = load("sem_release", prelude="sem_lib")
+    _renew_script = load("sem_renew", prelude="sem_lib")
 
     def __init__(
         self,
@@ -111,8 +104,16 @@ class Semaphore(Primitive):
 
     # -- script arguments (see the headers of the sem_*.lua files) -----------------------
 
-    def _acquire_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
+    def _acquire_arguments(
+        self, owner: str, count: int, reentry: bool, waiting: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        # Permits are counted, not nested: holding some already changes nothing here.
         return (self._keys.hash,), (owner, self._ttl_ms, count, self._value, self._bounded)
+
+    def _release_arguments(
+        self, owner: str, count: int, everything: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        raise NotImplementedError("Semaphore.release builds its own call")
 
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         return (self._keys.hash,), (owner, self._ttl_ms, self._value, self._bounded)
@@ -160,14 +161,23 @@ class Semaphore(Primitive):
         if n < 1:
             raise ValueError(f"{label}: n must be one or more")
         owner = identity.process_owner()
-        own, lost = self._reserve(owner, n)
+        # This process's permits come off the local books before the I/O, so the local
+        # count never exceeds Redis's and the renewer never sees a permit Redis lacks
+        # unless it really was lost.
+        own, lost = self._drop(owner, n)
         if lost:
             raise self._lost_error()
-        keys = (self._keys.hash, self._keys.channel)
-        args = (owner, n, own, self._value, self._bounded, self._publish)
+        call = self._prepared(
+            ("release", owner, n, own),
+            self._release_script,
+            lambda: (
+                (self._keys.hash, self._keys.channel),
+                (owner, n, own, self._value, self._bounded, self._publish),
+            ),
+        )
         since = monotonic()
         try:
-            reply = run(self._client, self._release_script, keys, args)
+            reply = call(self._client)
         except ResponseError as exc:
             self._unreserve(owner, own, since)
             raise self._translate(exc) from None
@@ -177,7 +187,7 @@ class Semaphore(Primitive):
             self._unreserve(owner, own, since)
             raise ValueError(f"{label}: Semaphore released too many times")
         if reply.not_owner:
-            self._hold_lost_after_reserve(owner)
+            self._hold_lost(owner, "its permits were gone at release")
             raise self._lost_error()
 
     def __exit__(
@@ -194,38 +204,10 @@ class Semaphore(Primitive):
 
     # -- local bookkeeping of permits ----------------------------------------------------
 
-    def _reserve(self, owner: str, n: int) -> Tuple[int, bool]:
-        """Take up to ``n`` of ``owner``'s local permits off the books before the I/O.
-
-        Returns (permits taken, whether the hold is known lost). Taking them first keeps
-        the local count at or below Redis's (grants are recorded after Redis), so the
-        renewer never finds a local permit that Redis lacks unless it really was lost.
-        A lost hold only has its local count dropped.
-        """
-        lease = None
-        with _primitive._bookkeeping:
-            hold = self._holds.get(owner)
-            if hold is None:
-                return 0, False
-            own = min(n, hold.count)
-            hold.count -= own
-            lost = hold.lost
-            if hold.count <= 0:
-                del self._holds[owner]
-                lease, hold.lease = hold.lease, None
-        if lease is not None:
-            renewer().cancel(lease)
-        return own, lost
-
     def _unreserve(self, owner: str, own: int, since: float) -> None:
         # Redis refused the release and changed nothing: the permits are ours again.
         if own:
             self._record_grant(owner, own, since)
-
-    def _hold_lost_after_reserve(self, owner: str) -> None:
-        # The permits were reserved (so maybe no longer on the books) when Redis said they
-        # were gone; mark what is left lost, and report it like the renewer would.
-        self._hold_lost(owner, "its permits were gone at release")
 
     def _translate(self, exc: ResponseError) -> Exception:
         text = str(exc)

@@ -347,3 +347,59 @@ def test_stream_of_readers_does_not_starve_a_writer(
                 p.kill()
                 p.join(10)
     assert [p.exitcode for p in readers] == [0, 0]
+
+
+# -- re-entry into a hold that ended unnoticed, and the writer's claim flag -----------------
+
+
+@pytest.mark.parametrize("side", ["read_lock", "write_lock"])
+def test_reentry_after_silent_expiry_raises_lock_lost(
+    client: "redis.Redis[bytes]", name: str, side: str
+) -> None:
+    rw = make(name, client, ttl=0.3, auto_renew=False)
+    lock = getattr(rw, side)
+    lock.acquire()
+    wait_for(lambda: not client.exists(key(name)), 5, "the unrenewed lease to end")
+    with pytest.raises(LockLostError):
+        lock.acquire()  # must not come back as a fresh hold under the outer one
+    assert not client.exists(key(name))  # nothing was granted
+    with pytest.raises(LockLostError):
+        lock.release()
+    assert lock._recursion_count() == 0
+    assert lock.acquire(blocking=False)  # usable again once the loss was released
+    lock.release()
+
+
+def test_single_try_after_a_waiting_try_leaves_no_claim(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # The same thread first waits (stakes a claim, withdraws it on timeout), then tries
+    # once: the single try must not stake a claim that would hold back new readers.
+    rw = make(name, client)
+    assert in_thread(lambda: rw.read_lock.acquire()) is True
+    assert rw.write_lock.acquire(timeout=0.1) is False
+    assert rw.write_lock.acquire(blocking=False) is False
+    assert fields(client, name, "#c:") == []
+    assert in_thread(lambda: rw.read_lock.acquire(blocking=False)) is True
+
+
+def test_waiting_try_after_a_single_try_stakes_a_claim(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    rw = make(name, client)
+    assert in_thread(lambda: rw.read_lock.acquire()) is True
+    assert rw.write_lock.acquire(blocking=False) is False
+    assert fields(client, name, "#c:") == []
+    assert rw.write_lock.acquire(timeout=0.3) is False
+    # While it waited, its claim held new readers back; on giving up it was withdrawn.
+    assert fields(client, name, "#c:") == []
+    blocked: List[bool] = []
+
+    def writer() -> None:
+        blocked.append(rw.write_lock.acquire(timeout=3))
+
+    t = threading.Thread(target=writer)
+    t.start()
+    wait_for(lambda: fields(client, name, "#c:") != [], 3, "the writer's claim")
+    assert in_thread(lambda: rw.read_lock.acquire(blocking=False)) is False
+    t.join(5)

@@ -30,6 +30,15 @@ class PrimitiveKeys(NamedTuple):
     hash: str  # owner id -> hold count, plus any per-primitive metadata fields
     channel: str  # wake-ups published by the release scripts
 
+    def wake(self, role: str = "") -> str:
+        """The wake-up channel for waiters of ``role`` (``""``: the primitive's main one).
+
+        A primitive whose waiters want different news (an RWLock's writers wait for "the
+        last reader left", its readers for "the writer left") gives each its own channel,
+        in the same hash tag, so a release wakes only waiters that can proceed.
+        """
+        return f"{self.channel}:{role}" if role else self.channel
+
 
 def keys_for(namespace: str, kind: str, name: str) -> PrimitiveKeys:
     """Key and channel names for primitive ``name`` of ``kind`` in ``namespace``."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..errors import LockLostError, NotOwnedError
 from . import checks
@@ -74,6 +74,7 @@ class Primitive:
         "_holds",
         "_publish",
         "_calls",
+        "_channel",
         "__weakref__",
     )
 
@@ -81,6 +82,8 @@ class Primitive:
     _label: ClassVar[str] = "rlocks.Primitive"
     #: Key kind (see :mod:`.keys`); primitives sharing one hash share the kind.
     _kind: ClassVar[str] = ""
+    #: Which wake-up channel this primitive's waiters listen on (see ``PrimitiveKeys.wake``).
+    _wake_role: ClassVar[str] = ""
     _acquire_script: ClassVar[Script]
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
@@ -120,10 +123,11 @@ class Primitive:
         self._auto_renew = bool(auto_renew)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
+        self._channel = self._keys.wake(self._wake_role)
         self._holds: Dict[str, Hold] = {}
         # Cluster servers deliver sharded messages only to the shard's subscribers.
         self._publish = "SPUBLISH" if is_cluster(client) else "PUBLISH"
-        self._calls: Dict[Tuple[str, str, int, bool], Call] = {}
+        self._calls: Dict[Hashable, Call] = {}
 
     # -- read-only facts -----------------------------------------------------------------
 
@@ -150,7 +154,15 @@ class Primitive:
 
     # -- what a subclass provides --------------------------------------------------------
 
-    def _acquire_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
+    def _acquire_arguments(
+        self, owner: str, count: int, reentry: bool, waiting: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of the acquire script.
+
+        ``reentry``: this object already has holds of ``owner`` (a script that knows the
+        owner's field should answer not-owner when it is gone). ``waiting``: the caller
+        will wait if refused (false for a single try).
+        """
         raise NotImplementedError
 
     def _release_arguments(
@@ -161,21 +173,40 @@ class Primitive:
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         raise NotImplementedError
 
-    def _call(self, op: str, owner: str, count: int, flag: bool = False) -> Call:
-        """The prepared script call for ``op`` by ``owner``.
+    def _check_take(self, owner: str) -> None:
+        """Refuse an acquire before any I/O (raise); by default, re-entering a lost hold."""
+        hold = self._holds.get(owner)
+        if hold is not None and hold.lost:
+            raise LockLostError(
+                f"{self._describe()}: cannot re-enter; this owner's hold was lost "
+                "(release it first)",
+                name=self._name,
+            )
 
-        ``flag`` is, for "acquire", whether the owner already holds here (an argument
-        builder may read ``self._held(owner)``); for "release", "give back everything".
+    def _refused(self, owner: str, reentry: bool) -> BaseException:
+        """The error for an acquire script's not-owner answer.
+
+        By default that answer means a re-entry whose hold ended unnoticed: the loss is
+        reported now, not at the release.
         """
-        key = (op, owner, count, flag)
+        self._hold_lost(owner, "its hold was gone at re-entry")
+        return self._lost_error()
+
+    def _gave_up(self, owner: str, error: Optional[BaseException]) -> None:
+        """Called after a waiting acquire ended without a grant (timeout or ``error``)."""
+
+    # -- prepared script calls -----------------------------------------------------------
+
+    def _prepared(
+        self,
+        key: Hashable,
+        script: Script,
+        build: Callable[[], Tuple[Sequence[str], Sequence[Arg]]],
+    ) -> Call:
+        """The cached :class:`Call` for ``key`` (``build`` gives its KEYS and ARGV once)."""
         call = self._calls.get(key)
         if call is None:
-            if op == "acquire":
-                keys, args = self._acquire_arguments(owner, count)
-                script = self._acquire_script
-            else:
-                keys, args = self._release_arguments(owner, count, flag)
-                script = self._release_script
+            keys, args = build()
             if len(self._calls) >= _MAX_CALLS:
                 # Owners are threads, and threads come and go: keep the cache bounded.
                 self._calls.clear()
@@ -207,20 +238,29 @@ class Primitive:
 
     def _record_release(self, owner: str, count: int) -> int:
         """Drop ``count`` local holds of ``owner``; returns how many are left."""
+        self._drop(owner, count)
+        return self._held(owner)
+
+    def _drop(self, owner: str, most: int) -> Tuple[int, bool]:
+        """Drop up to ``most`` local holds of ``owner``, before or after the Redis call.
+
+        Returns (holds dropped, whether the hold was known lost). At zero the hold is
+        forgotten and its renewal stops.
+        """
         lease = None
         with _bookkeeping:
             hold = self._holds.get(owner)
             if hold is None:
-                return 0
-            hold.count -= count
-            left = hold.count
-            if left <= 0:
+                return 0, False
+            dropped = min(most, hold.count)
+            hold.count -= dropped
+            lost = hold.lost
+            if hold.count <= 0:
                 del self._holds[owner]
-                lease = hold.lease
-                hold.lease = None
+                lease, hold.lease = hold.lease, None
         if lease is not None:
             renewer().cancel(lease)
-        return max(left, 0)
+        return dropped, lost
 
     def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
         """Mark ``owner``'s hold lost (called by the renewer or by a release).
@@ -250,20 +290,21 @@ class Primitive:
     def _take(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """Acquire ``count`` holds for ``owner``; wait ``wait`` s (``None``: forever, 0: no).
 
-        Returns whether it was granted. Raises LockLostError when the owner's earlier hold
-        is lost and not yet released: without I/O when that is known already, else when
-        the script finds the hold gone (re-entering a critical section that is no longer
-        protected would hide the loss). Redis errors propagate.
+        Returns whether it was granted. Raises what ``_check_take`` raises before any I/O
+        (LockLostError when the owner's earlier hold is known lost and not yet released),
+        what ``_refused`` returns when the script answers not-owner (LockLostError for a
+        re-entry whose hold ended unnoticed: re-entering a critical section that is no
+        longer protected would hide the loss), and Redis errors.
         """
-        hold = self._holds.get(owner)
-        if hold is not None and hold.lost:
-            raise LockLostError(
-                f"{self._describe()}: cannot re-enter; this owner's hold was lost "
-                "(release it first)",
-                name=self._name,
-            )
+        self._check_take(owner)
+        reentry = self._held(owner) > 0
+        waiting = wait != 0.0
+        call = self._prepared(
+            ("acquire", owner, count, reentry, waiting),
+            self._acquire_script,
+            lambda: self._acquire_arguments(owner, count, reentry, waiting),
+        )
         client = self._client
-        call = self._call("acquire", owner, count, self._held(owner) > 0)
         started = [0.0]
 
         def attempt() -> Reply:
@@ -271,14 +312,18 @@ class Primitive:
             return call(client)
 
         reply = attempt()
-        if reply.busy and wait != 0.0:
+        if reply.busy and waiting:
             deadline = None if wait is None else started[0] + wait
             hub = hub_for(client, self._namespace)
-            reply = wait_until_granted(hub, self._keys.channel, attempt, deadline)
+            try:
+                reply = wait_until_granted(hub, self._channel, attempt, deadline)
+            except BaseException as exc:
+                self._gave_up(owner, exc)
+                raise
+            if not reply.granted:
+                self._gave_up(owner, None)
         if reply.not_owner:
-            # A re-entry whose hold ended unnoticed: report the loss now, not at release.
-            self._hold_lost(owner, "its hold was gone at re-entry")
-            raise self._lost_error()
+            raise self._refused(owner, reentry)
         if not reply.granted:
             return False
         self._record_grant(owner, count, started[0])
@@ -305,7 +350,11 @@ class Primitive:
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
-        call = self._call("release", owner, count, everything)
+        call = self._prepared(
+            ("release", owner, count, everything),
+            self._release_script,
+            lambda: self._release_arguments(owner, count, everything),
+        )
         try:
             reply = call(self._client)
         except BaseException:

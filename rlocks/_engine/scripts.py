@@ -108,10 +108,20 @@ class Script:
         return f"<Script {self.name} {self.sha[:12]}>"
 
 
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
 @lru_cache(maxsize=None)
-def load(name: str) -> Script:
-    """The script in ``lua/<name>.lua`` (cached: each file is read and hashed once)."""
-    source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+def load(name: str, prelude: str = "") -> Script:
+    """The script in ``lua/<name>.lua``, read and hashed once per process.
+
+    ``prelude`` names a library file (``rw_lib``, ``sem_lib``) whose functions the script
+    uses; it is put in front, so each operation still is one script and one round trip.
+    """
+    source = _read(name)
+    if prelude:
+        source = _read(prelude) + "\n" + source
     return Script(name, source)
 
 

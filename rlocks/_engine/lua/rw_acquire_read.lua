@@ -1,10 +1,11 @@
 -- rw_acquire_read: take, or re-enter, the read side of an RWLock.
--- (Runs after rw_lib.lua, which rwlock.py prepends; the hash layout is described there.)
+-- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  owner id (opaque string)
 -- ARGV[2]  lease, ms (> 0): the owner's read lease ends this long after the grant
 -- ARGV[3]  read holds to add, count (>= 1)
+-- ARGV[4]  1 = the caller believes this owner already reads (re-entry); 0 = not
 --
 -- Granted when no other owner holds the write side and no writer is waiting (a live
 -- claim). An owner that already reads, or that holds the write side (downgrade), is
@@ -14,11 +15,20 @@
 --   { 1, count }  granted; count = the owner's read holds now
 --   { 0, ms }     another owner writes, or a writer waits; ms = time until the earliest
 --                 blocking lease or claim ends (at least 1)
+--   {-1, 0 }      re-entry refused: the owner's read hold is gone (lease ended unnoticed,
+--                 key deleted); nothing was changed
 local owner = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
 local add = tonumber(ARGV[3])
+local reentry = tonumber(ARGV[4])
 
 local st = load_state(KEYS[1], server_ms())
+if reentry == 1 and st.r[owner] == nil then
+    -- Granting it as a fresh hold would let an inner release end a hold that an outer
+    -- frame still believes it has.
+    finish(st)
+    return {-1, 0}
+end
 if st.writer ~= nil and st.writer ~= owner then
     finish(st)
     return {0, ms_until_earliest(st, {st.wend})}

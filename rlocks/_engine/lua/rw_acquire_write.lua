@@ -1,5 +1,5 @@
 -- rw_acquire_write: take, or re-enter, the write side of an RWLock.
--- (Runs after rw_lib.lua, which rwlock.py prepends; the hash layout is described there.)
+-- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  owner id (opaque string)
@@ -7,6 +7,7 @@
 -- ARGV[3]  write holds to add, count (>= 1)
 -- ARGV[4]  1 = the caller will wait: when busy, stake (or refresh) this owner's claim, so
 --          new readers wait behind it; 0 = a single try: never claim
+-- ARGV[5]  1 = the caller believes this owner already writes (re-entry); 0 = not
 --
 -- Granted when nobody else holds either side. An owner that reads without writing is
 -- refused (upgrade would deadlock two upgraders; rwlock.py refuses it before asking).
@@ -16,13 +17,20 @@
 --   { 1, count }  granted; count = the owner's write holds now
 --   { 0, ms }     held by others; ms = time until the earliest blocking lease ends, at
 --                 most half the lease, so a waiter refreshes its claim before it ends
---   {-1, 0 }      refused: this owner holds the read side only (upgrade)
+--   {-1, 0 }      refused: this owner holds the read side only (upgrade), or, with
+--                 ARGV[5] = 1, its write hold is gone (lease ended unnoticed); nothing
+--                 was changed
 local owner = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
 local add = tonumber(ARGV[3])
 local claim = tonumber(ARGV[4])
+local reentry = tonumber(ARGV[5])
 
 local st = load_state(KEYS[1], server_ms())
+if reentry == 1 and st.writer ~= owner then
+    finish(st)
+    return {-1, 0}
+end
 if st.writer == owner then
     local count = grant(st, 'w', owner, add, lease_ms)
     finish(st)

@@ -1,5 +1,5 @@
 -- rw_holders: how many owners hold one side of an RWLock now (for locked()).
--- (Runs after rw_lib.lua, which rwlock.py prepends; the hash layout is described there.)
+-- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
 -- Like every rw script it deletes dead entries first; it changes nothing else.
 --
 -- KEYS[1]  the lock's hash

@@ -1,4 +1,4 @@
--- rw_lib: helpers shared by every rw_*.lua script. rwlock.py prepends this file to each
+-- rw_lib: helpers shared by every rw_*.lua script. scripts.load prepends this file to each
 -- rw_* operation file, so each runs as one script; on its own it does nothing.
 --
 -- An RWLock is one hash. Every field names its owner after a one-letter prefix:

@@ -1,5 +1,5 @@
 -- rw_release: give back read or write holds of an RWLock, and wake who may now proceed.
--- (Runs after rw_lib.lua, which rwlock.py prepends; the hash layout is described there.)
+-- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the readers' wake-up channel

@@ -1,5 +1,5 @@
 -- rw_renew: extend one owner's lease on one side of an RWLock, if it still holds it.
--- (Runs after rw_lib.lua, which rwlock.py prepends; the hash layout is described there.)
+-- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  owner id

@@ -1,5 +1,5 @@
 -- sem_acquire: take permits of a (Bounded)Semaphore for an owner (a process).
--- (Runs after sem_lib.lua, which semaphore.py prepends; the hash layout is described there.)
+-- (Runs after sem_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the semaphore's hash
 -- ARGV[1]  owner id (opaque string; the process's owner id)

@@ -1,4 +1,4 @@
--- sem_lib: helpers shared by every sem_*.lua script. semaphore.py prepends this file to
+-- sem_lib: helpers shared by every sem_*.lua script. scripts.load prepends this file to
 -- each sem_* operation file, so each runs as one script; on its own it does nothing.
 --
 -- A Semaphore (or BoundedSemaphore) is one hash:

@@ -1,5 +1,5 @@
 -- sem_release: give permits back to a (Bounded)Semaphore and wake that many waiters.
--- (Runs after sem_lib.lua, which semaphore.py prepends; the hash layout is described there.)
+-- (Runs after sem_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the semaphore's hash
 -- KEYS[2]  its wake-up channel

@@ -1,5 +1,5 @@
 -- sem_renew: extend an owner's lease on its permits, if it still holds any.
--- (Runs after sem_lib.lua, which semaphore.py prepends; the hash layout is described there.)
+-- (Runs after sem_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the semaphore's hash
 -- ARGV[1]  owner id

@@ -1,0 +1,120 @@
+"""The ``threading.RLock`` surface, for primitives whose holds belong to a thread.
+
+``rlocks.RLock`` and both sides of ``rlocks.RWLock`` are reentrant locks owned by the
+calling thread: they share ``acquire``/``release``/``with`` and the ``threading.Condition``
+protocol exactly, and differ only in their scripts, their keys and ``locked()``. Keeping
+the surface here, once, is what keeps their behaviour (errors, lost-hold unwinding,
+Condition support) the same.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Optional, Tuple, Type
+
+from ..errors import LockLostError, NotOwnedError
+from . import checks, identity
+from .primitive import Primitive
+
+__all__ = ["ReentrantLock"]
+
+
+class ReentrantLock(Primitive):
+    """Engine base of a thread-owned reentrant lock; subclasses add scripts and ``locked``."""
+
+    __slots__ = ()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Acquire the lock, or re-enter it if the calling thread holds it already.
+
+        Blocks while the lock is unavailable when ``blocking`` is true, for at most
+        ``timeout`` seconds unless it is -1 (forever). Returns True once held, False if it
+        could not be had in time. An uncontended acquire, re-entry included, is one round
+        trip (which also restarts the hold's lease).
+
+        Raises what ``threading.RLock.acquire`` raises for bad arguments (ValueError,
+        OverflowError, TypeError) before touching Redis; LockLostError if this thread's
+        hold was lost and is not yet released (re-entering it would hide the loss);
+        redis-py errors if Redis cannot be reached (a blocked call then returns or raises
+        within its timeout plus the client's socket timeout).
+
+        In Redis: adds one to this thread's count in the lock's hash and restarts its lease.
+        """
+        wait = checks.lock_wait(blocking, timeout, self._label, self._name)
+        return self._take(identity.thread_owner(), 1, wait)
+
+    def release(self) -> None:
+        """Release one level of the calling thread's hold; at the last, free the lock.
+
+        Raises RuntimeError (:class:`~rlocks.errors.NotOwnedError`) if the calling thread
+        does not hold the lock, without any I/O; :class:`~rlocks.errors.LockLostError` if
+        the hold had already ended in Redis (lease expired, key deleted): whoever holds it
+        now is not touched. Freeing the lock wakes waiters (one per waiting process).
+        """
+        self._give_back(identity.thread_owner(), 1)
+
+    __enter__ = acquire
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
+            # An inner block already reported this lock lost: unwind our level quietly
+            # instead of raising the same news a second time.
+            self._record_release(identity.thread_owner(), 1)
+            return
+        self.release()
+
+    def locked(self) -> bool:
+        """Whether any owner, anywhere, holds the lock now (one round trip)."""
+        raise NotImplementedError
+
+    # -- threading.Condition protocol (same names and contracts as threading.RLock) ------
+
+    def _is_owned(self) -> bool:
+        """Whether the calling thread holds the lock (local knowledge, no I/O)."""
+        return self._held(identity.thread_owner()) > 0
+
+    def _recursion_count(self) -> int:
+        """How many times the calling thread holds the lock (no I/O)."""
+        return self._held(identity.thread_owner())
+
+    def _release_save(self) -> Tuple[int, str]:
+        """Release every level of the calling thread's hold; return what restores it."""
+        owner = identity.thread_owner()
+        count = self._held(owner)
+        if count == 0:
+            raise NotOwnedError(
+                f"cannot release un-acquired lock {self._describe()}", name=self._name
+            )
+        # Every level in Redis, not only this object's: a Condition must really let go.
+        self._give_back(owner, count, everything=True)
+        return count, owner
+
+    def _acquire_restore(self, state: Tuple[int, str]) -> None:
+        """Re-acquire, blocking, the levels ``_release_save`` gave back."""
+        count, _owner = state
+        self._take(identity.thread_owner(), count, None)
+
+    # -- introspection -------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        # Local truth only: no I/O in a repr. "held" means held by a thread of this process.
+        owners = self._local_owners()
+        if len(owners) == 1:
+            owner, count = owners[0]
+            state = f"held owner={owner!r} count={count}"
+        elif owners:
+            state = f"held here by {len(owners)} threads"
+        else:
+            state = "not held here"
+        return (
+            f"<{self._describe_class()} name={self._name!r} namespace={self._namespace!r} "
+            f"{state} at {id(self):#x}>"
+        )
+
+    def _describe_class(self) -> str:
+        return self._label
