@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 import pytest
 import redis
@@ -47,18 +47,30 @@ def _point_default_client_at_test_server(
 
 
 _names = itertools.count()
+_current: Dict[str, Optional[str]] = {"name": None}
 
 
 @pytest.fixture
-def name(request: pytest.FixtureRequest) -> str:
+def name(request: pytest.FixtureRequest) -> Iterator[str]:
     """A name no other test uses (tests share one server)."""
-    return f"{request.node.name}-{uuid.uuid4().hex[:8]}-{next(_names)}"
+    unique = f"{request.node.name}-{uuid.uuid4().hex[:8]}-{next(_names)}"
+    _current["name"] = unique
+    yield unique
+    _current["name"] = None
 
 
 def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[bytes, Any]:
-    """Every key of ``namespace`` with its value and whether it has an expiry."""
+    """Every key of ``namespace`` with its value and whether it has an expiry.
+
+    In a test that uses the ``name`` fixture, only the keys built from that name (it is
+    unique per test): holds that earlier tests left behind are renewed or expire on their
+    own schedule and must not make this test's "nothing changed" checks flaky.
+    """
+    mine = _current["name"]
     state: Dict[bytes, Any] = {}
     for key in client.scan_iter(match=f"{namespace}:*"):
+        if mine is not None and mine.encode() not in key:
+            continue
         kind = client.type(key)
         value: Any = client.hgetall(key) if kind == b"hash" else client.dump(key)
         state[key] = (kind, value, client.pttl(key) > 0)
