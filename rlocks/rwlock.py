@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, load, run
+from ._engine.scripts import Arg, Call, load, run
 from .errors import UpgradeError
 
 __all__ = ["RWLock", "ReadLock", "WriteLock", "UpgradeError"]
@@ -128,15 +128,13 @@ class WriteLock(_Side):
             name=self._name,
         )
 
-    def _gave_up(self, owner: str, error: Optional[BaseException]) -> None:
+    def _gave_up_call(self, owner: str) -> Optional[Call]:
         """Withdraw ``owner``'s claim after it stopped waiting (it ends by itself anyway)."""
-        keys = (self._keys.hash, self._keys.wake(ReadLock._wake_role))
-        try:
-            run(self._client, self._unclaim_script, keys, (owner, self._publish))
-        except Exception:
-            if error is None:
-                raise
-            # Already unwinding another error; the claim ends with its ttl regardless.
+        return self._prepared(
+            ("unclaim", owner),
+            self._unclaim_script,
+            lambda: ((self._keys.hash, self._keys.wake(ReadLock._wake_role)), (owner, self._publish)),
+        )
 
 
 class RWLock:

@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from ._engine import checks, identity
 from ._engine.clock import monotonic
 from ._engine.primitive import Primitive
-from ._engine.scripts import Arg, load
+from ._engine.scripts import Arg, Call, Reply, load
 from .errors import LockLostError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -156,6 +156,18 @@ class Semaphore(Primitive):
         TypeError if ``n`` is not an int; LockLostError if permits this process held were
         lost (lease ended: they are back in the pool already; the local count drops).
         """
+        owner, own, call = self._begin_release(n)
+        since = monotonic()
+        try:
+            reply = call(self._client)
+        except ResponseError as exc:
+            raise self._release_refused(owner, own, since, exc) from None
+        # On any other error (connection...) the reserved permits stay dropped locally, as
+        # RLock's release does: renewal stops and their lease runs out on the server.
+        self._finish_release(owner, own, since, reply)
+
+    def _begin_release(self, n: int) -> Tuple[str, int, Call]:
+        """The I/O-free start of a release: (owner, own permits taken off, the call)."""
         label = self._describe()
         n = _count(n, "n", label)
         if n < 1:
@@ -175,19 +187,27 @@ class Semaphore(Primitive):
                 (owner, n, own, self._value, self._bounded, self._publish),
             ),
         )
-        since = monotonic()
-        try:
-            reply = call(self._client)
-        except ResponseError as exc:
-            self._unreserve(owner, own, since)
-            raise self._translate(exc) from None
-        # On any other error (connection...) the reserved permits stay dropped locally, as
-        # RLock's release does: renewal stops and their lease runs out on the server.
+        return owner, own, call
+
+    def _release_refused(
+        self, owner: str, own: int, since: float, exc: ResponseError
+    ) -> Exception:
+        # Redis refused with an error reply and changed nothing: our permits are ours.
+        self._unreserve(owner, own, since)
+        return self._translate(exc)
+
+    def _finish_release(self, owner: str, own: int, since: float, reply: Reply) -> None:
+        """The I/O-free end of a release: refusals and losses become exceptions."""
         if reply.busy:
             self._unreserve(owner, own, since)
-            raise ValueError(f"{label}: Semaphore released too many times")
+            raise ValueError(f"{self._describe()}: Semaphore released too many times")
         if reply.not_owner:
-            self._hold_lost(owner, "its permits were gone at release")
+            if own and self._held(owner) == 0:
+                # Every local permit came off the books above, so _hold_lost would find
+                # nothing to mark: report the loss here, as a renewal would have.
+                self._report_lost(owner, "its permits were gone at release")
+            else:
+                self._hold_lost(owner, "its permits were gone at release")
             raise self._lost_error()
 
     def __exit__(

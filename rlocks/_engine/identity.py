@@ -13,16 +13,21 @@ An owner id is ``host:pid:nonce:serial``:
 
 ``process_owner()`` is the id shared by all threads of the process, for primitives whose
 holds belong to the process rather than to a thread (semaphore permits).
+``task_owner()`` is the id of the running asyncio task (``host:pid:nonce:a<serial>``), for
+the ``rlocks.asyncio`` primitives: in asyncio the task, not the thread, is who holds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import socket
 import threading
+import weakref
+from typing import Any, Tuple
 
-__all__ = ["thread_owner", "process_owner", "process_token"]
+__all__ = ["thread_owner", "task_owner", "process_owner", "process_token"]
 
 _HOST = socket.gethostname() or "localhost"
 
@@ -32,6 +37,11 @@ _epoch = 0
 _prefix = ""
 _serials = itertools.count(1)
 _local = threading.local()
+# Task -> (epoch, owner id). Weak: a finished task's id goes with it; a new task is a new
+# object and gets a new serial even if it lands at the same address.
+_tasks: "weakref.WeakKeyDictionary[asyncio.Task[Any], Tuple[int, str]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _new_process_identity() -> None:
@@ -60,6 +70,22 @@ def thread_owner() -> str:
     owner = f"{_prefix}:{next(_serials)}"
     local.owner = owner
     local.epoch = _epoch
+    return owner
+
+
+def task_owner() -> str:
+    """The running asyncio task's owner id (cached per task; no I/O).
+
+    Raises RuntimeError outside a task, as ``asyncio.current_task`` does.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("rlocks.asyncio primitives must be used from an asyncio task")
+    cached = _tasks.get(task)
+    if cached is not None and cached[0] == _epoch:
+        return cached[1]
+    owner = f"{_prefix}:a{next(_serials)}"
+    _tasks[task] = (_epoch, owner)
     return owner
 
 

@@ -192,8 +192,13 @@ class Primitive:
         self._hold_lost(owner, "its hold was gone at re-entry")
         return self._lost_error()
 
-    def _gave_up(self, owner: str, error: Optional[BaseException]) -> None:
-        """Called after a waiting acquire ended without a grant (timeout or ``error``)."""
+    def _gave_up_call(self, owner: str) -> Optional[Call]:
+        """A script call to make after a waiting acquire ended without a grant, if any.
+
+        (An RWLock writer withdraws its claim.) Drivers run it; a failure is raised
+        unless the acquire is already unwinding another error.
+        """
+        return None
 
     # -- prepared script calls -----------------------------------------------------------
 
@@ -278,6 +283,10 @@ class Primitive:
             stale, hold.lease = hold.lease, None
         if stale is not None:
             renewer().cancel(stale)
+        self._report_lost(owner, reason)
+
+    def _report_lost(self, owner: str, reason: str) -> None:
+        """Log a lost hold and call ``on_lost`` (once per loss; the caller makes sure)."""
         log.warning("%s lost by %s: %s", self._describe(), owner, reason)
         if self._on_lost is not None:
             try:
@@ -296,14 +305,7 @@ class Primitive:
         re-entry whose hold ended unnoticed: re-entering a critical section that is no
         longer protected would hide the loss), and Redis errors.
         """
-        self._check_take(owner)
-        reentry = self._held(owner) > 0
-        waiting = wait != 0.0
-        call = self._prepared(
-            ("acquire", owner, count, reentry, waiting),
-            self._acquire_script,
-            lambda: self._acquire_arguments(owner, count, reentry, waiting),
-        )
+        call, waiting = self._begin_take(owner, count, wait)
         client = self._client
         started = [0.0]
 
@@ -318,17 +320,44 @@ class Primitive:
             try:
                 reply = wait_until_granted(hub, self._channel, attempt, deadline)
             except BaseException as exc:
-                self._gave_up(owner, exc)
+                self._gave_up_sync(owner, exc)
                 raise
             if not reply.granted:
-                self._gave_up(owner, None)
+                self._gave_up_sync(owner, None)
+        return self._finish_take(owner, count, reply, started[0])
+
+    def _begin_take(self, owner: str, count: int, wait: Optional[float]) -> Tuple[Call, bool]:
+        """The I/O-free start of an acquire: checks, then (prepared call, will it wait)."""
+        self._check_take(owner)
+        reentry = self._held(owner) > 0
+        waiting = wait != 0.0
+        call = self._prepared(
+            ("acquire", owner, count, reentry, waiting),
+            self._acquire_script,
+            lambda: self._acquire_arguments(owner, count, reentry, waiting),
+        )
+        return call, waiting
+
+    def _finish_take(self, owner: str, count: int, reply: Reply, since: float) -> bool:
+        """The I/O-free end of an acquire: record a grant, or raise a refusal."""
         if reply.not_owner:
-            raise self._refused(owner, reentry)
+            raise self._refused(owner, self._held(owner) > 0)
         if not reply.granted:
             return False
-        self._record_grant(owner, count, started[0])
+        self._record_grant(owner, count, since)
         log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.count)
         return True
+
+    def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
+        call = self._gave_up_call(owner)
+        if call is None:
+            return
+        try:
+            call(self._client)
+        except Exception:
+            if error is None:
+                raise
+            # Already unwinding another error; what the call would undo ends with its lease.
 
     def _give_back(self, owner: str, count: int, everything: bool = False) -> None:
         """Release ``count`` of ``owner``'s holds (the exclusive-owner release).
@@ -342,6 +371,16 @@ class Primitive:
         On a Redis error the local holds are dropped anyway and renewal stops, so the
         server-side hold ends with its lease at the latest; the error propagates.
         """
+        call = self._begin_give_back(owner, count, everything)
+        try:
+            reply = call(self._client)
+        except BaseException:
+            self._record_release(owner, count)
+            raise
+        self._finish_give_back(owner, count, reply)
+
+    def _begin_give_back(self, owner: str, count: int, everything: bool) -> Call:
+        """The I/O-free start of a release: refuse what is not held or known lost."""
         hold = self._holds.get(owner)
         if hold is None or hold.count < count:
             raise NotOwnedError(
@@ -350,16 +389,14 @@ class Primitive:
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
-        call = self._prepared(
+        return self._prepared(
             ("release", owner, count, everything),
             self._release_script,
             lambda: self._release_arguments(owner, count, everything),
         )
-        try:
-            reply = call(self._client)
-        except BaseException:
-            self._record_release(owner, count)
-            raise
+
+    def _finish_give_back(self, owner: str, count: int, reply: Reply) -> None:
+        """The I/O-free end of a release: drop the local holds, report a loss."""
         if reply.not_owner:
             self._hold_lost(owner, "its hold was gone at release")
             self._record_release(owner, count)

@@ -37,6 +37,7 @@ __all__ = [
     "NOT_OWNER",
     "Call",
     "Reply",
+    "arun",
     "Script",
     "decode",
     "load",
@@ -137,6 +138,16 @@ def run(client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -
     except NoScriptError:
         client.script_load(script.source)
         raw = client.evalsha(script.sha, len(keys), *keys, *args)
+    return decode(raw, script.name)
+
+
+async def arun(client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+    """:func:`run` for ``redis.asyncio`` clients: same contract, awaited I/O."""
+    try:
+        raw = await client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await client.script_load(script.source)
+        raw = await client.evalsha(script.sha, len(keys), *keys, *args)
     return decode(raw, script.name)
 
 
