@@ -5,9 +5,10 @@ uses the same Redis and name. See the README for semantics (leases, renewal, los
 fork, cluster) and the differences from ``threading``.
 """
 
-from .errors import LockLostError, NotOwnedError, RLocksError
+from .decorators import limited, synchronized
+from .errors import LockLostError, NotOwnedError, RLocksError, UpgradeError
 from .rlock import RLock
-from .rwlock import RWLock, UpgradeError
+from .rwlock import RWLock
 from .semaphore import BoundedSemaphore, Semaphore
 
 __version__ = "0.1.0"
@@ -21,5 +22,7 @@ __all__ = [
     "NotOwnedError",
     "LockLostError",
     "UpgradeError",
+    "synchronized",
+    "limited",
     "__version__",
 ]

@@ -1,8 +1,8 @@
-"""``python -m rlocks demo``: see :mod:`rlocks.demo`."""
+"""``python -m rlocks``: the ``rlocks`` command line (see :mod:`rlocks.cli`)."""
 
 import sys
 
-from .demo import _entry
+from .cli import main
 
 if __name__ == "__main__":
-    sys.exit(_entry(sys.argv[1:]))
+    sys.exit(main())

@@ -12,7 +12,12 @@ Modules, lowest first (each imports only the ones above it):
 - ``waiting``: the per-process wake-up hub (one subscriber connection) and the deadline loop.
 - ``renewal``: the per-process lease renewer (one daemon thread, batched round trips).
 - ``primitive``: the base class a primitive is built from: local bookkeeping of holds,
-  acquire / release / lost-hold handling on top of the modules above.
+  acquire / release / lost-hold handling on top of the modules above, split into I/O-free
+  ``_begin_*`` / ``_finish_*`` halves around one script call.
+- ``reentrant``: the ``threading.RLock`` surface shared by RLock and both RWLock sides.
+- ``aio``: the asyncio drivers (task owners, awaited calls, a hub and a renewer per loop)
+  that turn a primitive into its ``rlocks.asyncio`` twin.
+- ``inspect``: read-only views of primitives in Redis and the forced release, for the CLI.
 
 A primitive module (``rlocks/rlock.py`` ...) chooses its scripts, its key kind, its owner
 scope and its wake policy; it never grows its own wait loop or renewal.

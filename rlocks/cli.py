@@ -1,0 +1,488 @@
+"""The ``rlocks`` command line (also ``python -m rlocks``).
+
+``rlocks [--url URL] [--namespace NS] [--json] COMMAND``, where COMMAND is ``list``,
+``inspect``, ``watch``, ``release --force`` or ``demo``. The global options may also be
+given after the command (``rlocks list --json``).
+
+Built on click, which is a dependency of rlocks itself rather than of an extra: the
+``rlocks`` console script is installed with the package and must not fail on import, and
+click is small, pure Python and has no dependencies of its own.
+
+A shell user's expectations, kept here in one place:
+
+- output for people on stdout (``--json`` for programs), problems on stderr;
+- exit status 0 when the command did what was asked; 1 when it could not (server
+  unreachable, unknown name, confirmation refused); 2 for a usage error (bad option, a
+  URL that is not a Redis URL, an ambiguous name);
+- every expected failure is one line, ``Error: ...``, never a traceback: Redis errors are
+  translated once, in :class:`_Group`. The password of a URL is never printed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+import redis
+
+from . import __version__
+from ._engine import inspect as _inspect
+from ._engine.clients import DEFAULT_URL
+
+__all__ = ["cli", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Kind names a user may type, to the key kind (see rlocks._engine.keys).
+_KIND_NAMES = {
+    "rlock": "rlock",
+    "rwlock": "rw",
+    "rw": "rw",
+    "semaphore": "sem",
+    "sem": "sem",
+    "boundedsemaphore": "sem",
+}
+
+
+class Failure(click.ClickException):
+    """An expected failure: one line on stderr, then exit with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class _Settings:
+    url: Optional[str] = None  # given with --url or RLOCKS_URL; None: neither
+    namespace: str = "rlocks"
+    json: bool = False
+    _client: Any = None
+
+    @property
+    def effective_url(self) -> str:
+        return self.url or DEFAULT_URL
+
+    def client(self) -> "redis.Redis":
+        """The client for the URL (made once). Failure (exit 2) for a malformed URL."""
+        if self._client is None:
+            try:
+                # Bounded waits: a dead server must give an error, not a hung terminal.
+                self._client = redis.Redis.from_url(
+                    self.effective_url, socket_timeout=5, socket_connect_timeout=3
+                )
+            except ValueError as exc:
+                url = redact(self.effective_url)
+                raise Failure(f"invalid Redis URL {url!r}: {exc}", 2) from None
+        return self._client
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe to print)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        user = parts.username or ""
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def _settings() -> _Settings:
+    return click.get_current_context().ensure_object(_Settings)
+
+
+# -- global options, accepted before and after the command ------------------------------
+
+
+def _set_url(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
+    if value is not None:
+        ctx.ensure_object(_Settings).url = value
+
+
+def _set_namespace(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
+    if value is not None:
+        if not value:
+            raise Failure("--namespace must not be empty", 2)
+        ctx.ensure_object(_Settings).namespace = value
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(_Settings).json = True
+
+
+def _global_options(func: F, *, group: bool = False) -> F:
+    # Callbacks store into the one _Settings object the group made: the group's callbacks
+    # run first, so an option after the command wins over the same option before it.
+    # Only the group reads RLOCKS_URL, or the variable would override `rlocks --url X cmd`.
+    options = [
+        click.option(
+            "--url", envvar="RLOCKS_URL" if group else None, expose_value=False,
+            callback=_set_url, help=f"Redis URL [env RLOCKS_URL; default {DEFAULT_URL}]",
+        ),
+        click.option(
+            "--namespace", expose_value=False, callback=_set_namespace,
+            help="key namespace of the primitives [default: rlocks]",
+        ),
+        click.option(
+            "--json", "as_json", is_flag=True, expose_value=False, callback=_set_json,
+            help="machine-readable output",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+class _Group(click.Group):
+    """Translates Redis errors into one-line failures, for every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except redis.exceptions.RedisError as exc:
+            url = redact(ctx.ensure_object(_Settings).effective_url)
+            raise Failure(_redis_message(exc, url)) from None
+
+
+def _redis_message(exc: Exception, url: str) -> str:
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return f"Redis at {url} refused the credentials: {detail}"
+    if isinstance(exc, redis.exceptions.TimeoutError):
+        return f"Redis at {url} did not answer in time: {detail}"
+    if isinstance(exc, redis.exceptions.ConnectionError):
+        return f"cannot reach Redis at {url}: {detail}"
+    if isinstance(exc, redis.exceptions.ResponseError):
+        return f"Redis at {url} refused a command: {detail}"
+    return f"Redis error at {url}: {detail}"
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@functools.partial(_global_options, group=True)
+@click.version_option(__version__, prog_name="rlocks")
+def cli() -> None:
+    """Inspect and manage rlocks primitives (RLock, RWLock, Semaphore) in Redis."""
+    _settings()
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def _duration(ms: Optional[int]) -> str:
+    if ms is None:
+        return "no expiry"
+    seconds = ms / 1000.0
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _quoted(name: str) -> str:
+    # Shell-quoted only when needed, so a name can be pasted back into a command.
+    return shlex.quote(name)
+
+
+def _next_lease(state: _inspect.PrimitiveState) -> Optional[int]:
+    leases = [holder.lease_ms for holder in state.holders if holder.lease_ms is not None]
+    return min(leases) if leases else state.lease_ms
+
+
+def _holders_cell(state: _inspect.PrimitiveState) -> str:
+    if state.kind != "rw":
+        return str(len(state.holders))
+    writers = sum(1 for holder in state.holders if holder.side == "write")
+    readers = len(state.holders) - writers
+    if not writers:
+        return f"{readers}r"
+    return f"{writers}w {readers}r" if readers else f"{writers}w"  # readers: a downgrade
+
+
+def _table(rows: Sequence[Sequence[str]]) -> List[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _list_lines(states: Sequence[_inspect.PrimitiveState]) -> List[str]:
+    rows = [("TYPE", "NAME", "HOLDERS", "HOLDS", "FREE", "LEASE", "WAITING")]
+    for state in states:
+        free = f"{state.free}/{state.value}" if state.kind == "sem" else "-"
+        holds = str(state.holds) if state.holders else "0"
+        lease = _duration(_next_lease(state)) if state.holders else "-"
+        waiting = state.waiting_total
+        rows.append((
+            state.type, _quoted(state.name), _holders_cell(state), holds, free, lease,
+            "?" if waiting is None else str(waiting),
+        ))
+    return _table(rows)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "es" if word.endswith("s") else "s")
+
+
+def _inspect_lines(state: _inspect.PrimitiveState) -> List[str]:
+    lines = [f"{state.type} {_quoted(state.name)}",
+             f"  namespace  {state.namespace}",
+             f"  key        {state.key}"]
+    if state.kind == "sem":
+        lines.append(f"  permits    {state.free} free of {state.value} "
+                     f"({state.holds} held by {_plural(len(state.holders), 'process')})")
+    else:
+        lines.append(f"  held       {_plural(state.holds, 'hold')} by "
+                     f"{_plural(len(state.holders), 'owner')}")
+    lines.append(f"  key expiry {_duration(state.lease_ms)}")
+    if state.holders:
+        lines.append("  holders")
+        rows = [("    OWNER", "SIDE", "COUNT", "LEASE LEFT")]
+        for holder in state.holders:
+            rows.append((f"    {holder.owner}", holder.side or "-", str(holder.count),
+                         _duration(holder.lease_ms)))
+        lines += _table(rows)
+    if state.kind == "rw":
+        claims = ", ".join(f"{c.owner} ({_duration(c.lease_ms)})" for c in state.claims)
+        lines.append(f"  writers waiting (claims)  {len(state.claims)}"
+                     + (f": {claims}" if claims else ""))
+    if state.waiting is not None:
+        parts = [f"{role} {count}" for role, count in state.waiting]
+        lines.append(f"  processes subscribed to wake-ups  {', '.join(parts)}")
+    if state.stale:
+        lines.append(f"  stale entries  {state.stale} (leases ended; tidied by the next "
+                     "operation on it)")
+    return lines
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, sort_keys=True))
+
+
+def _kind_code(kind: Optional[str]) -> Optional[str]:
+    if kind is None:
+        return None
+    return _KIND_NAMES[kind.lower()]
+
+
+_kind_option = click.option(
+    "--kind", type=click.Choice(sorted(_KIND_NAMES), case_sensitive=False),
+    help="only primitives of this kind",
+)
+
+
+def _not_found(name: str, settings: _Settings) -> Failure:
+    return Failure(
+        f"no primitive named {name!r} in namespace {settings.namespace!r} at "
+        f"{redact(settings.effective_url)} (a free lock leaves no key)"
+    )
+
+
+# -- commands -----------------------------------------------------------------------------
+
+
+@cli.command("list")
+@click.argument("pattern", default="*")
+@_kind_option
+@_global_options
+def list_command(pattern: str, kind: Optional[str]) -> None:
+    """List the primitives whose name matches the glob PATTERN (default: all).
+
+    WAITING counts processes subscribed to the primitive's wake-up channels: a process
+    subscribes once however many of its threads wait, and stays a few seconds after.
+    """
+    settings = _settings()
+    code = _kind_code(kind)
+    states = _inspect.list_primitives(
+        settings.client(), settings.namespace, pattern, kinds=None if code is None else [code]
+    )
+    if settings.json:
+        _emit_json([state.to_dict() for state in states])
+        return
+    if not states:
+        click.echo(f"no primitives matching {pattern!r} in namespace "
+                   f"{settings.namespace!r}", err=True)
+        return
+    for line in _list_lines(states):
+        click.echo(line)
+
+
+@cli.command("inspect")
+@click.argument("name")
+@_kind_option
+@_global_options
+def inspect_command(name: str, kind: Optional[str]) -> None:
+    """Show one primitive: holders, counts, leases, waiters.
+
+    When several kinds use NAME, all are shown (--kind picks one).
+    """
+    settings = _settings()
+    states = _inspect.find(settings.client(), settings.namespace, name, _kind_code(kind))
+    if not states:
+        raise _not_found(name, settings)
+    if settings.json:
+        _emit_json(states[0].to_dict() if len(states) == 1 else [s.to_dict() for s in states])
+        return
+    for i, state in enumerate(states):
+        if i:
+            click.echo()
+        for line in _inspect_lines(state):
+            click.echo(line)
+
+
+@cli.command("watch")
+@click.argument("name")
+@_kind_option
+@click.option("-n", "--interval", type=click.FloatRange(min=0.05), default=1.0,
+              show_default=True, help="seconds between refreshes")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="stop after this many refreshes [default: until Ctrl-C]")
+@_global_options
+def watch_command(name: str, kind: Optional[str], interval: float, count: Optional[int]) -> None:
+    """Show NAME again every --interval seconds (a live view).
+
+    A primitive with no key in Redis is shown as free: it may be taken later. With --json,
+    one JSON object per refresh, one per line.
+    """
+    settings = _settings()
+    client = settings.client()
+    code = _kind_code(kind)
+    redraw = sys.stdout.isatty() and not settings.json
+    frame = 0
+    try:
+        while count is None or frame < count:
+            if frame:
+                time.sleep(interval)
+            frame += 1
+            states = _inspect.find(client, settings.namespace, name, code)
+            stamp = time.strftime("%H:%M:%S")
+            if settings.json:
+                _emit_json({"time": time.time(), "name": name,
+                            "primitives": [state.to_dict() for state in states]})
+                continue
+            lines = [f"{stamp}  every {interval:g}s  (Ctrl-C to stop)"]
+            for state in states:
+                lines += [""] + _inspect_lines(state)
+            if not states:
+                lines += ["", f"{_quoted(name)}: no key in namespace {settings.namespace!r} "
+                              "(free, or never used)"]
+            if redraw:
+                click.clear()
+            elif frame > 1:
+                lines.insert(0, "")
+            click.echo("\n".join(lines))
+    except KeyboardInterrupt:
+        # Ctrl-C is how a watch ends: no traceback, no "Aborted!".
+        click.echo()
+
+
+@cli.command("release")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="required: delete the primitive's state")
+@click.option("-y", "--yes", is_flag=True, help="do not ask for confirmation")
+@_kind_option
+@_global_options
+def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> None:
+    """Force-release NAME: end every hold on it and wake its waiters.
+
+    Deletes the primitive's hash in one Lua script that also publishes a wake-up to all
+    its waiters, so they try again at once. Live holders are not stopped: they find
+    their hold lost at their next renewal or release (LockLostError, on_lost). Asks for
+    confirmation unless --yes; refuses without --yes when stdin is not a terminal.
+    """
+    settings = _settings()
+    if not force:
+        raise Failure("release needs --force: it ends holds that other processes own "
+                      "(they will get LockLostError)", 2)
+    client = settings.client()
+    states = _inspect.find(client, settings.namespace, name, _kind_code(kind))
+    if not states:
+        raise _not_found(name, settings)
+    if len(states) > 1:
+        kinds = ", ".join(state.type for state in states)
+        raise Failure(f"{name!r} names several primitives ({kinds}): choose one with --kind", 2)
+    state = states[0]
+    summary = (f"{state.type} {_quoted(name)}: {_plural(state.holds, 'hold')} of "
+               f"{_plural(len(state.holders), 'owner')}")
+    if not yes:
+        if not _stdin_is_tty():
+            raise Failure(f"refusing to force-release {summary} without --yes "
+                          "(stdin is not a terminal to confirm on)")
+        if not click.confirm(f"Force-release {summary}?", default=False, err=True):
+            raise Failure("not released")
+    released = _inspect.force_release(client, settings.namespace, state.kind, name)
+    if settings.json:
+        _emit_json({"released": released, "primitive": state.to_dict()})
+    elif released:
+        click.echo(f"released {summary}; waiters woken")
+    else:
+        click.echo(f"{state.type} {_quoted(name)} was already free", err=True)
+
+
+def _stdin_is_tty() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # closed or replaced stdin
+        return False
+
+
+@cli.command("demo")
+@click.option("--processes", type=click.IntRange(min=1), default=4, show_default=True,
+              help="worker processes")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="threads per worker process")
+@click.option("--iterations", type=click.IntRange(min=1), default=150, show_default=True,
+              help="critical sections per thread in each use case")
+@click.option("--pool-size", type=click.IntRange(min=1), default=3, show_default=True,
+              help="the Semaphore's limit (less than processes x threads)")
+@_global_options
+def demo_command(processes: int, threads: int, iterations: int, pool_size: int) -> None:
+    """Run the three use cases across processes and threads, then verify them.
+
+    Starts a throwaway redis-server when neither --url nor RLOCKS_URL is given.
+    Exits 0 only when every check in the final table holds.
+    """
+    from . import demo  # multiprocessing and the server helper load only for the demo
+
+    settings = _settings()
+    if pool_size >= processes * threads:
+        raise Failure(f"--pool-size ({pool_size}) must be less than --processes x --threads "
+                      f"({processes * threads}) so the pool is contended", 2)
+    if settings.url is not None:
+        settings.client()  # a malformed URL fails here, in one line
+    options = demo.Options(processes, threads, iterations, pool_size)
+    try:
+        ok = demo.run(settings.url, settings.namespace, options, as_json=settings.json)
+    except demo.ServerUnavailable as exc:
+        raise Failure(str(exc)) from None
+    if not ok:
+        sys.exit(1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``rlocks`` console script; returns the exit status."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="rlocks",
+                 standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        sys.stderr.write(f"{code}\n")
+        return 1
+    return 0

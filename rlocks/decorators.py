@@ -1,0 +1,126 @@
+"""``@rlocks.synchronized``: run every call of a function under a named rlocks primitive.
+
+For the nested-call use case: functions that call each other, each decorated with the
+same name, run under one reentrant lock held by the calling thread, so the outer call's
+hold covers the inner ones without deadlock, across every process that uses the name.
+
+The primitive is made once per decorated function, on its first call, not at decoration:
+importing a module that decorates functions reads no environment (``RLOCKS_URL``) and does
+no I/O. Constructor options are checked against the primitive's signature at decoration,
+so a misspelt option fails at import, not at the first call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Optional, TypeVar, cast
+
+from .rlock import RLock
+from .rwlock import RWLock
+from .semaphore import BoundedSemaphore, Semaphore
+
+__all__ = ["limited", "synchronized"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def synchronized(
+    name: str,
+    *,
+    kind: Callable[..., Any] = RLock,
+    timeout: Optional[float] = None,
+    **options: Any,
+) -> Callable[[F], F]:
+    """Decorate a function so that each call runs holding the primitive ``kind(name)``.
+
+    ``kind`` is :class:`rlocks.RLock` (the default), :class:`rlocks.Semaphore` or
+    :class:`rlocks.BoundedSemaphore` (or a subclass); ``options`` go to its constructor
+    (``client``, ``ttl``, ``namespace``, ``value`` for a semaphore ...). One primitive is
+    made per decorated function, lazily, and shared by every call from every thread, so
+    methods share it across instances (the name is global anyway).
+
+    A call blocks until the primitive is acquired: forever with ``timeout=None``, else at
+    most ``timeout`` seconds, after which it raises ``TimeoutError`` (naming the
+    primitive) without calling the function. The primitive is released when the function
+    returns or raises; errors from ``acquire``/``release`` (``LockLostError``, Redis
+    errors) propagate as they do from a ``with`` block.
+
+    The wrapper keeps the function's metadata (``functools.wraps``) and has a
+    ``get_lock()`` attribute that returns the primitive (making it if needed; no I/O).
+
+    Raises at decoration, before any I/O: TypeError for an unsupported ``kind``, options
+    its constructor does not take, or a coroutine, generator or async generator function
+    (the hold would not cover what runs after the first suspension).
+    """
+    if isinstance(kind, type) and issubclass(kind, RWLock):
+        raise TypeError(
+            "synchronized(): an RWLock has two sides; use `with rwlock.read_lock:` or "
+            "`with rwlock.write_lock:` instead"
+        )
+    if not (isinstance(kind, type) and issubclass(kind, (RLock, Semaphore))):
+        raise TypeError(
+            "synchronized(): kind must be rlocks.RLock, rlocks.Semaphore or "
+            f"rlocks.BoundedSemaphore, not {kind!r}"
+        )
+    if "name" in options:
+        raise TypeError("synchronized(): the name is the first argument, not an option")
+    try:
+        inspect.signature(kind).bind(name, **options)
+    except TypeError as exc:
+        raise TypeError(f"synchronized({name!r}): {kind.__name__} options: {exc}") from None
+    if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
+        raise ValueError(f"synchronized({name!r}): timeout must be None or >= 0 seconds")
+    acquire_kwargs = {} if timeout is None else {"timeout": timeout}
+
+    def decorate(func: F) -> F:
+        if not callable(func):
+            raise TypeError(
+                f"synchronized({name!r}) decorates a function, not {type(func).__name__} "
+                "(put @classmethod / @staticmethod above it)"
+            )
+        if (inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func)
+                or inspect.isasyncgenfunction(func)):
+            raise TypeError(
+                f"synchronized({name!r}) cannot wrap {func.__qualname__}: its body runs "
+                "after the call returns, outside the hold"
+            )
+        made: list = []  # the primitive, once made
+        making = threading.Lock()  # guards only the construction, which does no I/O
+
+        def get_lock() -> Any:
+            if not made:
+                with making:
+                    if not made:
+                        made.append(kind(name, **options))
+            return made[0]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            lock = get_lock()
+            if not lock.acquire(**acquire_kwargs):
+                raise TimeoutError(
+                    f"{func.__qualname__}: could not acquire {kind.__name__}({name!r}) "
+                    f"within {timeout} s"
+                )
+            try:
+                return func(*args, **kwargs)
+            finally:
+                lock.release()
+
+        wrapper.get_lock = get_lock  # type: ignore[attr-defined]
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def limited(
+    name: str, value: int, *, timeout: Optional[float] = None, **options: Any
+) -> Callable[[F], F]:
+    """At most ``value`` calls at once, across every process using ``name``.
+
+    Shorthand for ``synchronized(name, kind=BoundedSemaphore, value=value, ...)``: each
+    call holds one permit of the bounded semaphore ``name`` while it runs.
+    """
+    return synchronized(name, kind=BoundedSemaphore, timeout=timeout, value=value, **options)

@@ -1,0 +1,504 @@
+"""The ``rlocks`` command line and the inspection helpers under it (rlocks._engine.inspect).
+
+Commands run through click's CliRunner against the session's test server (RLOCKS_URL,
+set by conftest), each test in a namespace of its own so listings are exact. A few run
+``python -m rlocks`` in a subprocess, where a traceback would really reach the user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterator, List
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rlocks
+from rlocks import cli
+from rlocks._engine import identity
+from rlocks._engine import inspect as ins
+from rlocks._engine.keys import escape, keys_for
+from rlocks.server import free_port
+
+TRICKY_NAMES = ["a:b:c", "{tag}", "x}{y", "with space", "100%7B", "%", "ünï {:}"]
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"cli-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def run(ns: str) -> Callable[..., Result]:
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str = None) -> Result:  # type: ignore[assignment]
+        return runner.invoke(cli.cli, ["--namespace", ns, *args], input=input,
+                             catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
+def held(client: "redis.Redis[bytes]", ns: str) -> Iterator[List[Any]]:
+    """Primitives a test acquires; released (or abandoned, if lost) at teardown."""
+    taken: List[Any] = []
+    yield taken
+    for lock in reversed(taken):
+        try:
+            lock.release()
+        except RuntimeError:
+            pass
+
+
+def one_line_error(result: Result) -> str:
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+# -- keys: names round-trip ---------------------------------------------------------------
+
+
+@given(namespace=st.text(min_size=1), name=st.text(min_size=1),
+       kind=st.sampled_from(sorted(ins.KINDS)))
+@settings(max_examples=300, deadline=None)
+def test_every_key_parses_back_to_its_kind_and_name(namespace: str, name: str,
+                                                    kind: str) -> None:
+    key = keys_for(namespace, kind, name).hash
+    assert ins.parse_key(key, namespace) == (kind, name)
+
+
+@given(part=st.text())
+def test_unescape_inverts_escape(part: str) -> None:
+    assert ins.unescape(escape(part)) == part
+
+
+@pytest.mark.parametrize("key", [
+    "rlocks:rlock:{a}:wake",      # a channel-like suffix, not a primitive's hash
+    "rlocks:rlock:{a{b}",         # a raw brace: never written by keys.escape
+    "rlocks:rlock:{%41}",         # a stray % escape
+    "rlocks:lock:{a}",            # unknown kind
+    "rlocks:rlock:a",             # no hash tag
+    "rlocks:rlock:{}",            # empty name
+    "other:rlock:{a}",            # another namespace
+    "rlocks:x:rlock:{a}",         # a namespace below this one
+])
+def test_keys_that_rlocks_never_writes_are_not_primitives(key: str) -> None:
+    assert ins.parse_key(key, "rlocks") is None
+
+
+@pytest.mark.parametrize("kind", sorted(ins.KINDS))
+def test_the_channel_table_matches_what_releases_publish_on(
+    client: "redis.Redis[bytes]", ns: str, name: str, kind: str
+) -> None:
+    # inspect.KINDS repeats how primitives name their wake-up channels: a release that
+    # wakes everyone (an RWLock's writer) or its one channel must publish on each of them.
+    primitive: Any = {"rlock": lambda: rlocks.RLock(name, namespace=ns),
+                      "rw": lambda: rlocks.RWLock(name, namespace=ns).write_lock,
+                      "sem": lambda: rlocks.Semaphore(name, 1, namespace=ns)}[kind]()
+    assert primitive._kind == kind
+    channels = [channel for _role, channel in ins.channels_for(ns, kind, name)]
+    pubsub = client.pubsub()
+    # Every channel that starts like the primitive's first one (a glob, its own glob
+    # characters escaped), so a channel missing from the table would show up too.
+    prefix = re.sub(r"([\\*?\[\]])", r"\\\1", keys_for(ns, kind, name).channel)
+    pubsub.psubscribe(prefix + "*")
+    wait_for(lambda: pubsub.get_message(timeout=0.1), "psubscribe")
+    assert primitive.acquire()
+    primitive.release()
+    got = [wait_for(lambda: pubsub.get_message(timeout=0.1), "wake-up") for _ in channels]
+    assert sorted(m["channel"].decode() for m in got) == sorted(channels)
+    assert pubsub.get_message(timeout=0.2) is None
+    pubsub.close()
+
+
+# -- list -----------------------------------------------------------------------------------
+
+
+def test_list_shows_every_kind_with_holders_counts_and_leases(
+    run: Callable[..., Result], ns: str, held: List[Any]
+) -> None:
+    lock = rlocks.RLock("orders:42", namespace=ns, ttl=20)
+    for _ in range(2):
+        assert lock.acquire()
+        held.append(lock)
+    rw = rlocks.RWLock("config", namespace=ns)
+    assert rw.read_lock.acquire()
+    held.append(rw.read_lock)
+    sem = rlocks.BoundedSemaphore("pool", 3, namespace=ns)
+    assert sem.acquire()
+    held.append(sem)
+
+    result = run("list")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["TYPE", "NAME", "HOLDERS", "HOLDS", "FREE", "LEASE", "WAITING"]
+    rows = {line.split()[1]: line.split() for line in lines[1:]}
+    assert rows["orders:42"][:5] == ["RLock", "orders:42", "1", "2", "-"]
+    assert rows["config"][:5] == ["RWLock", "config", "1r", "1", "-"]
+    assert rows["pool"][:5] == ["BoundedSemaphore", "pool", "1", "1", "2/3"]
+    lease = float(rows["orders:42"][5].rstrip("s"))
+    assert 0 < lease <= 20
+
+    data = json.loads(run("list", "--json").stdout)
+    assert [(d["type"], d["name"], d["holds"]) for d in data] == [
+        ("RWLock", "config", 1), ("RLock", "orders:42", 2), ("BoundedSemaphore", "pool", 1)]
+
+
+def test_list_filters_by_glob_and_kind(run: Callable[..., Result], ns: str,
+                                       held: List[Any]) -> None:
+    for name in ("jobs:1", "jobs:2", "other"):
+        lock = rlocks.RLock(name, namespace=ns)
+        assert lock.acquire()
+        held.append(lock)
+    sem = rlocks.Semaphore("jobs:pool", 2, namespace=ns)
+    assert sem.acquire()
+    held.append(sem)
+
+    def names(*args: str) -> List[str]:
+        return [d["name"] for d in json.loads(run("list", "--json", *args).stdout)]
+
+    assert names("jobs:*") == ["jobs:1", "jobs:2", "jobs:pool"]
+    assert names("jobs:*", "--kind", "rlock") == ["jobs:1", "jobs:2"]
+    assert names("--kind", "semaphore") == ["jobs:pool"]
+    assert names("nothing*") == []
+
+
+def test_list_of_an_empty_namespace_prints_nothing_and_succeeds(
+    run: Callable[..., Result]
+) -> None:
+    result = run("list")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "no primitives" in result.stderr
+    assert json.loads(run("list", "--json").stdout) == []
+
+
+def test_tricky_names_round_trip_through_list_and_inspect(
+    run: Callable[..., Result], ns: str, held: List[Any]
+) -> None:
+    for name in TRICKY_NAMES:
+        lock = rlocks.RLock(name, namespace=ns)
+        assert lock.acquire()
+        held.append(lock)
+    listed = [d["name"] for d in json.loads(run("list", "--json").stdout)]
+    assert sorted(listed) == sorted(TRICKY_NAMES)
+    for name in listed:
+        result = run("inspect", name, "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["name"] == name
+    # The table quotes names for the shell only when they need it.
+    table = run("list").stdout
+    assert " a:b:c " in table and "'with space'" in table and "'{tag}'" in table
+
+
+def test_a_namespace_with_glob_and_brace_characters(held: List[Any]) -> None:
+    ns = f"odd*[ns]{{{uuid.uuid4().hex[:6]}}}"
+    lock = rlocks.RLock("n", namespace=ns)
+    assert lock.acquire()
+    held.append(lock)
+    result = CliRunner().invoke(cli.cli, ["list", "--json", "--namespace", ns])
+    assert [d["name"] for d in json.loads(result.stdout)] == ["n"]
+
+
+# -- inspect --------------------------------------------------------------------------------
+
+
+def test_inspect_an_rlock_shows_the_owner_its_count_and_lease(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    lock = rlocks.RLock(name, namespace=ns, ttl=15)
+    assert lock.acquire() and lock.acquire()
+    held += [lock, lock]
+    data = json.loads(run("inspect", name, "--json").stdout)
+    assert data["type"] == "RLock" and data["holds"] == 2
+    [holder] = data["holders"]
+    assert holder["owner"] == identity.thread_owner() and holder["count"] == 2
+    assert 0 < holder["lease_ms"] <= 15000
+    assert data["waiting"] == {"wake": 0}
+    text = run("inspect", name).stdout
+    assert f"RLock {name}" in text and identity.thread_owner() in text
+
+
+def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    rw = rlocks.RWLock(name, namespace=ns)
+    assert rw.read_lock.acquire()
+    held.append(rw.read_lock)
+    got = threading.Event()
+
+    def writer() -> None:
+        other = rlocks.RWLock(name, namespace=ns)
+        if other.write_lock.acquire(timeout=20):
+            got.set()
+            other.write_lock.release()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    data = wait_for(lambda: (lambda d: d if d["claims"] and d["waiting"]["writers"] else None)(
+        json.loads(run("inspect", name, "--json").stdout)), "a waiting writer's claim")
+    assert [h["side"] for h in data["holders"]] == ["read"]
+    assert data["holders"][0]["owner"] == identity.thread_owner()
+    assert data["waiting"] == {"readers": 0, "writers": 1}
+    text = run("inspect", name).stdout
+    assert "writers waiting (claims)  1" in text and "readers 0, writers 1" in text
+    rw.read_lock.release()
+    held.clear()
+    thread.join(20)
+    assert got.is_set()
+
+
+def test_inspect_a_semaphore_shows_value_free_and_process_holders(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    sem = rlocks.BoundedSemaphore(name, 4, namespace=ns)
+    assert sem.acquire() and sem.acquire()
+    held += [sem, sem]
+    data = json.loads(run("inspect", name, "--json").stdout)
+    assert (data["type"], data["value"], data["free"], data["holds"]) == (
+        "BoundedSemaphore", 4, 2, 2)
+    assert data["holders"][0]["owner"] == identity.process_owner()
+    assert "2 free of 4 (2 held by 1 process)" in run("inspect", name).stdout
+
+
+def test_a_blocked_thread_shows_as_a_waiting_process(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    lock = rlocks.RLock(name, namespace=ns)
+    assert lock.acquire()
+    held.append(lock)
+    done = threading.Event()
+    thread = threading.Thread(
+        target=lambda: rlocks.RLock(name, namespace=ns).acquire(timeout=10) and done.set(),
+        daemon=True)
+    thread.start()
+    wait_for(lambda: json.loads(run("inspect", name, "--json").stdout)["waiting"]["wake"] == 1,
+             "the waiting thread's subscription")
+    row = run("list").stdout.splitlines()[1].split()
+    assert row[-1] == "1"
+
+
+def test_expired_holds_are_counted_stale_not_listed(
+    client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str,
+    held: List[Any]
+) -> None:
+    # A semaphore hash in the layout of sem_lib.lua: one live and one dead holder.
+    key = keys_for(ns, "sem", name).hash
+    now_ms = int(client.time()[0]) * 1000
+    client.hset(key, mapping={
+        "#free": 0, "#value": 3, "#bounded": 1,
+        "live:1:p": 1, "#lease:live:1:p": now_ms + 60_000,
+        "dead:2:p": 2, "#lease:dead:2:p": now_ms - 1_000,
+    })
+    client.pexpire(key, 60_000)
+    data = json.loads(run("inspect", name, "--json").stdout)
+    assert [h["owner"] for h in data["holders"]] == ["live:1:p"]
+    # The dead holder's permits count as free, as the next script will make them.
+    assert (data["stale"], data["free"], data["value"]) == (1, 2, 3)
+    assert "stale entries  1" in run("inspect", name).stdout
+
+
+def test_inspect_shows_every_kind_that_uses_a_name_and_kind_picks_one(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    lock, sem = rlocks.RLock(name, namespace=ns), rlocks.Semaphore(name, 2, namespace=ns)
+    assert lock.acquire() and sem.acquire()
+    held += [lock, sem]
+    both = json.loads(run("inspect", name, "--json").stdout)
+    assert sorted(d["type"] for d in both) == ["RLock", "Semaphore"]
+    assert json.loads(run("inspect", name, "--kind", "sem", "--json").stdout)["type"] == \
+        "Semaphore"
+    result = run("release", "--force", "--yes", name)
+    assert result.exit_code == 2 and "--kind" in one_line_error(result)
+
+
+# -- release --force ------------------------------------------------------------------------
+
+
+def test_force_release_ends_the_hold_and_wakes_the_waiter_at_once(
+    client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str
+) -> None:
+    holder = rlocks.RLock(name, namespace=ns, ttl=60)
+    assert holder.acquire()
+    woke = threading.Event()
+
+    def waiter() -> None:
+        if rlocks.RLock(name, namespace=ns).acquire(timeout=30):
+            woke.set()  # leaves it held; its lease ends with the test's namespace
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    wait_for(lambda: ins.find(client, ns, name)[0].waiting == (("wake", 1),), "the waiter")
+    started = time.monotonic()
+    result = run("release", "--force", "--yes", name)
+    assert result.exit_code == 0 and "released RLock" in result.stdout
+    # Woken by the "*" wake-up, not by the holder's 60 s lease running out.
+    assert woke.wait(10) and time.monotonic() - started < 10
+    with pytest.raises(rlocks.LockLostError):
+        holder.release()
+    thread.join(5)
+
+
+def test_force_release_of_an_rwlock_wakes_both_channels(
+    client: "redis.Redis[bytes]", ns: str, name: str
+) -> None:
+    rw = rlocks.RWLock(name, namespace=ns)
+    assert rw.write_lock.acquire()
+    pubsub = client.pubsub()
+    channels = [channel for _role, channel in ins.channels_for(ns, "rw", name)]
+    pubsub.subscribe(*channels)
+    for _ in channels:
+        assert wait_for(lambda: pubsub.get_message(timeout=0.1), "subscribe")["type"] == \
+            "subscribe"
+    assert ins.force_release(client, ns, "rw", name) is True
+    got = [wait_for(lambda: pubsub.get_message(timeout=0.1), "wake-up") for _ in channels]
+    assert sorted((m["channel"].decode(), m["data"]) for m in got) == sorted(
+        (channel, b"*") for channel in channels)
+    assert not client.exists(keys_for(ns, "rw", name).hash)
+    pubsub.close()
+    with pytest.raises(rlocks.LockLostError):
+        rw.write_lock.release()
+
+
+def test_force_release_leaves_a_key_that_is_not_a_hash_alone(
+    client: "redis.Redis[bytes]", ns: str, name: str
+) -> None:
+    key = keys_for(ns, "rlock", name).hash
+    client.set(key, "not a lock", ex=60)
+    assert ins.force_release(client, ns, "rlock", name) is False
+    assert client.get(key) == b"not a lock"
+    assert ins.find(client, ns, name) == []  # and it is not listed as a primitive
+
+
+def test_release_without_force_is_a_usage_error(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    lock = rlocks.RLock(name, namespace=ns)
+    assert lock.acquire()
+    held.append(lock)
+    result = run("release", name)
+    assert result.exit_code == 2 and "--force" in one_line_error(result)
+    assert lock.locked()
+
+
+def test_release_refuses_without_yes_when_stdin_is_not_a_terminal(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    lock = rlocks.RLock(name, namespace=ns)
+    assert lock.acquire()
+    held.append(lock)
+    result = run("release", "--force", name)
+    assert result.exit_code == 1
+    assert "without --yes" in one_line_error(result)
+    assert lock.locked()
+
+
+def test_release_asks_on_a_terminal(
+    run: Callable[..., Result], ns: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "_stdin_is_tty", lambda: True)
+    lock = rlocks.RLock(name, namespace=ns)
+    assert lock.acquire()
+    refused = run("release", "--force", name, input="n\n")
+    assert refused.exit_code == 1 and "not released" in refused.stderr
+    assert lock.locked()
+    accepted = run("release", "--force", name, input="y\n")
+    assert accepted.exit_code == 0, accepted.output
+    assert "Force-release RLock" in accepted.stderr and not lock.locked()
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+
+
+# -- watch ----------------------------------------------------------------------------------
+
+
+def test_watch_refreshes_count_times(run: Callable[..., Result], ns: str, name: str,
+                                     held: List[Any]) -> None:
+    sem = rlocks.Semaphore(name, 2, namespace=ns)
+    assert sem.acquire()
+    held.append(sem)
+    result = run("watch", name, "--count", "3", "--interval", "0.05")
+    assert result.exit_code == 0
+    assert result.stdout.count(f"Semaphore {name}") == 3
+    frames = run("watch", name, "--count", "2", "-n", "0.05", "--json").stdout.splitlines()
+    assert [json.loads(f)["primitives"][0]["free"] for f in frames] == [1, 1]
+
+
+def test_watch_shows_a_missing_key_as_free(run: Callable[..., Result], name: str) -> None:
+    result = run("watch", name, "--count", "1")
+    assert result.exit_code == 0 and "no key" in result.stdout
+
+
+# -- errors: one line, right exit status -----------------------------------------------------
+
+
+def test_unknown_name(run: Callable[..., Result], name: str) -> None:
+    for args in (("inspect", name), ("release", "--force", "--yes", name)):
+        result = run(*args)
+        assert result.exit_code == 1
+        assert f"no primitive named {name!r}" in one_line_error(result)
+
+
+@pytest.mark.parametrize("url", ["foo://localhost", "redis://localhost:notaport/0"])
+def test_bad_url(url: str) -> None:
+    result = CliRunner().invoke(cli.cli, ["--url", url, "list"])
+    assert result.exit_code == 2
+    assert one_line_error(result).startswith("Error: invalid Redis URL")
+
+
+def test_unreachable_server_and_the_password_is_not_printed() -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    for args in (["list"], ["inspect", "x"], ["watch", "x", "--count", "1"],
+                 ["release", "--force", "--yes", "x"]):
+        result = CliRunner().invoke(cli.cli, ["--url", url, *args])
+        assert result.exit_code == 1, (args, result.output)
+        line = one_line_error(result)
+        assert line.startswith("Error: cannot reach Redis at redis://:***@127.0.0.1:")
+        assert "hunter2" not in result.output
+
+
+def test_options_after_the_command_win(run: Callable[..., Result], ns: str, held: List[Any]
+                                       ) -> None:
+    lock = rlocks.RLock("here", namespace=ns)
+    assert lock.acquire()
+    held.append(lock)
+    result = CliRunner().invoke(
+        cli.cli, ["--namespace", "elsewhere", "--url", "foo://bad", "list",
+                  "--namespace", ns, "--url", os.environ["RLOCKS_URL"], "--json"])
+    assert result.exit_code == 0, result.output
+    assert [d["name"] for d in json.loads(result.stdout)] == ["here"]
+
+
+def test_python_dash_m_prints_one_line_and_no_traceback() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    proc = subprocess.run([sys.executable, "-m", "rlocks", "--url", url, "list"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "cannot reach Redis" in proc.stderr
+
+
+def test_main_returns_the_exit_status(name: str) -> None:
+    assert cli.main(["--namespace", f"cli-{uuid.uuid4().hex}", "inspect", name]) == 1
+    assert cli.main(["--version"]) == 0
