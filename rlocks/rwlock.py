@@ -167,6 +167,10 @@ class RWLock:
 
     __slots__ = ("_read", "_write", "__weakref__")
 
+    # The side classes (the asyncio twin swaps in its own).
+    _read_type: Any = ReadLock
+    _write_type: Any = WriteLock
+
     def __init__(
         self,
         name: str,
@@ -180,11 +184,11 @@ class RWLock:
         options = dict(
             client=client, ttl=ttl, auto_renew=auto_renew, namespace=namespace, on_lost=on_lost
         )
-        read = ReadLock(name, **options)
+        read = self._read_type(name, **options)
         # The read side validated everything and picked the client; the write side shares it.
         options["client"] = read.client
         self._read = read
-        self._write = WriteLock(name, read, **options)
+        self._write = self._write_type(name, read, **options)
 
     @property
     def read_lock(self) -> ReadLock:

@@ -4,8 +4,11 @@
 One client (one connection pool) is made per URL per process and shared by every primitive
 that uses it, so a thousand locks do not open a thousand pools.
 
-Unlike redis-py's own default, this client has socket timeouts: a lock call on a dead link
-must fail after a bounded time, not hang forever. Pass your own client to choose others.
+Unlike redis-py's own default, this client has socket timeouts and does not retry: a lock
+call on a dead link must fail after a bounded time (one socket timeout), not hang forever
+or for ``retries x socket timeout`` (redis-py 8 retries a failed command up to 10 times by
+default, which would also stall the one renewal thread for minutes). Pass your own
+client to choose others.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import threading
 from typing import Any, Dict
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = ["DEFAULT_URL", "default_client", "is_cluster", "pool_of"]
 
@@ -49,6 +54,7 @@ def default_client() -> "redis.Redis":
                     url,
                     socket_timeout=SOCKET_TIMEOUT,
                     socket_connect_timeout=CONNECT_TIMEOUT,
+                    retry=Retry(NoBackoff(), 0),
                 )
                 _clients[url] = client
     return client

@@ -24,7 +24,7 @@ from . import checks
 from .clients import default_client, is_cluster
 from .clock import monotonic
 from .keys import PrimitiveKeys, keys_for
-from .renewal import Lease, renewer
+from .renewal import Lease, Renewer, renewer
 from .scripts import Arg, Call, Reply, Script
 from .waiting import hub_for, wait_until_granted
 
@@ -107,18 +107,7 @@ class Primitive:
             raise TypeError(
                 f"{label}({name!r}): on_lost must be callable, not {type(on_lost).__name__}"
             )
-        if client is None:
-            client = default_client()
-        elif not callable(getattr(client, "evalsha", None)):
-            raise TypeError(
-                f"{label}({name!r}): client must be a redis.Redis or "
-                f"redis.cluster.RedisCluster, not {type(client).__name__}"
-            )
-        elif _is_async_client(client):
-            raise TypeError(
-                f"{label}({name!r}): client is a redis.asyncio client; "
-                "this primitive needs a synchronous redis.Redis"
-            )
+        client = self._resolve_client(client)
         self._client = client
         self._auto_renew = bool(auto_renew)
         self._on_lost = on_lost
@@ -128,6 +117,27 @@ class Primitive:
         # Cluster servers deliver sharded messages only to the shard's subscribers.
         self._publish = "SPUBLISH" if is_cluster(client) else "PUBLISH"
         self._calls: Dict[Hashable, Call] = {}
+
+    def _resolve_client(self, client: Any) -> Any:
+        """The client to use: the default one for ``None``; a TypeError for a wrong kind."""
+        label = f"{self._label}({self._name!r})"
+        if client is None:
+            return default_client()
+        if not callable(getattr(client, "evalsha", None)):
+            raise TypeError(
+                f"{label}: client must be a redis.Redis or "
+                f"redis.cluster.RedisCluster, not {type(client).__name__}"
+            )
+        if _is_async_client(client):
+            raise TypeError(
+                f"{label}: client is a redis.asyncio client; this primitive needs a "
+                "synchronous redis.Redis (use rlocks.asyncio for asyncio)"
+            )
+        return client
+
+    def _renewer(self) -> Renewer:
+        """Where this primitive's leases are renewed: the process's renewer thread."""
+        return renewer()
 
     # -- read-only facts -----------------------------------------------------------------
 
@@ -233,13 +243,13 @@ class Primitive:
             hold.count += count
             start_lease = self._auto_renew and hold.lease is None
         if start_lease:
-            lease = renewer().add(self, owner, self._ttl, since)
+            lease = self._renewer().add(self, owner, self._ttl, since)
             with _bookkeeping:
                 if hold.count > 0 and hold.lease is None:
                     hold.lease = lease
                     lease = None  # type: ignore[assignment]
             if lease is not None:  # released meanwhile by another thread of this owner
-                renewer().cancel(lease)
+                self._renewer().cancel(lease)
 
     def _record_release(self, owner: str, count: int) -> int:
         """Drop ``count`` local holds of ``owner``; returns how many are left."""
@@ -264,7 +274,7 @@ class Primitive:
                 del self._holds[owner]
                 lease, hold.lease = hold.lease, None
         if lease is not None:
-            renewer().cancel(lease)
+            self._renewer().cancel(lease)
         return dropped, lost
 
     def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
@@ -282,7 +292,7 @@ class Primitive:
             hold.lost = True
             stale, hold.lease = hold.lease, None
         if stale is not None:
-            renewer().cancel(stale)
+            self._renewer().cancel(stale)
         self._report_lost(owner, reason)
 
     def _report_lost(self, owner: str, reason: str) -> None:

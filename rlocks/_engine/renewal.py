@@ -32,7 +32,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .clock import monotonic
 from .clients import pool_of
@@ -41,7 +41,7 @@ from .scripts import Script, decode
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive
 
-__all__ = ["Lease", "Renewer", "renewer"]
+__all__ = ["Item", "Lease", "Renewer", "renewer"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ class Lease:
         self.expires = since + ttl
 
 
+#: One renewal in a batch: the lease, its (live) primitive, the primitive's renew script.
+Item = Tuple[Lease, "Primitive", Script]
+
+
 class Renewer:
     """The process's lease renewer. Use :func:`renewer` to get it."""
 
@@ -74,7 +78,7 @@ class Renewer:
         self._wakeup = threading.Condition(self._mutex)
         self._leases: Dict[int, Lease] = {}
         self._next_wake = float("inf")
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[Any] = None  # the running loop (thread, or asyncio task)
 
     def add(self, primitive: "Primitive", owner: str, ttl: float, since: float) -> Lease:
         """Start renewing ``owner``'s hold on ``primitive``, granted at ``since``."""
@@ -82,13 +86,19 @@ class Renewer:
         with self._mutex:
             self._leases[id(lease)] = lease
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="rlocks-renewer", daemon=True
-                )
-                self._thread.start()
+                self._start_locked()
             elif lease.due < self._next_wake:
-                self._wakeup.notify()
+                self._notify_locked()
         return lease
+
+    def _start_locked(self) -> None:
+        """Start the renewer's loop (a daemon thread here); called under the mutex."""
+        self._thread = threading.Thread(target=self._run, name="rlocks-renewer", daemon=True)
+        self._thread.start()
+
+    def _notify_locked(self) -> None:
+        """Wake the loop early: a new lease is due before it planned to wake."""
+        self._wakeup.notify()
 
     def cancel(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (released or lost). Idempotent, no I/O."""
@@ -107,8 +117,14 @@ class Renewer:
                 return
             try:
                 self._renew(batch)
-            except Exception:  # noqa: BLE001 - the renewer must outlive any one failure
+            except Exception as exc:  # noqa: BLE001 - the renewer must outlive any one failure
                 log.exception("lease renewal failed unexpectedly")
+                # Treat it as a failed renewal: retry later (not at once, in a hot loop),
+                # and report the hold lost once its lease is over.
+                for lease in batch:
+                    primitive = lease.ref()
+                    if primitive is not None:
+                        self._failed(lease, primitive, exc)
 
     def _next_batch(self) -> Optional[List[Lease]]:
         """Block until some leases are due; return them (``None``: thread should exit)."""
@@ -116,13 +132,7 @@ class Renewer:
             idle_since: Optional[float] = None
             while True:
                 now = monotonic()
-                due: List[Lease] = []
-                next_due = float("inf")
-                for lease in self._leases.values():
-                    if lease.due <= now + EARLY * lease.period:
-                        due.append(lease)
-                    elif lease.due < next_due:
-                        next_due = lease.due
+                due, next_due = self._due_locked(now)
                 if due:
                     self._next_wake = float("inf")
                     return due
@@ -139,8 +149,24 @@ class Renewer:
                     self._next_wake = next_due
                     self._wakeup.wait(next_due - now)
 
+    def _due_locked(self, now: float) -> Tuple[List[Lease], float]:
+        """Leases to renew now (due soon: batched with the due ones), and the next due time."""
+        due: List[Lease] = []
+        next_due = float("inf")
+        for lease in self._leases.values():
+            if lease.due <= now + EARLY * lease.period:
+                due.append(lease)
+            elif lease.due < next_due:
+                next_due = lease.due
+        return due, next_due
+
     def _renew(self, batch: List[Lease]) -> None:
-        groups: Dict[int, Tuple[Any, List[Tuple[Lease, "Primitive", Script]]]] = {}
+        for client, items in self._groups(batch):
+            self._renew_on(client, items)
+
+    def _groups(self, batch: List[Lease]) -> List[Tuple[Any, List[Item]]]:
+        """Live leases of ``batch`` by connection pool: one pipeline each (no I/O)."""
+        groups: Dict[int, Tuple[Any, List[Item]]] = {}
         for lease in batch:
             primitive = lease.ref()
             if primitive is None:
@@ -151,10 +177,9 @@ class Renewer:
             group = groups.setdefault(key, (primitive._client, []))
             script = primitive._renew_script
             group[1].append((lease, primitive, script))
-        for client, items in groups.values():
-            self._renew_on(client, items)
+        return list(groups.values())
 
-    def _renew_on(self, client: Any, items: List[Tuple[Lease, "Primitive", Script]]) -> None:
+    def _renew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
         try:
             results = self._pipeline(client, items)
@@ -163,8 +188,14 @@ class Renewer:
                 for script in {s.sha: s for _, _, s in items}.values():
                     client.script_load(script.source)
                 results = self._pipeline(client, items)
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
+            # RedisClusterException (no slot map, every node unreachable) is not a
+            # RedisError, yet means the same here: the renewal could not be made.
             results = [exc] * len(items)
+        self._apply(items, results, sent)
+
+    def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
+        """Act on a batch's replies (no I/O): extend leases, report lost holds."""
         for (lease, primitive, script), result in zip(items, results):
             if isinstance(result, Exception):
                 self._failed(lease, primitive, result)
@@ -178,13 +209,20 @@ class Renewer:
                 primitive._hold_lost(lease.owner, "its lease was gone when renewal came", lease)
 
     @staticmethod
-    def _pipeline(client: Any, items: List[Tuple[Lease, "Primitive", Script]]) -> List[Any]:
+    def _pipeline(client: Any, items: List[Item]) -> List[Any]:
+        results: List[Any] = Renewer._queue(client, items).execute(raise_on_error=False)
+        return results
+
+    @staticmethod
+    def _queue(client: Any, items: List[Item]) -> Any:
+        """A pipeline on ``client`` with one renewal per item, not yet sent."""
         pipe = client.pipeline(transaction=False)
         for lease, primitive, script in items:
             keys, args = primitive._renew_arguments(lease.owner)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        results: List[Any] = pipe.execute(raise_on_error=False)
-        return results
+            # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the
+            # evalsha method but routes a plain EVALSHA command by its keys' slot.
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return pipe
 
     def _failed(self, lease: Lease, primitive: "Primitive", error: Exception) -> None:
         now = monotonic()

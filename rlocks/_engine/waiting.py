@@ -26,6 +26,21 @@ every busy script reply carries, and never past its own deadline. When the hub c
 confirm its subscription, waiters re-check every ``DEGRADED_POLL`` seconds instead. When
 the hub reconnects it wakes every waiter, since messages may have been lost meanwhile.
 
+Redis Cluster
+-------------
+On a cluster client the release scripts publish with SPUBLISH, which the server delivers
+only to subscribers connected to the shard that owns the channel's slot (the primitive's
+hash tag, so the same shard as its hash). :class:`ShardedWakeHub` therefore keeps one
+plain subscriber connection per primary node that owns a channel with waiters, sends
+SSUBSCRIBE / SUNSUBSCRIBE there, and waits on all of those sockets at once with
+``poll()``. It is nudged through a local socket pair rather than a control channel: a
+control channel would have to live on every node's slots. redis-py's ``ClusterPubSub``
+is not used because its ``get_sharded_message(timeout=...)`` waits on one node at a time
+(a wake-up on another shard would wait a whole tick), and it starts worker threads of its
+own. When a node answers MOVED, or unsubscribes a channel because its slot moved, the hub
+refreshes the client's slot map and subscribes again where the slot lives now, waking
+every waiter of that channel in case a message was missed in between.
+
 Lost wake-ups inside the process are prevented by two rules: a waiter clears its event
 *before* each attempt (a wake-up that lands during the attempt causes one more attempt),
 and a waiter that leaves with an unconsumed wake-up passes it on to the next waiter.
@@ -35,16 +50,25 @@ from __future__ import annotations
 
 import logging
 import os
+import select
+import socket
 import threading
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from . import identity
 from .clock import monotonic
-from .clients import pool_of
+from .clients import is_cluster, pool_of
 from .scripts import Reply
 
-__all__ = ["WakeHub", "Waiter", "hub_for", "wait_until_granted", "wake_count"]
+__all__ = [
+    "ShardedWakeHub",
+    "WakeHub",
+    "Waiter",
+    "hub_for",
+    "wait_until_granted",
+    "wake_count",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +98,22 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+# Sharded pub/sub messages mean what their plain counterparts mean to the hub.
+_PLAIN_KIND = {"smessage": "message", "ssubscribe": "subscribe", "sunsubscribe": "unsubscribe"}
+
+
 class _Channel:
     """A subscribed (or to-be-subscribed) channel and its waiters, oldest first."""
 
-    __slots__ = ("name", "waiters", "confirmed", "sent", "idle_since")
+    __slots__ = ("name", "waiters", "confirmed", "sent", "idle_since", "node")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, event_type: Callable[[], Any] = threading.Event) -> None:
         self.name = name
         self.waiters: Deque[Waiter] = deque()
-        self.confirmed = threading.Event()  # SUBSCRIBE acknowledged by the server
+        self.confirmed = event_type()  # SUBSCRIBE acknowledged by the server
         self.sent = False  # SUBSCRIBE sent on the current connection
         self.idle_since: Optional[float] = None
+        self.node: Optional[str] = None  # cluster only: the node subscribed on
 
 
 class Waiter:
@@ -92,8 +121,8 @@ class Waiter:
 
     __slots__ = ("event", "channel")
 
-    def __init__(self, channel: _Channel) -> None:
-        self.event = threading.Event()
+    def __init__(self, channel: _Channel, event_type: Callable[[], Any] = threading.Event) -> None:
+        self.event = event_type()
         self.channel = channel
 
     @property
@@ -104,6 +133,10 @@ class Waiter:
 class WakeHub:
     """The process's subscriber for one (connection pool, namespace). See the module doc."""
 
+    #: Events of waiters and channels: threading's here, asyncio's in the asyncio hub (whose
+    #: table is touched only from its event loop's thread, so the same logic serves both).
+    _event_type: Callable[[], Any] = threading.Event
+
     def __init__(self, client: Any, namespace: str) -> None:
         self._client = client
         # The private control channel stays inside the namespace, so an ACL user limited
@@ -111,7 +144,7 @@ class WakeHub:
         self._control = f"{namespace}:hub:{identity.process_token()}"
         self._mutex = threading.Lock()
         self._channels: Dict[str, _Channel] = {}
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[Any] = None  # the running reader (thread, or asyncio task)
         self._control_seen = False
         self._idle_since: Optional[float] = None  # when the table last became empty
 
@@ -123,19 +156,22 @@ class WakeHub:
             ch = self._channels.get(channel)
             created = ch is None
             if ch is None:
-                ch = self._channels[channel] = _Channel(channel)
+                ch = self._channels[channel] = _Channel(channel, self._event_type)
             ch.idle_since = None
-            waiter = Waiter(ch)
+            waiter = Waiter(ch, self._event_type)
             ch.waiters.append(waiter)
             started = self._thread is None
             if started:
-                self._thread = threading.Thread(
-                    target=self._run, name="rlocks-wakeup-hub", daemon=True
-                )
-                self._thread.start()
+                self._start_locked()
         if created and not started:
             self._nudge()
         return waiter
+
+    def _start_locked(self) -> None:
+        """Start the hub's reader (a daemon thread here); called under the mutex."""
+        thread = threading.Thread(target=self._run, name="rlocks-wakeup-hub", daemon=True)
+        self._thread = thread
+        thread.start()
 
     def unregister(self, waiter: Waiter) -> None:
         """Remove ``waiter``; a wake-up it did not use goes to the next waiter."""
@@ -209,6 +245,17 @@ class WakeHub:
 
     def _sync(self, pubsub: Any) -> bool:
         """Send the SUBSCRIBE/UNSUBSCRIBE the table asks for; True when the hub should exit."""
+        subscribe, unsubscribe, done = self._plan_sync()
+        if done:
+            return True
+        if subscribe:
+            pubsub.subscribe(*subscribe)
+        if unsubscribe:
+            pubsub.unsubscribe(*unsubscribe)
+        return False
+
+    def _plan_sync(self) -> Tuple[List[str], List[str], bool]:
+        """The table work of a sync pass (no I/O): (subscribe, unsubscribe, exit now)."""
         now = monotonic()
         subscribe: List[str] = []
         unsubscribe: List[str] = []
@@ -231,17 +278,13 @@ class WakeHub:
                 elif now - self._idle_since > IDLE_EXIT:
                     self._thread = None
                     self._idle_since = None
-                    return True
+                    return [], [], True
             else:
                 self._idle_since = None
-        if subscribe:
-            pubsub.subscribe(*subscribe)
-        if unsubscribe:
-            pubsub.unsubscribe(*unsubscribe)
-        return False
+        return subscribe, unsubscribe, False
 
     def _dispatch(self, message: Dict[str, Any]) -> None:
-        kind = message.get("type")
+        kind = _PLAIN_KIND.get(message.get("type"), message.get("type"))
         channel = _text(message.get("channel"))
         if kind == "message":
             if channel == self._control:
@@ -274,6 +317,166 @@ class WakeHub:
                 self._wake_locked(ch, None)
 
 
+class ShardedWakeHub(WakeHub):
+    """The hub for a ``redis.cluster.RedisCluster`` client (see "Redis Cluster" above).
+
+    The channel table, waking and waiting rules are :class:`WakeHub`'s; only the transport
+    differs: one subscriber per primary node, SSUBSCRIBE, and a local socket pair for
+    nudges. Only the hub thread touches the per-node PubSub objects.
+    """
+
+    def __init__(self, client: Any, namespace: str) -> None:
+        super().__init__(client, namespace)
+        self._pubsubs: Dict[str, Any] = {}  # node name -> redis.client.PubSub
+        self._refresh = False  # refresh the slot map before the next subscriptions
+        self._bell_r, self._bell_w = socket.socketpair()
+        self._bell_r.setblocking(False)
+        self._bell_w.setblocking(False)
+
+    def _nudge(self) -> None:
+        try:
+            self._bell_w.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # the pair is full of unread nudges already: the hub will wake
+
+    def _run(self) -> None:
+        backoff = RECONNECT_BACKOFF[0]
+        while True:
+            try:
+                if self._refresh:
+                    self._refresh = False
+                    self._client.nodes_manager.initialize()
+                while True:
+                    if self._sync_shards():
+                        return
+                    self._drain()
+                    self._sleep(TICK)
+                    self._drain()
+                    backoff = RECONNECT_BACKOFF[0]
+            except Exception as exc:  # noqa: BLE001 - the hub must outlive any one failure
+                log.debug("sharded wake-up hub failed; resubscribing", exc_info=True)
+                if "MOVED" in str(exc) or "ASK" in str(exc):
+                    self._refresh = True
+                self._close_all()
+                self._connection_lost()
+                threading.Event().wait(backoff)
+                backoff = min(backoff * 2, RECONNECT_BACKOFF[1])
+
+    def _close_all(self) -> None:
+        pubsubs, self._pubsubs = self._pubsubs, {}
+        for pubsub in pubsubs.values():
+            try:
+                pubsub.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+    def _connection_lost(self) -> None:
+        with self._mutex:
+            for ch in self._channels.values():
+                ch.node = None
+        super()._connection_lost()
+
+    def _pubsub_for(self, node: Any) -> Any:
+        pubsub = self._pubsubs.get(node.name)
+        if pubsub is None:
+            pubsub = self._pubsubs[node.name] = (
+                self._client.get_redis_connection(node).pubsub()
+            )
+        return pubsub
+
+    def _sync_shards(self) -> bool:
+        """SSUBSCRIBE/SUNSUBSCRIBE what the table asks for; True when the hub should exit."""
+        now = monotonic()
+        subscribe: List[_Channel] = []
+        unsubscribe: List[Tuple[str, Optional[str]]] = []
+        with self._mutex:
+            for name, ch in list(self._channels.items()):
+                if not ch.sent:
+                    ch.sent = True
+                    subscribe.append(ch)
+                elif (
+                    not ch.waiters
+                    and ch.confirmed.is_set()
+                    and ch.idle_since is not None
+                    and now - ch.idle_since > LINGER
+                ):
+                    del self._channels[name]
+                    unsubscribe.append((name, ch.node))
+            if not self._channels and not unsubscribe:
+                if self._idle_since is None:
+                    self._idle_since = now
+                    self._close_all()  # nothing to listen to: give the connections back
+                elif now - self._idle_since > IDLE_EXIT:
+                    self._thread = None
+                    self._idle_since = None
+                    return True
+            else:
+                self._idle_since = None
+        for ch in subscribe:
+            # The channel's slot is its hash tag's: the primary serving it is where the
+            # release script's SPUBLISH is delivered. One command per channel, since
+            # channels of different slots may not share one SSUBSCRIBE.
+            node = self._client.nodes_manager.get_node_from_slot(
+                self._client.keyslot(ch.name)
+            )
+            ch.node = node.name
+            self._pubsub_for(node).ssubscribe(ch.name)
+        for name, node_name in unsubscribe:
+            pubsub = self._pubsubs.get(node_name or "")
+            if pubsub is not None:
+                pubsub.sunsubscribe(name)
+        return False
+
+    def _drain(self) -> None:
+        """Dispatch every message already readable on any node's connection."""
+        for pubsub in list(self._pubsubs.values()):
+            message = pubsub.get_message(timeout=0)
+            while message is not None:
+                self._dispatch_sharded(pubsub, message)
+                message = pubsub.get_message(timeout=0)
+
+    def _sleep(self, timeout: float) -> None:
+        """Block until a node's socket is readable, a nudge arrives, or ``timeout``."""
+        poller = select.poll()
+        poller.register(self._bell_r, select.POLLIN)
+        for pubsub in self._pubsubs.values():
+            connection = pubsub.connection
+            sock = getattr(connection, "_sock", None) if connection is not None else None
+            if sock is not None:
+                poller.register(sock, select.POLLIN)
+        poller.poll(timeout * 1000.0)
+        try:
+            while self._bell_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _dispatch_sharded(self, pubsub: Any, message: Dict[str, Any]) -> None:
+        if message.get("type") != "sunsubscribe":
+            self._dispatch(message)
+            return
+        channel = _text(message.get("channel"))
+        # Our own SUNSUBSCRIBE removed the channel from the PubSub's table; an unsolicited
+        # one (its slot moved to another node) leaves it there. Then the channel must be
+        # subscribed again where the slot lives now.
+        if not any(_text(c) == channel for c in pubsub.shard_channels):
+            return
+        pubsub.sunsubscribe(channel)  # keep redis-py from re-subscribing it here
+        self._refresh = True
+        with self._mutex:
+            ch = self._channels.get(channel)
+            if ch is not None:
+                ch.sent = False
+                ch.node = None
+                ch.confirmed.clear()
+                self._wake_locked(ch, None)
+        raise _SlotMoved(channel)
+
+
+class _SlotMoved(Exception):
+    """A channel's slot moved: restart the hub loop so the slot map is refreshed first."""
+
+
 _hubs: Dict[Tuple[int, str], WakeHub] = {}
 _hubs_mutex = threading.Lock()
 
@@ -303,7 +506,8 @@ def hub_for(client: Any, namespace: str) -> WakeHub:
         with _hubs_mutex:
             hub = _hubs.get(key)
             if hub is None:
-                hub = _hubs[key] = WakeHub(client, namespace)
+                kind = ShardedWakeHub if is_cluster(client) else WakeHub
+                hub = _hubs[key] = kind(client, namespace)
     return hub
 
 
@@ -313,6 +517,36 @@ def _pause(reply: Reply, subscribed: bool) -> float:
     # The holder's key disappears when its lease ends; look again just after that.
     pause = NO_LEASE_RECHECK if left < 0 else left + 0.001
     return pause if subscribed else min(pause, DEGRADED_POLL)
+
+
+class WaitPlan:
+    """The deadline loop's decisions, without I/O; drivers attempt and sleep as told.
+
+    A waiter registers, waits at most ``subscribe_bound()`` for its SUBSCRIBE, then
+    repeats: clear its event, attempt, ask ``after(reply)`` how long to sleep (``None``:
+    stop and return the reply), sleep on its event that long.
+    """
+
+    __slots__ = ("deadline",)
+
+    def __init__(self, deadline: Optional[float]) -> None:
+        self.deadline = deadline
+
+    def subscribe_bound(self) -> float:
+        if self.deadline is None:
+            return SUBSCRIBE_WAIT
+        return max(0.0, min(SUBSCRIBE_WAIT, self.deadline - monotonic()))
+
+    def after(self, reply: Reply, subscribed: bool) -> Optional[float]:
+        if not reply.busy:
+            return None
+        now = monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            return None
+        pause = _pause(reply, subscribed)
+        if self.deadline is not None:
+            pause = min(pause, self.deadline - now)
+        return pause
 
 
 def wait_until_granted(
@@ -326,23 +560,16 @@ def wait_until_granted(
     Called after a first attempt came back busy. Returns the last reply: granted, or busy
     when the deadline passed. Redis errors from ``attempt`` propagate at once.
     """
+    plan = WaitPlan(deadline)
     waiter = hub.register(channel)
     try:
-        bound = SUBSCRIBE_WAIT
-        if deadline is not None:
-            bound = max(0.0, min(bound, deadline - monotonic()))
-        subscribed = hub.wait_subscribed(waiter, bound)
+        subscribed = hub.wait_subscribed(waiter, plan.subscribe_bound())
         while True:
             waiter.event.clear()
             reply = attempt()
-            if not reply.busy:
+            pause = plan.after(reply, subscribed)
+            if pause is None:
                 return reply
-            now = monotonic()
-            if deadline is not None and now >= deadline:
-                return reply
-            pause = _pause(reply, subscribed)
-            if deadline is not None:
-                pause = min(pause, deadline - now)
             waiter.event.wait(pause)
             subscribed = waiter.subscribed
     finally:

@@ -1,0 +1,452 @@
+"""asyncio drivers for the engine: the same primitives, with awaited I/O.
+
+An ``rlocks.asyncio`` primitive *is* its synchronous twin (same scripts, keys, argument
+building, reply handling and local bookkeeping, inherited) with three things swapped:
+
+- the owner is the running **task** (``identity.task_owner``), not the thread;
+- the round trips are awaited on a ``redis.asyncio`` client, between the same I/O-free
+  ``_begin_*`` / ``_finish_*`` halves the synchronous methods use;
+- waiting and renewal run on the event loop: one wake-up hub (one subscriber connection)
+  per loop, pool and namespace, and one renewal task per loop, both subclasses of the
+  thread versions that only replace how they block and send.
+
+Nothing here blocks the event loop: the hub's and renewer's table mutexes are held only
+for table updates, never across an ``await``.
+
+Cancellation: a task cancelled while its acquire script is in flight cannot know whether
+it was granted. The attempt is shielded; on cancellation the task waits for that script's
+answer and, if it granted a hold, gives the hold back before re-raising, so a cancelled
+acquire leaves nothing behind. A second cancellation during that clean-up leaves the
+hold to end with its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from . import identity
+from .clients import DEFAULT_URL, CONNECT_TIMEOUT, SOCKET_TIMEOUT, pool_of
+from .clock import monotonic
+from .renewal import IDLE_EXIT, Item, Renewer
+from .scripts import Call, Reply, arun
+from .waiting import RECONNECT_BACKOFF, TICK, WaitPlan, Waiter, WakeHub
+
+__all__ = ["AsyncPrimitive", "async_hub_for", "default_async_client", "loop_renewer"]
+
+log = logging.getLogger(__name__)
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
+
+
+# -- the default client -------------------------------------------------------------------
+
+# A redis.asyncio client's connections belong to the loop that opened them, so the default
+# client is one per URL *per loop*.
+_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Dict[str, Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def default_async_client() -> Any:
+    """The shared ``redis.asyncio`` client for ``RLOCKS_URL`` on the running loop."""
+    import os
+
+    import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    url = os.environ.get("RLOCKS_URL") or DEFAULT_URL
+    per_loop = _clients.setdefault(_loop(), {})
+    client = per_loop.get(url)
+    if client is None:
+        client = per_loop[url] = redis.asyncio.Redis.from_url(
+            url,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )
+    return client
+
+
+# -- waiting ------------------------------------------------------------------------------
+
+
+class AsyncWakeHub(WakeHub):
+    """The wake-up hub of one event loop: an asyncio task instead of a thread.
+
+    Its table, wake policy and message handling are :class:`WakeHub`'s; only the reader
+    loop, the nudge and the events (``asyncio.Event``) differ.
+    """
+
+    _event_type = asyncio.Event
+
+    def _start_locked(self) -> None:
+        self._thread = _loop().create_task(self._arun(), name="rlocks-wakeup-hub")
+
+    def _nudge(self) -> None:
+        _background(self._anudge())
+
+    async def _anudge(self) -> None:
+        try:
+            await self._client.publish(self._control, b"")
+        except Exception:  # noqa: BLE001 - the waiter's own next attempt will report it
+            log.debug("could not nudge the asyncio wake-up hub", exc_info=True)
+
+    async def await_subscribed(self, waiter: Waiter, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(waiter.channel.confirmed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _arun(self) -> None:
+        backoff = RECONNECT_BACKOFF[0]
+        while True:
+            pubsub = None
+            try:
+                pubsub = self._client.pubsub()
+                self._control_seen = False
+                await pubsub.subscribe(self._control)
+                while True:
+                    subscribe, unsubscribe, done = self._plan_sync()
+                    if done:
+                        return
+                    if subscribe:
+                        await pubsub.subscribe(*subscribe)
+                    if unsubscribe:
+                        await pubsub.unsubscribe(*unsubscribe)
+                    message = await pubsub.get_message(timeout=TICK)
+                    while message is not None:
+                        self._dispatch(message)
+                        message = await pubsub.get_message(timeout=0)
+                    backoff = RECONNECT_BACKOFF[0]
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the hub must outlive any one failure
+                log.debug("asyncio wake-up hub lost its connection", exc_info=True)
+                self._connection_lost()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_BACKOFF[1])
+            finally:
+                if pubsub is not None:
+                    try:
+                        await pubsub.aclose()
+                    except Exception:  # noqa: BLE001 - closing a broken connection
+                        pass
+
+
+_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Dict[Tuple[int, str], AsyncWakeHub]]" = (  # noqa: E501
+    weakref.WeakKeyDictionary()
+)
+
+
+def async_hub_for(client: Any, namespace: str) -> AsyncWakeHub:
+    """The running loop's hub for ``client``'s pool and ``namespace``."""
+    per_loop = _hubs.setdefault(_loop(), {})
+    key = (id(pool_of(client)), namespace)
+    hub = per_loop.get(key)
+    if hub is None:
+        hub = per_loop[key] = AsyncWakeHub(client, namespace)
+    return hub
+
+
+async def wait_until_granted(
+    hub: AsyncWakeHub,
+    channel: str,
+    attempt: Callable[[], Awaitable[Reply]],
+    deadline: Optional[float],
+) -> Reply:
+    """:func:`rlocks._engine.waiting.wait_until_granted`, awaited (same :class:`WaitPlan`)."""
+    plan = WaitPlan(deadline)
+    waiter = hub.register(channel)
+    try:
+        subscribed = await hub.await_subscribed(waiter, plan.subscribe_bound())
+        while True:
+            waiter.event.clear()
+            reply = await attempt()
+            pause = plan.after(reply, subscribed)
+            if pause is None:
+                return reply
+            try:
+                await asyncio.wait_for(waiter.event.wait(), pause)
+            except asyncio.TimeoutError:
+                pass
+            subscribed = waiter.subscribed
+    finally:
+        hub.unregister(waiter)
+
+
+# -- renewal ------------------------------------------------------------------------------
+
+
+class AsyncRenewer(Renewer):
+    """The lease renewer of one event loop: an asyncio task instead of a thread.
+
+    Batching, scheduling and reply handling are :class:`Renewer`'s; the loop awaits.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._event: Optional[asyncio.Event] = None
+
+    def _start_locked(self) -> None:
+        self._event = asyncio.Event()
+        self._thread = _loop().create_task(self._arun(), name="rlocks-renewer")
+
+    def _notify_locked(self) -> None:
+        if self._event is not None:
+            self._event.set()
+
+    async def _arun(self) -> None:
+        idle_since: Optional[float] = None
+        while True:
+            with self._mutex:
+                now = monotonic()
+                batch, next_due = self._due_locked(now)
+                if batch:
+                    self._next_wake = float("inf")
+                    idle_since = None
+                elif not self._leases:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= IDLE_EXIT:
+                        self._thread = None
+                        return
+                    self._next_wake = now + IDLE_EXIT
+                else:
+                    idle_since = None
+                    self._next_wake = next_due
+                assert self._event is not None
+                self._event.clear()
+            if batch:
+                for client, items in self._groups(batch):
+                    await self._arenew_on(client, items)
+                continue
+            try:
+                await asyncio.wait_for(self._event.wait(), max(0.0, self._next_wake - now))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _arenew_on(self, client: Any, items: List[Item]) -> None:
+        sent = monotonic()
+        try:
+            results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
+            if any(isinstance(r, NoScriptError) for r in results):
+                for script in {s.sha: s for _, _, s in items}.values():
+                    await client.script_load(script.source)
+                results = await self._queue(client, items).execute(raise_on_error=False)
+        except (RedisError, RedisClusterException, OSError) as exc:
+            results = [exc] * len(items)
+        self._apply(items, results, sent)
+
+
+_renewers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRenewer]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def loop_renewer() -> AsyncRenewer:
+    """The running loop's renewer."""
+    loop = _loop()
+    renewer = _renewers.get(loop)
+    if renewer is None:
+        renewer = _renewers[loop] = AsyncRenewer()
+    return renewer
+
+
+# -- background work that must not be garbage-collected mid-flight -------------------------
+
+_pending: Set["asyncio.Task[Any]"] = set()
+
+
+def _background(coro: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(coro)
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+# -- the driver mixin ---------------------------------------------------------------------
+
+
+class AsyncPrimitive:
+    """Mixin placed before a synchronous primitive class to make its asyncio twin.
+
+    It swaps the client check, the renewer and the owner, and provides awaited versions
+    of the engine's operations (``_atake``, ``_agive_back``, ``_arun_call``); a twin's
+    public methods are thin ``async def`` wrappers around them.
+    """
+
+    __slots__ = ()
+
+    # Provided by the synchronous primitive this mixin is combined with.
+    _client: Any
+    _namespace: str
+    _channel: str
+    _label: str
+    _name: str
+    _begin_take: Callable[..., Tuple[Call, bool]]
+    _finish_take: Callable[..., bool]
+    _begin_give_back: Callable[..., Call]
+    _finish_give_back: Callable[..., None]
+    _record_release: Callable[..., int]
+    _gave_up_call: Callable[..., Optional[Call]]
+    _held: Callable[[str], int]
+
+    def _resolve_client(self, client: Any) -> Any:
+        import redis.asyncio
+
+        label = f"{self._label}({self._name!r})"
+        if client is None:
+            # Built lazily, on first use inside the loop: construction does no I/O and may
+            # happen outside any loop.
+            return None
+        if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
+            raise TypeError(
+                f"{label}: client must be a redis.asyncio.Redis or RedisCluster, not "
+                f"{type(client).__name__} (use rlocks.{self._label.split('.')[-1]} for "
+                "synchronous clients)"
+            )
+        return client
+
+    def _aclient(self) -> Any:
+        client = self._client
+        if client is None:
+            client = default_async_client()
+        return client
+
+    def _renewer(self) -> Renewer:
+        return loop_renewer()
+
+    async def _arun_call(self, call: Call) -> Reply:
+        return await arun(self._aclient(), call.script, call.keys, call.args)
+
+    async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
+        call, waiting = self._begin_take(owner, count, wait)
+        started = [0.0]
+
+        async def attempt() -> Reply:
+            started[0] = monotonic()
+            return await self._shielded(call, owner, count)
+
+        reply = await attempt()
+        if reply.busy and waiting:
+            deadline = None if wait is None else started[0] + wait
+            hub = async_hub_for(self._aclient(), self._namespace)
+            try:
+                reply = await wait_until_granted(hub, self._channel, attempt, deadline)
+            except BaseException as exc:
+                await self._agave_up(owner, exc)
+                raise
+            if not reply.granted:
+                await self._agave_up(owner, None)
+        return self._finish_take(owner, count, reply, started[0])
+
+    async def _shielded(self, call: Call, owner: str, count: int) -> Reply:
+        inner = asyncio.ensure_future(self._arun_call(call))
+        try:
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            try:
+                reply = await inner
+                if reply.granted:
+                    await self._aundo_grant(owner, count)
+            except BaseException:  # noqa: BLE001 - a second cancel: the lease ends it
+                log.debug("%s: cancelled grant left to its lease", self._label)
+            raise
+
+    async def _aundo_grant(self, owner: str, count: int) -> None:
+        """Give back ``count`` holds granted to a task that was cancelled meanwhile."""
+        undo = self._undo_call(owner, count)
+        await self._arun_call(undo)
+
+    def _undo_call(self, owner: str, count: int) -> Call:
+        # Exclusive primitives: the ordinary release of exactly those levels (never
+        # "everything": the task may hold outer levels of the same lock).
+        return Call(self._release_script, *self._release_arguments(owner, count, False))  # type: ignore[attr-defined]  # noqa: E501
+
+    async def _agave_up(self, owner: str, error: Optional[BaseException]) -> None:
+        call = self._gave_up_call(owner)
+        if call is None:
+            return
+        try:
+            await self._arun_call(call)
+        except Exception:
+            if error is None:
+                raise
+
+    async def _agive_back(self, owner: str, count: int, everything: bool = False) -> None:
+        """:meth:`Primitive._give_back`, awaited."""
+        call = self._begin_give_back(owner, count, everything)
+        try:
+            reply = await self._arun_call(call)
+        except BaseException:
+            self._record_release(owner, count)
+            raise
+        self._finish_give_back(owner, count, reply)
+
+
+class AsyncReentrantLock(AsyncPrimitive):
+    """The ``asyncio.Lock``-style surface of a task-owned reentrant lock.
+
+    Placed before a synchronous :class:`~rlocks._engine.reentrant.ReentrantLock` class
+    (RLock, an RWLock side) to make its asyncio twin.
+    """
+
+    __slots__ = ()
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Acquire the lock for the running task, or re-enter it if the task holds it.
+
+        Waits (without blocking the event loop) while another owner holds it: forever
+        with ``timeout=None``, at most ``timeout`` seconds otherwise, not at all with
+        ``blocking=False``. Returns True once held, False if not in time. Cancelling the
+        waiting task leaves nothing behind, not even a hold granted as it was cancelled.
+
+        Raises TypeError / ValueError / OverflowError for bad arguments before any I/O,
+        LockLostError if this task's hold was lost and not yet released, redis-py errors
+        when Redis cannot be reached.
+        """
+        from . import checks
+
+        wait = checks.lock_wait(blocking, -1 if timeout is None else timeout, self._label, self._name)
+        return await self._atake(identity.task_owner(), 1, wait)
+
+    async def release(self) -> None:
+        """Release one level of the running task's hold (awaited: it is a round trip).
+
+        Raises RuntimeError (NotOwnedError) when the task does not hold the lock, without
+        I/O; LockLostError when its hold had already ended in Redis.
+        """
+        await self._agive_back(identity.task_owner(), 1)
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        from ..errors import LockLostError
+
+        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
+            self._record_release(identity.task_owner(), 1)
+            return
+        await self.release()
+
+    def __enter__(self) -> None:
+        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+
+    def __exit__(self, *exc_info: Any) -> None:  # pragma: no cover - __enter__ refuses
+        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+
+    def _is_owned(self) -> bool:
+        """Whether the running task holds the lock (local knowledge, no I/O)."""
+        return self._held(identity.task_owner()) > 0
+
+    def _recursion_count(self) -> int:
+        """How many times the running task holds the lock (no I/O)."""
+        return self._held(identity.task_owner())

@@ -1,0 +1,19 @@
+"""asyncio twins of the rlocks primitives, over ``redis.asyncio``.
+
+``rlocks.asyncio.RLock``, ``RWLock``, ``Semaphore`` and ``BoundedSemaphore`` share their
+Redis state, scripts and semantics with the synchronous ones (an asyncio RLock and a
+threading RLock of the same name are one lock), with the running **task** as owner of a
+lock hold. Every method that talks to Redis is a coroutine: ``await lock.acquire()``,
+``await lock.release()``, ``await lock.locked()``, ``async with lock:``.
+
+Differences from ``asyncio.Lock`` / ``asyncio.Semaphore``: ``release()`` and ``locked()``
+are coroutines (they are round trips); ``acquire`` also takes ``blocking`` and ``timeout``;
+locks are reentrant per task; ``asyncio.Condition`` cannot use them (it needs a
+synchronous ``release``). Use each primitive object from one event loop.
+"""
+
+from .rlock import RLock
+from .rwlock import ReadLock, RWLock, WriteLock
+from .semaphore import BoundedSemaphore, Semaphore
+
+__all__ = ["RLock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore"]

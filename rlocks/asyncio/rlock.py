@@ -1,0 +1,26 @@
+"""``rlocks.asyncio.RLock``: the asyncio twin of :class:`rlocks.RLock`."""
+
+from __future__ import annotations
+
+from .._engine.aio import AsyncReentrantLock
+from ..rlock import RLock as _SyncRLock
+
+__all__ = ["RLock"]
+
+
+class RLock(AsyncReentrantLock, _SyncRLock):
+    """A reentrant lock across processes and hosts, owned by the running asyncio task.
+
+    ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
+    on_lost=None)`` with ``client`` a ``redis.asyncio.Redis`` (``None``: ``RLOCKS_URL``).
+    Same state and semantics as :class:`rlocks.RLock`; the same task may acquire again
+    and must release as many times. Construction does no I/O.
+    """
+
+    __slots__ = ()
+
+    _label = "rlocks.asyncio.RLock"
+
+    async def locked(self) -> bool:  # type: ignore[override]
+        """Whether any owner, anywhere, holds the lock now (one round trip)."""
+        return bool(await self._aclient().exists(self._keys.hash))

@@ -1,0 +1,322 @@
+"""rlocks.asyncio: task-owned twins on a real Redis (each test runs its own event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import threading
+import time
+from typing import Any, Awaitable, Callable, List
+
+import pytest
+import redis
+import redis.asyncio
+
+import rlocks
+import rlocks.asyncio as ra
+from rlocks._engine import identity
+
+from .conftest import NAMESPACE
+
+
+def run(coro_fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    return asyncio.run(coro_fn(*args))
+
+
+def key(kind: str, name: str) -> str:
+    return f"{NAMESPACE}:{kind}:{{{name}}}"
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if await predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return await predicate()
+
+
+@pytest.fixture
+def url(redis_url: str) -> str:
+    return redis_url
+
+
+def aclient(url: str) -> "redis.asyncio.Redis[bytes]":
+    return redis.asyncio.Redis.from_url(url)
+
+
+# -- RLock --------------------------------------------------------------------------------
+
+
+def test_reentrant_per_task_and_exclusive_between_tasks(url: str, name: str) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        assert await lock.acquire() and await lock.acquire()
+        assert lock._recursion_count() == 2
+        assert await c.hget(key("rlock", name), identity.task_owner()) == b"2"
+
+        async def other() -> bool:
+            assert not lock._is_owned()
+            return await lock.acquire(timeout=0.2)
+
+        assert await asyncio.create_task(other()) is False
+        got = asyncio.create_task(lock.acquire(timeout=5))
+        await asyncio.sleep(0.05)
+        await lock.release()
+        assert not got.done()  # still held once
+        await lock.release()
+        assert await asyncio.wait_for(got, 5) is True
+        await c.aclose()
+
+    run(main)
+
+
+def test_async_and_threading_twins_share_one_lock(url: str, name: str, client: Any) -> None:
+    sync_lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    held, let_go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with sync_lock:
+            held.set()
+            let_go.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(5)
+
+    async def main() -> List[bool]:
+        lock = ra.RLock(name, client=aclient(url), namespace=NAMESPACE)
+        first = await lock.acquire(blocking=False)
+        let_go.set()  # the thread releases; the waiting task is woken by it
+        second = await lock.acquire(timeout=5)
+        await lock.release()
+        return [first, second]
+
+    assert run(main) == [False, True]
+    thread.join(5)
+
+
+def test_release_by_another_task_raises_and_changes_nothing(url: str, name: str) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        await lock.acquire()
+        before = await c.hgetall(key("rlock", name))
+
+        async def intruder() -> None:
+            with pytest.raises(RuntimeError, match="un-acquired"):
+                await lock.release()
+
+        await asyncio.create_task(intruder())
+        assert await c.hgetall(key("rlock", name)) == before
+        await lock.release()
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"timeout": math.nan}, ValueError),
+        ({"timeout": -2}, ValueError),
+        ({"timeout": "1"}, TypeError),
+        ({"timeout": math.inf}, OverflowError),
+        ({"blocking": False, "timeout": 1}, ValueError),
+    ],
+)
+def test_bad_acquire_arguments(url: str, name: str, kwargs: Any, error: type) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        with pytest.raises(error, match=re.escape(name)):
+            await lock.acquire(**kwargs)
+        assert not await c.exists(key("rlock", name))
+
+    run(main)
+
+
+def test_wrong_client_kind_and_sync_with_are_refused(client: Any, name: str) -> None:
+    with pytest.raises(TypeError, match="redis.asyncio"):
+        ra.RLock(name, client=client)
+    with pytest.raises(TypeError, match="asyncio"):
+        rlocks.RLock(name, client=redis.asyncio.Redis())
+    with pytest.raises(TypeError, match="async with"):
+        with ra.RLock(name, namespace=NAMESPACE):
+            pass
+
+
+def test_default_client_comes_from_rlocks_url(name: str) -> None:
+    async def main() -> None:
+        lock = ra.RLock(name, namespace=NAMESPACE)  # RLOCKS_URL -> the test server
+        async with lock:
+            assert await lock.locked()
+        assert not await lock.locked()
+
+    run(main)
+
+
+def test_waiting_does_not_block_the_event_loop(url: str, name: str) -> None:
+    async def main() -> int:
+        lock = ra.RLock(name, client=aclient(url), namespace=NAMESPACE)
+        await lock.acquire()
+        waiter = asyncio.create_task(lock.acquire(timeout=0.5))
+        ticks = 0
+        while not waiter.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert waiter.result() is False
+        await lock.release()
+        return ticks
+
+    assert run(main) >= 20  # ~50 expected; a blocked loop would give ~1
+
+
+def test_cancelled_waiter_leaves_nothing_behind(url: str, name: str) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        await lock.acquire()
+        waiters = [asyncio.create_task(lock.acquire()) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        waiters[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiters[0]
+        await lock.release()
+        # The wake-up goes to a live waiter, not to the cancelled one.
+        done, _ = await asyncio.wait(waiters[1:], timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        for task in waiters[1:]:
+            task.cancel()
+        await asyncio.gather(*waiters[1:], return_exceptions=True)
+        # The winner's task ended holding it (as a thread would); nothing else is left.
+        fields = await c.hkeys(key("rlock", name))
+        assert len(fields) == 1
+
+    run(main)
+
+
+def test_cancel_while_the_acquire_script_is_in_flight_gives_the_hold_back(
+    url: str, name: str
+) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        pauser = redis.Redis.from_url(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        await lock.acquire()  # loads the script, so the paused call is the grant itself
+        await lock.release()
+        # While the server is paused the EVALSHA waits there; the task is cancelled with
+        # it in flight; when the pause ends the script runs and grants.
+        pauser.execute_command("CLIENT", "PAUSE", 400, "ALL")
+        task = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await eventually(lambda: _absent(c, key("rlock", name)), 3)
+        assert not lock._is_owned()
+        pauser.close()
+
+    run(main)
+
+
+async def _absent(c: Any, k: str) -> bool:
+    return not await c.exists(k)
+
+
+def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        lost = asyncio.Event()
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=0.3, on_lost=lambda _l: lost.set())
+        await lock.acquire()
+        end = time.monotonic() + 1.2
+        while time.monotonic() < end:  # four leases long
+            assert await c.exists(key("rlock", name))
+            await asyncio.sleep(0.05)
+        await c.delete(key("rlock", name))
+        await asyncio.wait_for(lost.wait(), 3)
+        with pytest.raises(rlocks.LockLostError):
+            await lock.release()
+
+    run(main)
+
+
+def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:
+    async def main_with_handoff() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        await lock.acquire()
+
+        async def worker() -> bool:
+            got = await lock.acquire(timeout=10)
+            await lock.release()
+            return got
+
+        waiters = [asyncio.create_task(worker()) for _ in range(30)]
+        await asyncio.sleep(0.3)
+        numsub = dict(await c.pubsub_numsub(f"{key('rlock', name)}:wake"))
+        assert list(numsub.values()) == [1]
+        await lock.release()
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 20) == [True] * 30
+
+    run(main_with_handoff)
+
+
+# -- RWLock and semaphores -------------------------------------------------------------------
+
+
+def test_rwlock_readers_share_writer_excludes_upgrade_refused(url: str, name: str) -> None:
+    async def main() -> None:
+        rw = ra.RWLock(name, client=aclient(url), namespace=NAMESPACE)
+        async with rw.read_lock:
+            assert await asyncio.create_task(rw.read_lock.acquire(blocking=False))
+            assert not await asyncio.create_task(rw.write_lock.acquire(blocking=False))
+            with pytest.raises(rlocks.UpgradeError):
+                await rw.write_lock.acquire()
+            assert await rw.read_lock.locked()
+        # the other task's read hold is still there (its task ended holding it)
+        assert await rw.read_lock.locked()
+
+    run(main)
+
+
+def test_semaphore_pool_peak_equals_its_value(url: str, name: str) -> None:
+    async def main() -> int:
+        sem = ra.BoundedSemaphore(name, 2, client=aclient(url), namespace=NAMESPACE)
+        inside = peak = 0
+
+        async def user() -> None:
+            nonlocal inside, peak
+            for _ in range(5):
+                async with sem:
+                    inside += 1
+                    peak = max(peak, inside)
+                    await asyncio.sleep(0.005)
+                    inside -= 1
+
+        await asyncio.gather(*(user() for _ in range(5)))
+        with pytest.raises(ValueError, match="too many"):
+            await sem.release()
+        return peak
+
+    assert run(main) == 2
+
+
+def test_cancelled_semaphore_waiter_takes_no_permit(url: str, name: str) -> None:
+    async def main() -> None:
+        c = aclient(url)
+        sem = ra.Semaphore(name, 1, client=c, namespace=NAMESPACE)
+        await sem.acquire()
+        task = asyncio.create_task(sem.acquire())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await sem.release()
+        assert await sem.acquire(blocking=False)
+        await sem.release()
+        assert await eventually(lambda: _absent(c, key("sem", name)), 3)
+
+    run(main)
