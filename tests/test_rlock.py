@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import threading
 import time
@@ -507,3 +508,25 @@ def test_direct_path_sends_one_evalsha_per_operation(name: str) -> None:
         assert evalsha_calls() - before == 40
         assert not lock.locked()
         client.close()
+
+
+def test_log_records_acquired_waited_renewed_lost(
+    client: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rlocks")
+    lock = make(name, client, ttl=0.3)
+    lock.acquire()
+    contender = threading.Thread(target=lambda: lock.acquire(timeout=0.2))
+    contender.start()
+    contender.join()
+    assert wait_for(lambda: any("renewed" in r.message for r in caplog.records), 3)
+    client.delete(hash_key(name))
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    records = [(r.levelno, r.name, r.getMessage()) for r in caplog.records]
+    def has(level: int, words: str) -> bool:
+        return any(lvl == level and n.startswith("rlocks.") and words in m for lvl, n, m in records)
+    assert has(logging.DEBUG, "acquired by")
+    assert has(logging.DEBUG, "waited") and has(logging.DEBUG, "gave up")
+    assert has(logging.DEBUG, "renewed")
+    assert has(logging.WARNING, "lost by")

@@ -297,6 +297,7 @@ class AsyncPrimitive:
     _record_release: Callable[..., int]
     _gave_up_call: Callable[..., Optional[Call]]
     _held: Callable[[str], int]
+    _log_wait: Callable[..., None]
 
     def _resolve_client(self, client: Any) -> Any:
         import redis.asyncio
@@ -339,6 +340,7 @@ class AsyncPrimitive:
         if reply.busy and waiting:
             deadline = None if wait is None else started[0] + wait
             hub = async_hub_for(self._aclient(), self._namespace)
+            first = started[0]
             try:
                 reply = await wait_until_granted(hub, self._channel, attempt, deadline)
             except BaseException as exc:
@@ -346,6 +348,7 @@ class AsyncPrimitive:
                 raise
             if not reply.granted:
                 await self._agave_up(owner, None)
+            self._log_wait(owner, first, reply)
         return self._finish_take(owner, count, reply, started[0])
 
     async def _shielded(self, call: Call, owner: str, count: int) -> Reply:

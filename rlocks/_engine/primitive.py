@@ -30,7 +30,7 @@ from .waiting import hub_for, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
 
-log = logging.getLogger("rlocks")
+log = logging.getLogger(__name__)
 
 _bookkeeping = threading.Lock()
 _MAX_CALLS = 64  # prepared script calls cached per primitive
@@ -327,6 +327,7 @@ class Primitive:
         if reply.busy and waiting:
             deadline = None if wait is None else started[0] + wait
             hub = hub_for(client, self._namespace)
+            first = started[0]
             try:
                 reply = wait_until_granted(hub, self._channel, attempt, deadline)
             except BaseException as exc:
@@ -334,7 +335,15 @@ class Primitive:
                 raise
             if not reply.granted:
                 self._gave_up_sync(owner, None)
+            self._log_wait(owner, first, reply)
         return self._finish_take(owner, count, reply, started[0])
+
+    def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            outcome = "granted" if reply.granted else "gave up"
+            log.debug(
+                "%s: %s waited %.3f s, %s", self._describe(), owner, monotonic() - since, outcome
+            )
 
     def _begin_take(self, owner: str, count: int, wait: Optional[float]) -> Tuple[Call, bool]:
         """The I/O-free start of an acquire: checks, then (prepared call, will it wait)."""
@@ -412,6 +421,7 @@ class Primitive:
             self._record_release(owner, count)
             raise self._lost_error()
         self._record_release(owner, count)
+        log.debug("%s released by %s (count %d)", self._describe(), owner, reply.count)
 
     def _lost_error(self) -> LockLostError:
         err = LockLostError(

@@ -196,6 +196,7 @@ class Renewer:
 
     def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
         """Act on a batch's replies (no I/O): extend leases, report lost holds."""
+        log.debug("renewed %d lease(s) in one round trip", len(items))
         for (lease, primitive, script), result in zip(items, results):
             if isinstance(result, Exception):
                 self._failed(lease, primitive, result)
