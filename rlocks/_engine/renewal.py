@@ -196,7 +196,10 @@ class Renewer:
 
     def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
         """Act on a batch's replies (no I/O): extend leases, report lost holds."""
-        log.debug("renewed %d lease(s) in one round trip", len(items))
+        if log.isEnabledFor(logging.DEBUG):
+            names = ", ".join(primitive._describe() for _, primitive, _ in items[:3])
+            more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+            log.debug("renewed %d lease(s) in one round trip: %s%s", len(items), names, more)
         for (lease, primitive, script), result in zip(items, results):
             if isinstance(result, Exception):
                 self._failed(lease, primitive, result)
