@@ -1,0 +1,289 @@
+"""rlocks on a real Redis Cluster (3 masters on loopback), through ``RedisCluster``.
+
+Proves: each primitive's keys sit in one slot, so every script runs on one node; the
+primitives spread over the nodes; wake-ups travel by sharded pub/sub (SPUBLISH to the
+shard, SSUBSCRIBE by the hub on that shard's node), so a waiter is woken by a release and
+not by its lease-bounded re-check; renewal (a cluster pipeline of EVALSHA) keeps short
+leases alive on every node; and the cross-process mutual-exclusion suite holds through
+the cluster client for every primitive.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+import redis
+
+import rlocks
+from rlocks._engine import waiting
+
+from . import _procs
+from ._servers import LocalCluster, server_version, wait_until
+
+SPAWN = multiprocessing.get_context("spawn")
+NAMESPACE = "rlocks-cluster-test"
+
+pytestmark = pytest.mark.skipif(
+    server_version() < (7, 0),
+    reason="sharded pub/sub (SSUBSCRIBE/SPUBLISH) needs redis-server 7.0 or newer; "
+    f"found {server_version() or 'none'}",
+)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def cclient(cluster: LocalCluster) -> Iterator[Any]:
+    client = cluster.client()
+    yield client
+    client.close()
+
+
+def node_of(client: Any, key: str) -> str:
+    return client.nodes_manager.get_node_from_slot(client.keyslot(key)).name
+
+
+def channel_of(prim: Any) -> str:
+    """The wake-up channel ``prim``'s waiters listen on."""
+    return getattr(prim, "_channel", None) or prim._keys.channel
+
+
+def cluster_keys(client: Any) -> List[bytes]:
+    found: List[bytes] = []
+    for node in client.get_primaries():
+        found.extend(node.redis_connection.keys(f"{NAMESPACE}:*"))
+    return found
+
+
+def test_cluster_is_three_masters(cluster: LocalCluster, cclient: Any) -> None:
+    assert len(cclient.get_primaries()) == 3
+    assert cclient.cluster_info()["cluster_state"] == "ok"
+
+
+@pytest.mark.timeout(30)
+def test_each_primitive_lives_in_one_slot_and_they_spread_over_nodes(cclient: Any) -> None:
+    nodes = set()
+    for i in range(24):
+        name = f"spread-{i}"
+        lock = rlocks.RLock(name, client=cclient, namespace=NAMESPACE)
+        rw = rlocks.RWLock(name, client=cclient, namespace=NAMESPACE)
+        sem = rlocks.Semaphore(name, 2, client=cclient, namespace=NAMESPACE)
+        assert lock.acquire(blocking=False)
+        assert rw.read_lock.acquire(blocking=False)
+        assert sem.acquire(blocking=False)
+        for prim in (lock, rw.read_lock, rw.write_lock, sem):
+            keys = prim._keys
+            slots = {cclient.keyslot(keys.hash), cclient.keyslot(keys.channel)}
+            slots.add(cclient.keyslot(prim._keys.channel + ":writers"))
+            assert len(slots) == 1, (prim, slots)
+        owner = node_of(cclient, lock._keys.hash)
+        nodes.add(owner)
+        # The hash is really on that node (the others would answer MOVED).
+        node = cclient.get_node(node_name=owner)
+        assert node.redis_connection.exists(lock._keys.hash) == 1
+        lock.release()
+        rw.read_lock.release()
+        sem.release()
+    assert len(nodes) == 3, f"24 locks all landed on {nodes}"
+    assert cluster_keys(cclient) == []
+
+
+def _holder_thread(acquire, release, held: threading.Event, go: threading.Event, errors: list):
+    def run() -> None:
+        try:
+            assert acquire(timeout=10)
+            held.set()
+            assert go.wait(20)
+            release()
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            errors.append(exc)
+            held.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write", "read-waits-for-write", "sem", "bsem"])
+@pytest.mark.timeout(30)
+def test_release_wakes_a_waiter_through_sharded_pubsub(cclient: Any, kind: str) -> None:
+    """The waiter's only way in before the 30 s lease ends is the sharded wake-up."""
+    name = f"wake-{kind}-{time.monotonic_ns()}"
+    if kind == "read-waits-for-write":
+        rw = rlocks.RWLock(name, client=cclient, ttl=30, namespace=NAMESPACE)
+        h_acq, h_rel = rw.write_lock.acquire, rw.write_lock.release
+        w_acq, w_rel = rw.read_lock.acquire, rw.read_lock.release
+        channel = channel_of(rw.read_lock)
+    else:
+        prim, h_acq, h_rel, _n = _procs.make_mutex(kind, name, cclient, NAMESPACE, ttl=30)
+        other, w_acq, w_rel, _n = _procs.make_mutex(kind, name, cclient, NAMESPACE, ttl=30)
+        channel = channel_of(prim)
+    held, go, errors = threading.Event(), threading.Event(), []
+    holder = _holder_thread(h_acq, h_rel, held, go, errors)
+    assert held.wait(10) and not errors, errors
+    result: Dict[str, Any] = {}
+
+    def wait_for_it() -> None:
+        began = time.monotonic()
+        result["ok"] = w_acq(timeout=20)
+        result["waited"] = time.monotonic() - began
+        if result["ok"]:
+            w_rel()
+
+    waiter = threading.Thread(target=wait_for_it, daemon=True)
+    waiter.start()
+    hub = waiting.hub_for(cclient, NAMESPACE)
+    assert isinstance(hub, waiting.ShardedWakeHub)
+
+    def subscribed() -> bool:
+        ch = hub._channels.get(channel)
+        return ch is not None and bool(ch.waiters) and ch.confirmed.is_set()
+
+    wait_until(subscribed, 10, "the hub to SSUBSCRIBE the waiter's channel")
+    assert hub._channels[channel].node == node_of(cclient, channel)
+    released = time.monotonic()
+    go.set()
+    waiter.join(15)
+    holder.join(15)
+    assert not errors, errors
+    assert result.get("ok") is True, result
+    # Woken by the release, not by a re-check at the end of the 30 s lease.
+    assert time.monotonic() - released < 3.0
+    wait_until(lambda: cluster_keys(cclient) == [], 5, "the primitive's keys to go")
+
+
+@pytest.mark.timeout(30)
+def test_waiters_on_every_node_are_woken(cclient: Any) -> None:
+    """One hub serves channels on all three shards at once."""
+    names = [f"multi-{i}-{time.monotonic_ns()}" for i in range(12)]
+    locks = [rlocks.RLock(n, client=cclient, ttl=30, namespace=NAMESPACE) for n in names]
+    assert len({node_of(cclient, l._keys.hash) for l in locks}) == 3
+    for l in locks:
+        assert l.acquire()
+    results: List[Any] = [None] * len(names)
+
+    def wait_one(i: int) -> None:
+        other = rlocks.RLock(names[i], client=cclient, ttl=30, namespace=NAMESPACE)
+        results[i] = other.acquire(timeout=20)
+        if results[i]:
+            other.release()
+
+    threads = [threading.Thread(target=wait_one, args=(i,), daemon=True) for i in range(len(names))]
+    for t in threads:
+        t.start()
+    hub = waiting.hub_for(cclient, NAMESPACE)
+    wait_until(
+        lambda: all(
+            (ch := hub._channels.get(channel_of(l))) is not None
+            and ch.confirmed.is_set() and ch.waiters
+            for l in locks
+        ),
+        10,
+        "every channel to be subscribed",
+    )
+    assert len({ch.node for ch in hub._channels.values() if ch.waiters}) == 3
+    began = time.monotonic()
+    for l in locks:
+        l.release()
+    for t in threads:
+        t.join(15)
+    assert results == [True] * len(names)
+    assert time.monotonic() - began < 5.0
+    wait_until(lambda: cluster_keys(cclient) == [], 5, "all keys to go")
+
+
+@pytest.mark.timeout(30)
+def test_renewal_pipeline_keeps_short_leases_alive_on_every_node(cclient: Any) -> None:
+    lost: List[Any] = []
+    prims: List[Any] = []
+    for i in range(9):
+        name = f"renew-{i}-{time.monotonic_ns()}"
+        prims.append(rlocks.RLock(name, client=cclient, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append))
+        prims.append(rlocks.Semaphore(name, 1, client=cclient, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append))
+        rw = rlocks.RWLock(name, client=cclient, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append)
+        prims.append(rw.read_lock)
+    assert len({node_of(cclient, p._keys.hash) for p in prims}) == 3
+    for p in prims:
+        assert p.acquire()
+    # Hold for five leases: only renewal (batched per pipeline) can keep them.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert not lost, lost
+        for p in prims[::3]:
+            assert cclient.exists(p._keys.hash)
+        time.sleep(0.05)
+    for p in prims:
+        p.release()  # raises LockLostError if any lease had lapsed
+    assert not lost
+    assert cluster_keys(cclient) == []
+
+
+@pytest.mark.timeout(30)
+def test_scripts_reload_after_script_flush_on_all_nodes(cclient: Any) -> None:
+    lock = rlocks.RLock(f"flush-{time.monotonic_ns()}", client=cclient, ttl=0.6, namespace=NAMESPACE)
+    lost: List[Any] = []
+    lock._on_lost = lost.append
+    assert lock.acquire()
+    for node in cclient.get_primaries():
+        node.redis_connection.script_flush()
+    time.sleep(1.0)  # more than one renewal period: the renewer met NOSCRIPT and recovered
+    assert not lost
+    lock.release()
+    assert lock.acquire(blocking=False)  # the acquire path recovers NOSCRIPT too
+    lock.release()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_cross_process_mutual_exclusion_through_the_cluster_client(
+    cluster: LocalCluster, cclient: Any
+) -> None:
+    """4 processes x 2 threads, every primitive kind, nested where reentrant: exact counts."""
+    processes, threads, iterations = 4, 2, 30
+    stamp = time.monotonic_ns()
+    names = [f"xproc-{k}-{stamp}-{i}" for i, k in enumerate(_procs.KINDS)]
+    data = f"{NAMESPACE}-data:{stamp}"
+    spec = {"cluster": cluster.startup_nodes}
+    start = SPAWN.Barrier(processes + 1)
+    children = [
+        SPAWN.Process(
+            target=_procs.counter_worker,
+            args=(spec, list(_procs.KINDS), names, NAMESPACE, data, iterations, threads, 60.0, start),
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for p in children:
+            p.start()
+        start.wait(45)
+        for p in children:
+            p.join(60)
+        errors = [e.decode() for e in cclient.lrange(f"{data}:errors", 0, -1)]
+        assert errors == []
+        assert [p.exitcode for p in children] == [0] * processes
+        done = sum(int(v) for v in cclient.lrange(f"{data}:done", 0, -1))
+        assert done == processes * threads * iterations
+        total = sum(
+            int(cclient.get(f"{data}:counter:{i}") or 0) for i in range(len(_procs.KINDS))
+        )
+        assert total == done, "lost updates: critical sections overlapped"
+        assert cclient.lrange(f"{data}:overlaps", 0, -1) == []
+        assert len({node_of(cclient, f"{NAMESPACE}:x:{{{n}}}") for n in names}) >= 2
+        assert cluster_keys(cclient) == [], "a primitive was left held"
+    finally:
+        for p in children:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        for i in range(len(_procs.KINDS)):
+            cclient.delete(f"{data}:counter:{i}", f"{data}:gauge:{i}")
+        for k in ("errors", "done", "overlaps", "resources"):
+            cclient.delete(f"{data}:{k}")
