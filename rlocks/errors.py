@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["RLocksError", "NotOwnedError", "LockLostError", "UpgradeError"]
+__all__ = ["RLocksError", "NotOwnedError", "LockLostError", "UpgradeError", "ReplicationError"]
 
 
 class RLocksError(Exception):
@@ -52,3 +52,17 @@ class UpgradeError(RLocksError, RuntimeError):
     wait for the other forever. Release the read side first (or take the write side first
     and downgrade, which is allowed).
     """
+
+
+class ReplicationError(RLocksError):
+    """An acquire was granted, but fewer replicas than asked (``replicas=``) acknowledged
+    it within ``replica_wait`` seconds.
+
+    The grant was given back before this was raised: the caller holds nothing more than
+    before. ``acknowledged`` and ``required`` say how many replicas answered and were asked.
+    """
+
+    def __init__(self, message: str, *, name: str, acknowledged: int, required: int) -> None:
+        super().__init__(message, name=name)
+        self.acknowledged = acknowledged
+        self.required = required

@@ -14,7 +14,7 @@ class RLock(ReentrantLock):
     """A reentrant lock shared by every process that uses the same name and Redis.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None)``
+    on_lost=None, replicas=0, replica_wait=1.0)``
 
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
@@ -28,6 +28,11 @@ class RLock(ReentrantLock):
       the lease is renewed about every ``ttl / 3`` (``auto_renew=False`` turns that off).
     - ``on_lost``: called as ``on_lost(lock)``, from the renewal thread, when a hold is
       found gone while this process still believes it holds it.
+    - ``replicas``: after each grant and renewal, WAIT until that many replicas have it
+      (at most ``replica_wait`` seconds, in the same round trip). A grant fewer replicas
+      acknowledge is given back and :class:`~rlocks.errors.ReplicationError` is raised;
+      a short renewal is logged. This narrows the failover window; it does not close it
+      (see docs/operations.md). Not available on Redis Cluster clients.
 
     Construction validates arguments and does no I/O.
     """
@@ -49,6 +54,8 @@ class RLock(ReentrantLock):
         auto_renew: bool = True,
         namespace: str = "rlocks",
         on_lost: Optional[Callable[["RLock"], object]] = None,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
     ) -> None:
         super().__init__(
             name,
@@ -57,6 +64,8 @@ class RLock(ReentrantLock):
             auto_renew=auto_renew,
             namespace=namespace,
             on_lost=on_lost,
+            replicas=replicas,
+            replica_wait=replica_wait,
         )
 
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------

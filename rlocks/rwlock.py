@@ -141,7 +141,7 @@ class RWLock:
     """A readers-writer lock shared by every process that uses the same name and Redis.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None)``
+    on_lost=None, replicas=0, replica_wait=1.0)``
 
     ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
     ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
@@ -157,8 +157,8 @@ class RWLock:
     - upgrade is refused: a thread holding only the read side that asks for the write
       side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
 
-    ``client``, ``ttl``, ``auto_renew``, ``namespace`` and ``on_lost`` mean what they
-    mean for :class:`rlocks.RLock`; every hold (each reader, the writer) has its own
+    ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas`` and
+    ``replica_wait`` mean what they mean for :class:`rlocks.RLock`; every hold (each reader, the writer) has its own
     lease, so one dead reader stops counting ``ttl`` after it died while others read on.
     ``on_lost`` is called with the side (``read_lock`` / ``write_lock``) that was lost.
 
@@ -180,9 +180,17 @@ class RWLock:
         auto_renew: bool = True,
         namespace: str = "rlocks",
         on_lost: Optional[Callable[[Any], object]] = None,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
     ) -> None:
         options = dict(
-            client=client, ttl=ttl, auto_renew=auto_renew, namespace=namespace, on_lost=on_lost
+            client=client,
+            ttl=ttl,
+            auto_renew=auto_renew,
+            namespace=namespace,
+            on_lost=on_lost,
+            replicas=replicas,
+            replica_wait=replica_wait,
         )
         read = self._read_type(name, **options)
         # The read side validated everything and picked the client; the write side shares it.

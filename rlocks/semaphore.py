@@ -42,7 +42,7 @@ class Semaphore(Primitive):
     """A counting semaphore shared by every process that uses the same name and Redis.
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
-    namespace="rlocks", on_lost=None)``
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)``
 
     Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
     free; ``release(n)`` gives ``n`` back, and any thread may release (an unbounded
@@ -82,6 +82,8 @@ class Semaphore(Primitive):
         auto_renew: bool = True,
         namespace: str = "rlocks",
         on_lost: Optional[Callable[[Any], object]] = None,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
     ) -> None:
         label = f"{self._label}({name!r})"
         value = _count(value, "value", label)
@@ -94,6 +96,8 @@ class Semaphore(Primitive):
             auto_renew=auto_renew,
             namespace=namespace,
             on_lost=on_lost,
+            replicas=replicas,
+            replica_wait=replica_wait,
         )
         self._value = value
 
@@ -188,6 +192,12 @@ class Semaphore(Primitive):
             ),
         )
         return owner, own, call
+
+    def _undo_call(self, owner: str, count: int) -> Call:
+        # Permits granted but not kept go back as this process's own.
+        keys = (self._keys.hash, self._keys.channel)
+        args = (owner, count, count, self._value, self._bounded, self._publish)
+        return Call(self._release_script, keys, args)
 
     def _release_refused(
         self, owner: str, own: int, since: float, exc: ResponseError

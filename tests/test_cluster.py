@@ -287,3 +287,9 @@ def test_cross_process_mutual_exclusion_through_the_cluster_client(
             cclient.delete(f"{data}:counter:{i}", f"{data}:gauge:{i}")
         for k in ("errors", "done", "overlaps", "resources"):
             cclient.delete(f"{data}:{k}")
+
+
+def test_replicas_option_is_refused_on_a_cluster_client(cclient: Any) -> None:
+    # WAIT has no key, so a cluster client could not send it to the node that holds the lock.
+    with pytest.raises(ValueError, match="not supported on Redis Cluster"):
+        rlocks.RLock("wait-on-cluster", client=cclient, replicas=1)

@@ -298,6 +298,9 @@ class AsyncPrimitive:
     _gave_up_call: Callable[..., Optional[Call]]
     _held: Callable[[str], int]
     _log_wait: Callable[..., None]
+    _undo_call: Callable[[str, int], Call]
+    _short_of_replicas: Callable[[Reply], bool]
+    _replication_error: Callable[[Reply], BaseException]
 
     def _resolve_client(self, client: Any) -> Any:
         import redis.asyncio
@@ -325,7 +328,7 @@ class AsyncPrimitive:
         return loop_renewer()
 
     async def _arun_call(self, call: Call) -> Reply:
-        return await arun(self._aclient(), call.script, call.keys, call.args)
+        return await arun(self._aclient(), call.script, call.keys, call.args, call.wait)
 
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
@@ -349,6 +352,9 @@ class AsyncPrimitive:
             if not reply.granted:
                 await self._agave_up(owner, None)
             self._log_wait(owner, first, reply)
+        if self._short_of_replicas(reply):
+            await self._arun_call(self._undo_call(owner, count))
+            raise self._replication_error(reply)
         return self._finish_take(owner, count, reply, started[0])
 
     async def _shielded(self, call: Call, owner: str, count: int) -> Reply:
@@ -368,11 +374,6 @@ class AsyncPrimitive:
         """Give back ``count`` holds granted to a task that was cancelled meanwhile."""
         undo = self._undo_call(owner, count)
         await self._arun_call(undo)
-
-    def _undo_call(self, owner: str, count: int) -> Call:
-        # Exclusive primitives: the ordinary release of exactly those levels (never
-        # "everything": the task may hold outer levels of the same lock).
-        return Call(self._release_script, *self._release_arguments(owner, count, False))  # type: ignore[attr-defined]  # noqa: E501
 
     async def _agave_up(self, owner: str, error: Optional[BaseException]) -> None:
         call = self._gave_up_call(owner)

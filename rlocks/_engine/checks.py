@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from _thread import TIMEOUT_MAX
-from typing import Optional
+from typing import Optional, Tuple
 
 __all__ = [
     "TIMEOUT_MAX",
@@ -18,6 +18,7 @@ __all__ = [
     "check_namespace",
     "check_ttl",
     "lock_wait",
+    "replication",
     "semaphore_wait",
 ]
 
@@ -122,3 +123,23 @@ def semaphore_wait(
     if seconds > TIMEOUT_MAX:
         raise OverflowError(f"{label}: timeout {timeout!r} is above threading.TIMEOUT_MAX")
     return max(0.0, seconds)
+
+
+def replication(
+    replicas: object, replica_wait: object, kind: str, name: str
+) -> Optional[Tuple[int, int]]:
+    """``replicas`` / ``replica_wait`` -> the WAIT arguments ``(replicas, ms)``, or None."""
+    label = _label(kind, name)
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise TypeError(f"{label}: replicas must be an int, not {type(replicas).__name__}")
+    if replicas < 0:
+        raise ValueError(f"{label}: replicas must be >= 0, got {replicas}")
+    seconds = _real(replica_wait, "replica_wait", label)
+    if not (0.0 < seconds < math.inf):
+        raise ValueError(
+            f"{label}: replica_wait must be a positive, finite number of seconds, "
+            f"got {replica_wait!r}"
+        )
+    if replicas == 0:
+        return None
+    return replicas, max(1, round(seconds * 1000.0))

@@ -19,13 +19,13 @@ import os
 import threading
 from typing import Any, Callable, ClassVar, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..errors import LockLostError, NotOwnedError
+from ..errors import LockLostError, NotOwnedError, ReplicationError
 from . import checks
 from .clients import default_client, is_cluster
 from .clock import monotonic
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, Renewer, renewer
-from .scripts import Arg, Call, Reply, Script
+from .scripts import Arg, Call, Reply, Script, Wait
 from .waiting import hub_for, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
@@ -75,6 +75,7 @@ class Primitive:
         "_publish",
         "_calls",
         "_channel",
+        "_wait",
         "__weakref__",
     )
 
@@ -97,6 +98,8 @@ class Primitive:
         auto_renew: bool = True,
         namespace: str = "rlocks",
         on_lost: Optional[Callable[[Any], object]] = None,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
     ) -> None:
         label = self._label
         self._name = checks.check_name(name, label)
@@ -109,6 +112,12 @@ class Primitive:
             )
         client = self._resolve_client(client)
         self._client = client
+        self._wait = checks.replication(replicas, replica_wait, label, name)
+        if self._wait is not None and is_cluster(client):
+            raise ValueError(
+                f"{label}({name!r}): replicas= is not supported on Redis Cluster clients "
+                "(WAIT has no key to be routed by); see docs/operations.md"
+            )
         self._auto_renew = bool(auto_renew)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
@@ -217,6 +226,7 @@ class Primitive:
         key: Hashable,
         script: Script,
         build: Callable[[], Tuple[Sequence[str], Sequence[Arg]]],
+        wait: Wait = None,
     ) -> Call:
         """The cached :class:`Call` for ``key`` (``build`` gives its KEYS and ARGV once)."""
         call = self._calls.get(key)
@@ -225,8 +235,30 @@ class Primitive:
             if len(self._calls) >= _MAX_CALLS:
                 # Owners are threads, and threads come and go: keep the cache bounded.
                 self._calls.clear()
-            call = self._calls[key] = Call(script, keys, args)
+            call = self._calls[key] = Call(script, keys, args, wait)
         return call
+
+    def _undo_call(self, owner: str, count: int) -> Call:
+        """Give back exactly ``count`` holds granted but not kept (cancelled, unreplicated).
+
+        Exclusive primitives: the ordinary release of those levels, never "everything":
+        the owner may hold outer levels of the same lock.
+        """
+        return Call(self._release_script, *self._release_arguments(owner, count, False))
+
+    def _short_of_replicas(self, reply: Reply) -> bool:
+        """Whether a grant was acknowledged by fewer replicas than ``replicas=`` asks."""
+        return reply.granted and self._wait is not None and reply.replicas < self._wait[0]
+
+    def _replication_error(self, reply: Reply) -> ReplicationError:
+        assert self._wait is not None
+        return ReplicationError(
+            f"{self._describe()} was granted, but only {reply.replicas} of {self._wait[0]} "
+            f"replicas acknowledged it within {self._wait[1]} ms; it was given back",
+            name=self._name,
+            acknowledged=reply.replicas,
+            required=self._wait[0],
+        )
 
     # -- local bookkeeping (no I/O) ------------------------------------------------------
 
@@ -336,6 +368,10 @@ class Primitive:
             if not reply.granted:
                 self._gave_up_sync(owner, None)
             self._log_wait(owner, first, reply)
+        if self._short_of_replicas(reply):
+            # Not durable enough to trust across a failover: give it back, then say so.
+            self._undo_call(owner, count)(client)
+            raise self._replication_error(reply)
         return self._finish_take(owner, count, reply, started[0])
 
     def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
@@ -354,6 +390,7 @@ class Primitive:
             ("acquire", owner, count, reentry, waiting),
             self._acquire_script,
             lambda: self._acquire_arguments(owner, count, reentry, waiting),
+            self._wait,
         )
         return call, waiting
 

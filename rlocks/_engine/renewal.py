@@ -196,6 +196,15 @@ class Renewer:
 
     def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
         """Act on a batch's replies (no I/O): extend leases, report lost holds."""
+        if len(results) == len(items) + 1:  # the batch ended with a WAIT
+            acks = results.pop()
+            for _, primitive, _ in items:
+                wanted = primitive._wait
+                if wanted is not None and (isinstance(acks, Exception) or acks < wanted[0]):
+                    log.warning(
+                        "renewal of %s acknowledged by %s of %d replicas",
+                        primitive._describe(), acks, wanted[0],
+                    )
         if log.isEnabledFor(logging.DEBUG):
             names = ", ".join(primitive._describe() for _, primitive, _ in items[:3])
             more = f" and {len(items) - 3} more" if len(items) > 3 else ""
@@ -219,14 +228,28 @@ class Renewer:
 
     @staticmethod
     def _queue(client: Any, items: List[Item]) -> Any:
-        """A pipeline on ``client`` with one renewal per item, not yet sent."""
+        """A pipeline on ``client`` with one renewal per item, not yet sent.
+
+        If any primitive asks for replicas, one WAIT for the largest demand ends the
+        batch (it covers every write before it on the connection); its reply is the last.
+        """
         pipe = client.pipeline(transaction=False)
         for lease, primitive, script in items:
             keys, args = primitive._renew_arguments(lease.owner)
             # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the
             # evalsha method but routes a plain EVALSHA command by its keys' slot.
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        wait = Renewer._wait_for(items)
+        if wait is not None:
+            pipe.execute_command("WAIT", *wait)
         return pipe
+
+    @staticmethod
+    def _wait_for(items: List[Item]) -> Optional[Tuple[int, int]]:
+        waits = [primitive._wait for _, primitive, _ in items if primitive._wait is not None]
+        if not waits:
+            return None
+        return max(w[0] for w in waits), max(w[1] for w in waits)
 
     def _failed(self, lease: Lease, primitive: "Primitive", error: Exception) -> None:
         now = monotonic()

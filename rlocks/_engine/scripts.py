@@ -24,10 +24,10 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from importlib import resources
-from typing import Any, NamedTuple, Sequence, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import RLocksError
 
@@ -56,6 +56,8 @@ class Reply(NamedTuple):
 
     status: int
     value: int
+    #: Replicas that acknowledged the script's writes (WAIT); -1 when not asked.
+    replicas: int = -1
 
     @property
     def granted(self) -> bool:
@@ -126,13 +128,23 @@ def load(name: str, prelude: str = "") -> Script:
     return Script(name, source)
 
 
-def run(client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+#: ``(replicas, ms)``: after the script, WAIT until that many replicas have its writes, or
+#: that many milliseconds passed (one round trip with the script: same connection).
+Wait = Optional[Tuple[int, int]]
+
+
+def run(
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+) -> Reply:
     """Run ``script`` with EVALSHA on ``client`` (a ``Redis`` or ``RedisCluster``).
 
     One round trip normally. The first call on a server that does not know the script yet
     (new server, restart, SCRIPT FLUSH) gets NOSCRIPT, loads the script and runs it again.
-    Redis errors other than NOSCRIPT propagate unchanged.
+    With ``wait``, the reply also says how many replicas acknowledged. Redis errors other
+    than NOSCRIPT propagate unchanged.
     """
+    if wait is not None:
+        return _with_wait(client, script, keys, args, wait)
     try:
         raw = client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
@@ -141,8 +153,46 @@ def run(client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -
     return decode(raw, script.name)
 
 
-async def arun(client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+def _queue_with_wait(
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Tuple[int, int]
+) -> Any:
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    pipe.execute_command("WAIT", *wait)
+    return pipe
+
+
+def _decode_with_wait(results: List[Any], script: Script) -> Reply:
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return decode(results[0], script.name)._replace(replicas=int(results[1]))
+
+
+def _with_wait(
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Tuple[int, int]
+) -> Reply:
+    results = _queue_with_wait(client, script, keys, args, wait).execute(raise_on_error=False)
+    if isinstance(results[0], NoScriptError):
+        client.script_load(script.source)
+        results = _queue_with_wait(client, script, keys, args, wait).execute(
+            raise_on_error=False
+        )
+    return _decode_with_wait(results, script)
+
+
+async def arun(
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+) -> Reply:
     """:func:`run` for ``redis.asyncio`` clients: same contract, awaited I/O."""
+    if wait is not None:
+        pipe = _queue_with_wait(client, script, keys, args, wait)
+        results = await pipe.execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):
+            await client.script_load(script.source)
+            pipe = _queue_with_wait(client, script, keys, args, wait)
+            results = await pipe.execute(raise_on_error=False)
+        return _decode_with_wait(results, script)
     try:
         raw = await client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
@@ -177,35 +227,48 @@ class Call:
     copy may have run could give back one level too many.
     """
 
-    __slots__ = ("script", "keys", "args", "_packed")
+    __slots__ = ("script", "keys", "args", "wait", "_packed")
 
-    def __init__(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> None:
+    def __init__(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+    ) -> None:
         self.script = script
         self.keys = tuple(keys)
         self.args = tuple(args)
+        self.wait = wait
         self._packed: Any = None
 
     def __call__(self, client: Any) -> Reply:
         """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run()."""
         pool = _direct_pool(client)
         if pool is None:
-            return run(client, self.script, self.keys, self.args)
+            return run(client, self.script, self.keys, self.args, self.wait)
         connection = pool.get_connection()
         try:
             packed = self._packed
             if packed is None:
-                packed = self._packed = connection.pack_command(
-                    "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args
-                )
+                evalsha = ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+                if self.wait is None:
+                    packed = connection.pack_command(*evalsha)
+                else:
+                    packed = connection.pack_commands([evalsha, ("WAIT", *self.wait)])
+                self._packed = packed
             connection.send_packed_command(packed, check_health=False)
-            raw = connection.read_response()
+            try:
+                raw = connection.read_response()
+            finally:
+                acks = connection.read_response() if self.wait is not None else -1
         except NoScriptError:
             pool.release(connection)
-            return run(client, self.script, self.keys, self.args)
+            return run(client, self.script, self.keys, self.args, self.wait)
+        except ResponseError:
+            # An error reply, read whole: the connection is clean and goes back to the pool.
+            pool.release(connection)
+            raise
         except BaseException:
             # The reply may still be on its way: this connection cannot be reused.
             connection.disconnect()
             pool.release(connection)
             raise
         pool.release(connection)
-        return decode(raw, self.script.name)
+        return decode(raw, self.script.name)._replace(replicas=int(acks))

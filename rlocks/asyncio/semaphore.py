@@ -9,7 +9,6 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
-from .._engine.scripts import Call
 from .. import semaphore as _sync
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -58,12 +57,6 @@ class _AsyncSemaphore(AsyncPrimitive):
 
     def __exit__(self, *exc_info: Any) -> None:  # pragma: no cover - __enter__ refuses
         raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
-
-    def _undo_call(self, owner: str, count: int) -> Call:
-        # A permit granted to a task cancelled meanwhile goes back as this process's own.
-        keys = (self._keys.hash, self._keys.channel)  # type: ignore[attr-defined]
-        args = (owner, count, count, self._value, self._bounded, self._publish)  # type: ignore[attr-defined]  # noqa: E501
-        return Call(self._release_script, keys, args)  # type: ignore[attr-defined]
 
 
 class Semaphore(_AsyncSemaphore, _sync.Semaphore):

@@ -1,0 +1,127 @@
+"""replicas= / replica_wait=: WAIT after grants and renewals, on a real master + replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Iterator, Tuple
+
+import pytest
+import redis
+import redis.asyncio
+
+import rlocks
+import rlocks.asyncio as ra
+from rlocks._engine import identity
+from rlocks.server import TemporaryRedisServer
+
+from ._servers import wait_until
+from .conftest import NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Tuple[TemporaryRedisServer, TemporaryRedisServer]]:
+    with TemporaryRedisServer() as master:
+        with TemporaryRedisServer(["--replicaof", "127.0.0.1", str(master.port)]) as replica:
+            r = redis.Redis(port=replica.port)
+            wait_until(
+                lambda: r.info("replication").get("master_link_status") == "up",
+                15,
+                "the replica to sync with its master",
+            )
+            yield master, replica
+
+
+def key(name: str) -> str:
+    return f"{NAMESPACE}:rlock:{{{name}}}"
+
+
+def test_a_grant_is_on_the_replica_when_acquire_returns(pair: Any, name: str) -> None:
+    master, replica = pair
+    lock = rlocks.RLock(
+        name, client=redis.Redis(port=master.port), namespace=NAMESPACE, replicas=1
+    )
+    assert lock.acquire()
+    # No waiting here: WAIT already made acquire() return only after the replica had it.
+    seen = redis.Redis(port=replica.port).hget(key(name), identity.thread_owner())
+    assert seen == b"1"
+    lock.release()
+
+
+def test_too_few_replicas_gives_the_grant_back(pair: Any, name: str) -> None:
+    master, _ = pair
+    client = redis.Redis(port=master.port)
+    lock = rlocks.RLock(
+        name, client=client, namespace=NAMESPACE, replicas=2, replica_wait=0.2
+    )
+    start = time.monotonic()
+    with pytest.raises(rlocks.errors.ReplicationError, match="1 of 2 replicas") as info:
+        lock.acquire()
+    assert 0.15 <= time.monotonic() - start < 2.0
+    assert (info.value.acknowledged, info.value.required) == (1, 2)
+    assert not client.exists(key(name))  # given back
+    assert lock._recursion_count() == 0
+
+
+def test_reentry_short_of_replicas_gives_back_only_that_level(pair: Any, name: str) -> None:
+    master, _ = pair
+    client = redis.Redis(port=master.port)
+    outer = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    strict = rlocks.RLock(name, client=client, namespace=NAMESPACE, replicas=2, replica_wait=0.1)
+    outer.acquire()
+    with pytest.raises(rlocks.errors.ReplicationError):
+        strict.acquire()
+    assert client.hget(key(name), identity.thread_owner()) == b"1"  # the outer level stays
+    outer.release()
+    assert not client.exists(key(name))
+
+
+def test_asyncio_twin_waits_for_replicas_too(pair: Any, name: str) -> None:
+    master, replica = pair
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(port=master.port)
+        ok = ra.RLock(name, client=client, namespace=NAMESPACE, replicas=1)
+        async with ok:
+            assert await redis.asyncio.Redis(port=replica.port).exists(key(name))
+        strict = ra.RLock(name, client=client, namespace=NAMESPACE, replicas=3, replica_wait=0.1)
+        with pytest.raises(rlocks.errors.ReplicationError):
+            await strict.acquire()
+        assert not await client.exists(key(name))
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_bad_replicas_argument(client: Any, name: str, bad: Any, error: type) -> None:
+    with pytest.raises(error, match="replicas"):
+        rlocks.RLock(name, client=client, replicas=bad)
+    with pytest.raises(ValueError, match="replica_wait"):
+        rlocks.Semaphore(name, 2, client=client, replicas=1, replica_wait=0)
+
+
+def test_a_renewal_short_of_replicas_is_logged(caplog: pytest.LogCaptureFixture, name: str) -> None:
+    # A pair of its own: this test stops the replica.
+    with TemporaryRedisServer() as master:
+        with TemporaryRedisServer(["--replicaof", "127.0.0.1", str(master.port)]) as replica:
+            r = redis.Redis(port=replica.port)
+            wait_until(lambda: r.info("replication").get("master_link_status") == "up", 15, "sync")
+            caplog.set_level(logging.WARNING, logger="rlocks")
+            lock = rlocks.RLock(
+                name,
+                client=redis.Redis(port=master.port),
+                namespace=NAMESPACE,
+                ttl=0.6,
+                replicas=1,
+                replica_wait=0.05,
+            )
+            lock.acquire()
+            replica.stop()
+            wait_until(
+                lambda: any("of 1 replicas" in rec.getMessage() and name in rec.getMessage()
+                            for rec in caplog.records),
+                5,
+                "a renewal warning",
+            )
+            lock.release()  # the lease itself was renewed on the master all along
