@@ -4,13 +4,44 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Tuple
 
+from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load
 
 __all__ = ["RLock"]
 
 
-class RLock(ReentrantLock):
+class _RLockCore(Primitive):
+    """What an RLock is, without I/O: its key kind, scripts and their arguments.
+
+    Shared by :class:`RLock` and ``rlocks.asyncio.RLock``, which add their surfaces.
+    """
+
+    __slots__ = ()
+
+    _kind = "rlock"
+    _acquire_script = load("rlock_acquire")
+    _release_script = load("rlock_release")
+    _renew_script = load("rlock_renew")
+
+    # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
+
+    def _acquire_arguments(
+        self, owner: str, count: int, reentry: bool, waiting: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
+
+    def _release_arguments(
+        self, owner: str, count: int, everything: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        keys = (self._keys.hash, self._keys.channel)
+        return keys, (owner, count, 1 if everything else 0, self._publish)
+
+    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, self._ttl_ms)
+
+
+class RLock(ReentrantLock, _RLockCore):
     """A reentrant lock shared by every process that uses the same name and Redis.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
@@ -40,10 +71,6 @@ class RLock(ReentrantLock):
     __slots__ = ()
 
     _label = "rlocks.RLock"
-    _kind = "rlock"
-    _acquire_script = load("rlock_acquire")
-    _release_script = load("rlock_release")
-    _renew_script = load("rlock_renew")
 
     def __init__(
         self,
@@ -67,22 +94,6 @@ class RLock(ReentrantLock):
             replicas=replicas,
             replica_wait=replica_wait,
         )
-
-    # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
-
-    def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
-
-    def _release_arguments(
-        self, owner: str, count: int, everything: bool
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        keys = (self._keys.hash, self._keys.channel)
-        return keys, (owner, count, 1 if everything else 0, self._publish)
-
-    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms)
 
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""

@@ -1,25 +1,32 @@
 """``rlocks.RWLock``: a readers-writer lock across threads, processes and hosts.
 
 One Redis hash per lock holds both sides (layout in ``_engine/lua/rw_lib.lua``); every
-change is one Lua script. Each side is an engine :class:`~rlocks._engine.primitive.Primitive`
-of its own (local holds, leases, lost-hold reporting), owned by the calling thread, with
-the ``threading.RLock`` surface. The two sides wait on two wake-up channels, so "the last
-reader left" wakes a writer and never a reader that would only find the writer's claim.
+change is one Lua script. Each side is an engine primitive of its own (local holds,
+leases, lost-hold reporting) with the ``threading.RLock`` surface. The two sides wait on
+two wake-up channels, so "the last reader left" wakes a writer and never a reader that
+would only find the writer's claim.
+
+The I/O-free definitions (``_ReadCore``, ``_WriteCore``) are shared with
+``rlocks.asyncio.RWLock``, whose sides put the asyncio surface on the same cores.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, Type, TypeVar
 
+from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, Call, load, run
 from .errors import UpgradeError
 
 __all__ = ["RWLock", "ReadLock", "WriteLock", "UpgradeError"]
 
+_READERS = ""  # wake-up role of waiting readers: the primitive's main channel
+_WRITERS = "writers"  # waiting writers listen for "the last reader left"
 
-class _Side(ReentrantLock):
-    """One side of an RWLock: the ``threading.RLock`` surface on a shared hash."""
+
+class _SideCore(Primitive):
+    """What both sides share, without I/O: the hash, scripts and release arguments."""
 
     __slots__ = ("_side",)
 
@@ -46,31 +53,23 @@ class _Side(ReentrantLock):
     def _release_arguments(
         self, owner: str, count: int, everything: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        keys = (self._keys.hash, self._keys.wake(ReadLock._wake_role), self._keys.wake(WriteLock._wake_role))
+        keys = (self._keys.hash, self._keys.wake(_READERS), self._keys.wake(_WRITERS))
         return keys, (owner, self._side, count, 1 if everything else 0, self._publish)
 
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         return (self._keys.hash,), (owner, self._side, self._ttl_ms)
 
-    def locked(self) -> bool:
-        """Whether any owner, anywhere, holds this side now (one round trip)."""
-        reply = run(self._client, self._holders_script, (self._keys.hash,), (self._side,))
-        return reply.count > 0
+    def _holders_call(self) -> Call:
+        """The script call behind ``locked()``: how many owners hold this side."""
+        return Call(self._holders_script, (self._keys.hash,), (self._side,))
 
 
-class ReadLock(_Side):
-    """The read side of an :class:`RWLock` (``rwlock.read_lock``).
-
-    Any number of threads, in any processes, may hold it at once, unless a thread holds
-    the write side or a writer is waiting (writer preference: new readers then wait; a
-    thread already reading may still re-enter, and the write holder itself may take the
-    read side, which is how a writer downgrades).
-    """
-
+class _ReadCore(_SideCore):
     __slots__ = ()
 
     _side_code = "r"
     _side_name = "read_lock"
+    _wake_role = _READERS
     _acquire_script = load("rw_acquire_read", prelude="rw_lib")
 
     def _acquire_arguments(
@@ -79,25 +78,16 @@ class ReadLock(_Side):
         return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
 
 
-class WriteLock(_Side):
-    """The write side of an :class:`RWLock` (``rwlock.write_lock``).
-
-    One thread at a time holds it, and only while nobody (else) holds the read side.
-    While a thread waits for it, new readers wait too; that claim lasts one ``ttl``
-    after the waiter's latest attempt, so a writer that dies while waiting stops holding
-    readers back at most ``ttl`` later.
-    """
-
+class _WriteCore(_SideCore):
     __slots__ = ("_read",)
 
     _side_code = "w"
     _side_name = "write_lock"
-    # Writers wait for "the last reader left", which readers need not hear.
-    _wake_role = "writers"
+    _wake_role = _WRITERS
     _acquire_script = load("rw_acquire_write", prelude="rw_lib")
     _unclaim_script = load("rw_unclaim", prelude="rw_lib")
 
-    def __init__(self, name: str, read: ReadLock, **options: Any) -> None:
+    def __init__(self, name: str, read: _ReadCore, **options: Any) -> None:
         super().__init__(name, **options)
         self._read = read
 
@@ -112,7 +102,7 @@ class WriteLock(_Side):
         super()._check_take(owner)
         if self._read._held(owner) > 0 and self._held(owner) == 0:
             raise UpgradeError(
-                f"{self._describe()}: this thread holds the read side; upgrading to the "
+                f"{self._describe()}: this owner holds the read side; upgrading to the "
                 "write side is refused (it would deadlock two upgraders). Release the "
                 "read side first",
                 name=self._name,
@@ -123,7 +113,7 @@ class WriteLock(_Side):
             return super()._refused(owner, reentry)
         # Reads without writing through another object of this name: still an upgrade.
         return UpgradeError(
-            f"{self._describe()}: this thread holds the read side; upgrading to the "
+            f"{self._describe()}: this owner holds the read side; upgrading to the "
             "write side is refused",
             name=self._name,
         )
@@ -133,43 +123,54 @@ class WriteLock(_Side):
         return self._prepared(
             ("unclaim", owner),
             self._unclaim_script,
-            lambda: ((self._keys.hash, self._keys.wake(ReadLock._wake_role)), (owner, self._publish)),
+            lambda: ((self._keys.hash, self._keys.wake(_READERS)), (owner, self._publish)),
         )
 
 
-class RWLock:
-    """A readers-writer lock shared by every process that uses the same name and Redis.
+class _SyncSide(ReentrantLock, _SideCore):
+    __slots__ = ()
 
-    ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0)``
+    def locked(self) -> bool:
+        """Whether any owner, anywhere, holds this side now (one round trip)."""
+        call = self._holders_call()
+        return run(self._client, call.script, call.keys, call.args).holds > 0
 
-    ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
-    ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
-    ``_recursion_count``, and the ``Condition`` protocol) with these rules between them:
 
-    - any number of threads, here or in other processes, may hold the read side at once;
-    - the write side excludes every other thread, on both sides;
-    - each side is reentrant for the thread that holds it;
-    - writer preference: once a thread waits for the write side, new readers wait, so a
-      stream of readers never starves a writer (a thread already reading may re-enter);
-    - downgrade is allowed: the write holder may take the read side, then release the
-      write side and keep reading;
-    - upgrade is refused: a thread holding only the read side that asks for the write
-      side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
+class ReadLock(_SyncSide, _ReadCore):
+    """The read side of an :class:`RWLock` (``rwlock.read_lock``).
 
-    ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas`` and
-    ``replica_wait`` mean what they mean for :class:`rlocks.RLock`; every hold (each reader, the writer) has its own
-    lease, so one dead reader stops counting ``ttl`` after it died while others read on.
-    ``on_lost`` is called with the side (``read_lock`` / ``write_lock``) that was lost.
-
-    Construction validates arguments and does no I/O.
+    Any number of threads, in any processes, may hold it at once, unless a thread holds
+    the write side or a writer is waiting (writer preference: new readers then wait; a
+    thread already reading may still re-enter, and the write holder itself may take the
+    read side, which is how a writer downgrades).
     """
+
+    __slots__ = ()
+
+
+class WriteLock(_SyncSide, _WriteCore):
+    """The write side of an :class:`RWLock` (``rwlock.write_lock``).
+
+    One thread at a time holds it, and only while nobody (else) holds the read side.
+    While a thread waits for it, new readers wait too; that claim lasts one ``ttl``
+    after the waiter's latest attempt, so a writer that dies while waiting stops holding
+    readers back at most ``ttl`` later.
+    """
+
+    __slots__ = ()
+
+
+R = TypeVar("R", bound=_ReadCore)
+W = TypeVar("W", bound=_WriteCore)
+
+
+class _RWPair(Generic[R, W]):
+    """Both sides of one readers-writer lock, built together (sync or asyncio sides)."""
 
     __slots__ = ("_read", "_write", "__weakref__")
 
-    # The side classes (the asyncio twin swaps in its own).
-    _read_type: Any = ReadLock
-    _write_type: Any = WriteLock
+    _read_type: Type[R]
+    _write_type: Type[W]
 
     def __init__(
         self,
@@ -183,7 +184,7 @@ class RWLock:
         replicas: int = 0,
         replica_wait: float = 1.0,
     ) -> None:
-        options = dict(
+        options: Dict[str, Any] = dict(
             client=client,
             ttl=ttl,
             auto_renew=auto_renew,
@@ -195,16 +196,16 @@ class RWLock:
         read = self._read_type(name, **options)
         # The read side validated everything and picked the client; the write side shares it.
         options["client"] = read.client
-        self._read = read
-        self._write = self._write_type(name, read, **options)
+        self._read: R = read
+        self._write: W = self._write_type(name, read, **options)
 
     @property
-    def read_lock(self) -> ReadLock:
+    def read_lock(self) -> R:
         """The shared side."""
         return self._read
 
     @property
-    def write_lock(self) -> WriteLock:
+    def write_lock(self) -> W:
         """The exclusive side."""
         return self._write
 
@@ -228,6 +229,41 @@ class RWLock:
         reading = len(self._read._local_owners())
         writing = len(self._write._local_owners())
         return (
-            f"<rlocks.RWLock name={self.name!r} namespace={self.namespace!r} "
+            f"<{self._read._label} name={self.name!r} namespace={self.namespace!r} "
             f"readers here={reading} writers here={writing} at {id(self):#x}>"
         )
+
+
+class RWLock(_RWPair[ReadLock, WriteLock]):
+    """A readers-writer lock shared by every process that uses the same name and Redis.
+
+    ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
+    on_lost=None, replicas=0, replica_wait=1.0)``
+
+    ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
+    ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
+    ``_recursion_count``, and the ``Condition`` protocol) with these rules between them:
+
+    - any number of threads, here or in other processes, may hold the read side at once;
+    - the write side excludes every other thread, on both sides;
+    - each side is reentrant for the thread that holds it;
+    - writer preference: once a thread waits for the write side, new readers wait, so a
+      stream of readers never starves a writer (a thread already reading may re-enter);
+    - downgrade is allowed: the write holder may take the read side, then release the
+      write side and keep reading;
+    - upgrade is refused: a thread holding only the read side that asks for the write
+      side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
+
+    ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas`` and
+    ``replica_wait`` mean what they mean for :class:`rlocks.RLock`; every hold (each
+    reader, the writer) has its own lease, so one dead reader stops counting ``ttl`` after
+    it died while others read on. ``on_lost`` is called with the side (``read_lock`` /
+    ``write_lock``) that was lost.
+
+    Construction validates arguments and does no I/O.
+    """
+
+    __slots__ = ()
+
+    _read_type = ReadLock
+    _write_type = WriteLock

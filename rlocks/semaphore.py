@@ -38,29 +38,11 @@ def _count(value: object, what: str, label: str) -> int:
     return number
 
 
-class Semaphore(Primitive):
-    """A counting semaphore shared by every process that uses the same name and Redis.
+class _SemaphoreCore(Primitive):
+    """What a semaphore is, without I/O: hash layout, scripts, arguments, reply handling.
 
-    ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
-    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)``
-
-    Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
-    free; ``release(n)`` gives ``n`` back, and any thread may release (an unbounded
-    semaphore's value grows past its initial value exactly as ``threading``'s does).
-
-    Permits belong to the *process*: while this process lives and keeps a reference to
-    the semaphore, its lease on them is renewed about every ``ttl / 3``; when it dies
-    they come back to the pool at most ``ttl`` after its last renewal (a
-    BoundedSemaphore never goes above its initial value, recovery included).
-
-    The initial ``value`` (and whether the semaphore is bounded) is stored in Redis by the
-    first operation that leaves state there. Every later operation, from any process,
-    checks its own ``value`` and kind against the stored ones and raises ValueError naming
-    both when they differ, changing nothing. A semaphore at rest (nobody holds a permit and
-    the free count equals the initial value) leaves no key in Redis, so the next user's
-    value then defines it afresh.
-
-    Construction validates arguments and does no I/O.
+    Shared by :class:`Semaphore` and ``rlocks.asyncio.Semaphore``, which add their
+    surfaces. Permits belong to the process (``identity.process_owner()``).
     """
 
     __slots__ = ("_value",)
@@ -122,54 +104,6 @@ class Semaphore(Primitive):
     def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
         return (self._keys.hash,), (owner, self._ttl_ms, self._value, self._bounded)
 
-    # -- the threading.Semaphore surface -------------------------------------------------
-
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        """Take one permit for this process, waiting while none is free.
-
-        Waits forever with ``timeout=None``, at most ``timeout`` seconds otherwise, not at
-        all with ``blocking=False``. Returns True once a permit is taken, False if none
-        could be had in time.
-
-        Raises, before touching Redis, what ``threading.Semaphore.acquire`` raises for bad
-        arguments; LockLostError if this process's permits were lost (lease ended) and not
-        all released yet; ValueError if Redis holds this semaphore with another initial
-        value or kind. Redis errors propagate.
-
-        In Redis: one off the free count, one onto this process's permits, its lease
-        restarted.
-        """
-        wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
-        try:
-            return self._take(identity.process_owner(), 1, wait)
-        except ResponseError as exc:
-            raise self._translate(exc) from None
-
-    __enter__ = acquire
-
-    def release(self, n: int = 1) -> None:
-        """Give ``n`` permits back and wake up to ``n`` waiters (per waiting process).
-
-        Any thread may release, whether or not this process acquired: permits this process
-        holds are taken off its record first; the rest add to the free count, as in
-        ``threading.Semaphore``.
-
-        Raises, without changing anything in Redis: ValueError if ``n < 1``, if a
-        BoundedSemaphore would go above its initial value ("Semaphore released too many
-        times"), or if Redis holds this semaphore with another initial value or kind;
-        TypeError if ``n`` is not an int; LockLostError if permits this process held were
-        lost (lease ended: they are back in the pool already; the local count drops).
-        """
-        owner, own, call = self._begin_release(n)
-        since = monotonic()
-        try:
-            reply = call(self._client)
-        except ResponseError as exc:
-            raise self._release_refused(owner, own, since, exc) from None
-        # On any other error (connection...) the reserved permits stay dropped locally, as
-        # RLock's release does: renewal stops and their lease runs out on the server.
-        self._finish_release(owner, own, since, reply)
-
     def _begin_release(self, n: int) -> Tuple[str, int, Call]:
         """The I/O-free start of a release: (owner, own permits taken off, the call)."""
         label = self._describe()
@@ -220,18 +154,6 @@ class Semaphore(Primitive):
                 self._hold_lost(owner, "its permits were gone at release")
             raise self._lost_error()
 
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
-            # An inner block already reported the loss: unwind our permit quietly.
-            self._record_release(identity.process_owner(), 1)
-            return
-        self.release()
-
     # -- local bookkeeping of permits ----------------------------------------------------
 
     def _unreserve(self, owner: str, own: int, since: float) -> None:
@@ -264,6 +186,94 @@ class Semaphore(Primitive):
             f"<{self._label} name={self._name!r} namespace={self._namespace!r} "
             f"value={self._value} held here={held} at {id(self):#x}>"
         )
+
+
+class Semaphore(_SemaphoreCore):
+    """A counting semaphore shared by every process that uses the same name and Redis.
+
+    ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)``
+
+    Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
+    free; ``release(n)`` gives ``n`` back, and any thread may release (an unbounded
+    semaphore's value grows past its initial value exactly as ``threading``'s does).
+
+    Permits belong to the *process*: while this process lives and keeps a reference to
+    the semaphore, its lease on them is renewed about every ``ttl / 3``; when it dies
+    they come back to the pool at most ``ttl`` after its last renewal (a
+    BoundedSemaphore never goes above its initial value, recovery included).
+
+    The initial ``value`` (and whether the semaphore is bounded) is stored in Redis by the
+    first operation that leaves state there. Every later operation, from any process,
+    checks its own ``value`` and kind against the stored ones and raises ValueError naming
+    both when they differ, changing nothing. A semaphore at rest (nobody holds a permit and
+    the free count equals the initial value) leaves no key in Redis, so the next user's
+    value then defines it afresh.
+
+    Construction validates arguments and does no I/O.
+    """
+
+    __slots__ = ()
+
+    _label = "rlocks.Semaphore"
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take one permit for this process, waiting while none is free.
+
+        Waits forever with ``timeout=None``, at most ``timeout`` seconds otherwise, not at
+        all with ``blocking=False``. Returns True once a permit is taken, False if none
+        could be had in time.
+
+        Raises, before touching Redis, what ``threading.Semaphore.acquire`` raises for bad
+        arguments; LockLostError if this process's permits were lost (lease ended) and not
+        all released yet; ValueError if Redis holds this semaphore with another initial
+        value or kind. Redis errors propagate.
+
+        In Redis: one off the free count, one onto this process's permits, its lease
+        restarted.
+        """
+        wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
+        try:
+            return self._take(identity.process_owner(), 1, wait)
+        except ResponseError as exc:
+            raise self._translate(exc) from None
+
+    __enter__ = acquire
+
+    def release(self, n: int = 1) -> None:
+        """Give ``n`` permits back and wake up to ``n`` waiters (per waiting process).
+
+        Any thread may release, whether or not this process acquired: permits this process
+        holds are taken off its record first; the rest add to the free count, as in
+        ``threading.Semaphore``.
+
+        Raises, without changing anything in Redis: ValueError if ``n < 1``, if a
+        BoundedSemaphore would go above its initial value ("Semaphore released too many
+        times"), or if Redis holds this semaphore with another initial value or kind;
+        TypeError if ``n`` is not an int; LockLostError if permits this process held were
+        lost (lease ended: they are back in the pool already; the local count drops).
+        """
+        owner, own, call = self._begin_release(n)
+        since = monotonic()
+        try:
+            reply = call(self._client)
+        except ResponseError as exc:
+            raise self._release_refused(owner, own, since, exc) from None
+        # On any other error (connection...) the reserved permits stay dropped locally, as
+        # RLock's release does: renewal stops and their lease runs out on the server.
+        self._finish_release(owner, own, since, reply)
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
+            # An inner block already reported the loss: unwind our permit quietly.
+            self._record_release(identity.process_owner(), 1)
+            return
+        self.release()
 
 
 class BoundedSemaphore(Semaphore):

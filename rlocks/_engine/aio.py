@@ -29,12 +29,14 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from . import identity
-from .clients import DEFAULT_URL, CONNECT_TIMEOUT, SOCKET_TIMEOUT, pool_of
+from ..errors import LockLostError
+from . import checks, identity
+from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, pool_of
 from .clock import monotonic
+from .primitive import Primitive
 from .renewal import IDLE_EXIT, Item, Renewer
 from .scripts import Call, Reply, arun
-from .waiting import RECONNECT_BACKOFF, TICK, WaitPlan, Waiter, WakeHub
+from .waiting import RECONNECT_BACKOFF, TICK, Waiter, WaitPlan, WakeHub
 
 __all__ = ["AsyncPrimitive", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -142,7 +144,8 @@ class AsyncWakeHub(WakeHub):
                         pass
 
 
-_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Dict[Tuple[int, str], AsyncWakeHub]]" = (  # noqa: E501
+_HubTable = Dict[Tuple[int, str], AsyncWakeHub]
+_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _HubTable]" = (
     weakref.WeakKeyDictionary()
 )
 
@@ -225,8 +228,10 @@ class AsyncRenewer(Renewer):
                 assert self._event is not None
                 self._event.clear()
             if batch:
-                for client, items in self._groups(batch):
-                    await self._arenew_on(client, items)
+                # Concurrently: one slow or unreachable Redis must not delay the others.
+                await asyncio.gather(
+                    *(self._arenew_on(client, items) for client, items in self._groups(batch))
+                )
                 continue
             try:
                 await asyncio.wait_for(self._event.wait(), max(0.0, self._next_wake - now))
@@ -274,33 +279,17 @@ def _background(coro: Awaitable[Any]) -> None:
 # -- the driver mixin ---------------------------------------------------------------------
 
 
-class AsyncPrimitive:
-    """Mixin placed before a synchronous primitive class to make its asyncio twin.
+class AsyncPrimitive(Primitive):
+    """Engine base of an asyncio primitive.
 
-    It swaps the client check, the renewer and the owner, and provides awaited versions
-    of the engine's operations (``_atake``, ``_agive_back``, ``_arun_call``); a twin's
-    public methods are thin ``async def`` wrappers around them.
+    Combined with a primitive's I/O-free definition (its kind, scripts and arguments), it
+    swaps the client check and the renewer and provides awaited versions of the engine's
+    operations (``_atake``, ``_agive_back``, ``_arun_call``); the asyncio twins' public
+    methods are thin ``async def`` wrappers around them. It is *not* a subclass of the
+    synchronous primitives: an asyncio lock is never mistaken for a threading one.
     """
 
     __slots__ = ()
-
-    # Provided by the synchronous primitive this mixin is combined with.
-    _client: Any
-    _namespace: str
-    _channel: str
-    _label: str
-    _name: str
-    _begin_take: Callable[..., Tuple[Call, bool]]
-    _finish_take: Callable[..., bool]
-    _begin_give_back: Callable[..., Call]
-    _finish_give_back: Callable[..., None]
-    _record_release: Callable[..., int]
-    _gave_up_call: Callable[..., Optional[Call]]
-    _held: Callable[[str], int]
-    _log_wait: Callable[..., None]
-    _undo_call: Callable[[str, int], Call]
-    _short_of_replicas: Callable[[Reply], bool]
-    _replication_error: Callable[[Reply], BaseException]
 
     def _resolve_client(self, client: Any) -> Any:
         import redis.asyncio
@@ -417,9 +406,8 @@ class AsyncReentrantLock(AsyncPrimitive):
         LockLostError if this task's hold was lost and not yet released, redis-py errors
         when Redis cannot be reached.
         """
-        from . import checks
-
-        wait = checks.lock_wait(blocking, -1 if timeout is None else timeout, self._label, self._name)
+        seconds = -1 if timeout is None else timeout
+        wait = checks.lock_wait(blocking, seconds, self._label, self._name)
         return await self._atake(identity.task_owner(), 1, wait)
 
     async def release(self) -> None:
@@ -434,8 +422,6 @@ class AsyncReentrantLock(AsyncPrimitive):
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        from ..errors import LockLostError
-
         if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
             self._record_release(identity.task_owner(), 1)
             return

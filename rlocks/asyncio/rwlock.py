@@ -3,48 +3,47 @@
 from __future__ import annotations
 
 from .._engine.aio import AsyncReentrantLock
-from .. import rwlock as _sync
+from .._engine.scripts import arun
+from ..rwlock import _ReadCore, _RWPair, _SideCore, _WriteCore
 
 __all__ = ["RWLock", "ReadLock", "WriteLock"]
 
 
-class _AsyncSide(AsyncReentrantLock):
+class _AsyncSide(AsyncReentrantLock, _SideCore):
     __slots__ = ()
 
-    async def locked(self) -> bool:  # type: ignore[override]
+    _label = "rlocks.asyncio.RWLock"
+
+    async def locked(self) -> bool:
         """Whether any owner, anywhere, holds this side now (one round trip)."""
-        from .._engine.scripts import arun
-
-        reply = await arun(
-            self._aclient(), self._holders_script, (self._keys.hash,), (self._side,)  # type: ignore[attr-defined]  # noqa: E501
-        )
-        return reply.count > 0
+        call = self._holders_call()
+        return (await arun(self._aclient(), call.script, call.keys, call.args)).holds > 0
 
 
-class ReadLock(_AsyncSide, _sync.ReadLock):
+class ReadLock(_AsyncSide, _ReadCore):
     """The read side of an :class:`RWLock`, owned by the running task."""
 
     __slots__ = ()
-    _label = "rlocks.asyncio.RWLock"
 
 
-class WriteLock(_AsyncSide, _sync.WriteLock):
+class WriteLock(_AsyncSide, _WriteCore):
     """The write side of an :class:`RWLock`, owned by the running task."""
 
     __slots__ = ()
-    _label = "rlocks.asyncio.RWLock"
 
 
-class RWLock(_sync.RWLock):
+class RWLock(_RWPair[ReadLock, WriteLock]):
     """A readers-writer lock across processes and hosts, for asyncio tasks.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None)``; ``.read_lock`` and ``.write_lock`` are :class:`rlocks.asyncio.RLock`
-    -like (``await acquire()``, ``await release()``, ``async with``), with the rules of
-    :class:`rlocks.RWLock` between them (writer preference, downgrade allowed, upgrade
-    refused with UpgradeError).
+    on_lost=None, replicas=0, replica_wait=1.0)``; ``.read_lock`` and ``.write_lock``
+    work like :class:`rlocks.asyncio.RLock` (``await acquire()``, ``await release()``,
+    ``async with``), with the rules of :class:`rlocks.RWLock` between them (writer
+    preference, downgrade allowed, upgrade refused with UpgradeError). Same Redis state
+    as :class:`rlocks.RWLock` of the same name.
     """
 
     __slots__ = ()
+
     _read_type = ReadLock
     _write_type = WriteLock

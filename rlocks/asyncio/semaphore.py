@@ -9,15 +9,24 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
-from .. import semaphore as _sync
+from ..errors import LockLostError
+from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
 
 
-class _AsyncSemaphore(AsyncPrimitive):
-    """The awaited surface shared by both asyncio semaphores (permits belong to the process)."""
+class Semaphore(AsyncPrimitive, _SemaphoreCore):
+    """:class:`rlocks.Semaphore` for asyncio: ``await acquire()``, ``await release(n)``.
+
+    ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)`` with ``client`` a
+    ``redis.asyncio.Redis``. Same Redis state and rules as :class:`rlocks.Semaphore`:
+    permits belong to the process, any task may release.
+    """
 
     __slots__ = ()
+
+    _label = "rlocks.asyncio.Semaphore"
 
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Take one permit, waiting (without blocking the loop) while none is free.
@@ -29,24 +38,22 @@ class _AsyncSemaphore(AsyncPrimitive):
         try:
             return await self._atake(identity.process_owner(), 1, wait)
         except ResponseError as exc:
-            raise self._translate(exc) from None  # type: ignore[attr-defined]
+            raise self._translate(exc) from None
 
     async def release(self, n: int = 1) -> None:
         """Give ``n`` permits back (a round trip); errors as :meth:`rlocks.Semaphore.release`."""
-        owner, own, call = self._begin_release(n)  # type: ignore[attr-defined]
+        owner, own, call = self._begin_release(n)
         since = monotonic()
         try:
             reply = await self._arun_call(call)
         except ResponseError as exc:
-            raise self._release_refused(owner, own, since, exc) from None  # type: ignore[attr-defined]  # noqa: E501
-        self._finish_release(owner, own, since, reply)  # type: ignore[attr-defined]
+            raise self._release_refused(owner, own, since, exc) from None
+        self._finish_release(owner, own, since, reply)
 
     async def __aenter__(self) -> None:
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        from ..errors import LockLostError
-
         if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
             self._record_release(identity.process_owner(), 1)
             return
@@ -59,15 +66,10 @@ class _AsyncSemaphore(AsyncPrimitive):
         raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
 
 
-class Semaphore(_AsyncSemaphore, _sync.Semaphore):
-    """:class:`rlocks.Semaphore` for asyncio: ``await acquire()``, ``await release(n)``."""
-
-    __slots__ = ()
-    _label = "rlocks.asyncio.Semaphore"
-
-
-class BoundedSemaphore(_AsyncSemaphore, _sync.BoundedSemaphore):
+class BoundedSemaphore(Semaphore):
     """:class:`rlocks.BoundedSemaphore` for asyncio."""
 
     __slots__ = ()
+
     _label = "rlocks.asyncio.BoundedSemaphore"
+    _bounded = 1
