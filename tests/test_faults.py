@@ -146,7 +146,6 @@ def test_stopped_holder_resumes_to_lock_lost_and_on_lost(
     ttl = 1.0
     errors_key = f"{NAMESPACE}:data:{name}:errors"
     proc, held, release_holder = start_holder(redis_url, kind, name, ttl, errors_key)
-    new_owner = {}
     try:
         assert held.wait(30), errors(client, errors_key)
         os.kill(proc.pid, signal.SIGSTOP)
@@ -357,3 +356,30 @@ def test_renewal_cut_off_longer_than_the_lease_marks_the_hold_lost(
         for _ in range(nesting):
             release()
     far.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stalled_pool_does_not_delay_renewals_on_another(
+    client: Any, link: FaultyLink, name: str
+) -> None:
+    # One hold through a black-holed link whose client waits 5 s per renewal attempt; one
+    # hold on a healthy pool with a 0.6 s lease. Renewal of the healthy hold must go on:
+    # with a single renewer serving both pools it would sit behind the 5 s stall and its
+    # lease would run out several times over.
+    stalled_client = redis.Redis.from_url(link.url, socket_timeout=5, socket_connect_timeout=5)
+    stalled = rlocks.RLock(f"{name}-stalled", client=stalled_client, namespace=NAMESPACE, ttl=1.2)
+    healthy = rlocks.RLock(f"{name}-healthy", client=client, namespace=NAMESPACE, ttl=0.6)
+    lost: List[Any] = []
+    healthy._on_lost = lost.append
+    assert stalled.acquire(timeout=5) and healthy.acquire()
+    link.blackhole()
+    end = time.monotonic() + 3.0  # five healthy leases; the stalled pool hangs throughout
+    while time.monotonic() < end:
+        assert client.exists(f"{NAMESPACE}:rlock:{{{name}-healthy}}"), "healthy lease ran out"
+        time.sleep(0.05)
+    assert lost == []
+    healthy.release()
+    link.heal()
+    with pytest.raises((rlocks.LockLostError, redis.RedisError)):
+        stalled.release()
+    stalled_client.close()

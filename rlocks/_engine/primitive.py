@@ -24,7 +24,7 @@ from . import checks
 from .clients import default_client, is_cluster
 from .clock import monotonic
 from .keys import PrimitiveKeys, keys_for
-from .renewal import Lease, Renewer, renewer
+from .renewal import Lease, Renewer, renewer_for
 from .scripts import Arg, Call, Reply, Script, Wait
 from .waiting import hub_for, wait_until_granted
 
@@ -145,8 +145,8 @@ class Primitive:
         return client
 
     def _renewer(self) -> Renewer:
-        """Where this primitive's leases are renewed: the process's renewer thread."""
-        return renewer()
+        """Where this primitive's leases are renewed: its connection pool's renewer."""
+        return renewer_for(self._client)
 
     # -- read-only facts -----------------------------------------------------------------
 
@@ -401,7 +401,7 @@ class Primitive:
         if not reply.granted:
             return False
         self._record_grant(owner, count, since)
-        log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.count)
+        log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.holds)
         return True
 
     def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
@@ -458,7 +458,7 @@ class Primitive:
             self._record_release(owner, count)
             raise self._lost_error()
         self._record_release(owner, count)
-        log.debug("%s released by %s (count %d)", self._describe(), owner, reply.count)
+        log.debug("%s released by %s (count %d)", self._describe(), owner, reply.holds)
 
     def _lost_error(self) -> LockLostError:
         err = LockLostError(

@@ -1,14 +1,19 @@
-"""Lease renewal: one daemon thread per process keeps every hold of the process alive.
+"""Lease renewal: one daemon thread per connection pool keeps the process's holds alive.
 
-Why one thread
---------------
+Why one thread (per pool)
+-------------------------
 A hold's lease is the PEXPIRE of its key (or, for multi-owner primitives, a per-owner
 deadline the scripts keep); if the process dies, nobody renews it and it ends by itself.
 While the process lives, a hold must not end under a holder that is still working, so
 its lease is renewed about every ``ttl / 3``. Doing that with a thread or a round trip per
 lock does not scale to thousands of holds; here one thread owns a table of leases, wakes
-when the earliest is due, and renews every lease due soon in one pipeline per connection
-pool (one round trip for the whole batch).
+when the earliest is due, and renews every lease due soon in one pipeline (one round trip
+for the whole batch).
+
+There is one such renewer per connection pool in use, which for most programs is one per
+process. Not one for all pools: a renewal blocks for as long as its pool takes to answer
+(socket timeouts, a client's own retries), and one unreachable or slow Redis must not
+delay the renewal of holds on another until their leases run out.
 
 Weak references
 ---------------
@@ -34,14 +39,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from .clock import monotonic
 from .clients import pool_of
+from .clock import monotonic
 from .scripts import Script, decode
 
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive
 
-__all__ = ["Item", "Lease", "Renewer", "renewer"]
+__all__ = ["Item", "Lease", "Renewer", "lease_count", "renewer_for"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ Item = Tuple[Lease, "Primitive", Script]
 
 
 class Renewer:
-    """The process's lease renewer. Use :func:`renewer` to get it."""
+    """The lease renewer of one connection pool. Use :func:`renewer_for` to get it."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
@@ -263,20 +268,34 @@ class Renewer:
             lease.due = now + min(RETRY, lease.period)
 
 
-_renewer = Renewer()
+_renewers: Dict[int, Renewer] = {}
+_renewers_mutex = threading.Lock()
 
 
 def _reset_after_fork() -> None:
     # A child holds nothing (its owner ids are new), so it must not renew the parent's
-    # holds: start from an empty renewer.
-    global _renewer
-    _renewer = Renewer()
+    # holds: start with no renewers (their threads do not exist in the child anyway).
+    global _renewers_mutex
+    _renewers.clear()
+    _renewers_mutex = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def renewer() -> Renewer:
-    """The process's renewer (a new, empty one in a fork child)."""
-    return _renewer
+def renewer_for(client: Any) -> Renewer:
+    """The renewer of ``client``'s connection pool (created on first use)."""
+    key = id(pool_of(client))
+    found = _renewers.get(key)
+    if found is None:
+        with _renewers_mutex:
+            found = _renewers.get(key)
+            if found is None:
+                found = _renewers[key] = Renewer()
+    return found
+
+
+def lease_count() -> int:
+    """How many leases this process's renewers hold (0 in a fresh fork child)."""
+    return sum(len(r) for r in list(_renewers.values()))
