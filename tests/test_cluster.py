@@ -16,7 +16,6 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
-import redis
 
 import rlocks
 from rlocks._engine import waiting
@@ -49,6 +48,20 @@ def cclient(cluster: LocalCluster) -> Iterator[Any]:
 
 def node_of(client: Any, key: str) -> str:
     return client.nodes_manager.get_node_from_slot(client.keyslot(key)).name
+
+
+def names_on_every_node(client: Any, prefix: str, count: int) -> List[str]:
+    """``count`` fresh names whose hash tags cover all three nodes.
+
+    Random names miss a node now and then (9 names: ~8% of the time), which would make
+    a test's "spread over the nodes" precondition a coin toss.
+    """
+    stamp = time.monotonic_ns()
+    for attempt in range(1000):
+        names = [f"{prefix}-{i}-{stamp}-{attempt}" for i in range(count)]
+        if len({node_of(client, f"{NAMESPACE}:x:{{{n}}}") for n in names}) == 3:
+            return names
+    raise AssertionError(f"no {count} names covering every node")
 
 
 def channel_of(prim: Any) -> str:
@@ -163,7 +176,7 @@ def test_release_wakes_a_waiter_through_sharded_pubsub(cclient: Any, kind: str) 
 @pytest.mark.timeout(30)
 def test_waiters_on_every_node_are_woken(cclient: Any) -> None:
     """One hub serves channels on all three shards at once."""
-    names = [f"multi-{i}-{time.monotonic_ns()}" for i in range(12)]
+    names = names_on_every_node(cclient, "multi", 12)
     locks = [rlocks.RLock(n, client=cclient, ttl=30, namespace=NAMESPACE) for n in names]
     assert len({node_of(cclient, l._keys.hash) for l in locks}) == 3
     for l in locks:
@@ -204,8 +217,7 @@ def test_waiters_on_every_node_are_woken(cclient: Any) -> None:
 def test_renewal_pipeline_keeps_short_leases_alive_on_every_node(cclient: Any) -> None:
     lost: List[Any] = []
     prims: List[Any] = []
-    for i in range(9):
-        name = f"renew-{i}-{time.monotonic_ns()}"
+    for name in names_on_every_node(cclient, "renew", 9):
         prims.append(rlocks.RLock(name, client=cclient, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append))
         prims.append(rlocks.Semaphore(name, 1, client=cclient, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append))
         rw = rlocks.RWLock(name, client=cclient, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append)
@@ -249,7 +261,12 @@ def test_cross_process_mutual_exclusion_through_the_cluster_client(
     """4 processes x 2 threads, every primitive kind, nested where reentrant: exact counts."""
     processes, threads, iterations = 4, 2, 30
     stamp = time.monotonic_ns()
-    names = [f"xproc-{k}-{stamp}-{i}" for i, k in enumerate(_procs.KINDS)]
+    # Names that land on at least two nodes (random names all hash to one node ~1% of the
+    # time, which would make the spread assertion below a coin toss).
+    for attempt in range(100):
+        names = [f"xproc-{k}-{stamp}-{attempt}-{i}" for i, k in enumerate(_procs.KINDS)]
+        if len({node_of(cclient, f"{NAMESPACE}:x:{{{n}}}") for n in names}) >= 2:
+            break
     data = f"{NAMESPACE}-data:{stamp}"
     spec = {"cluster": cluster.startup_nodes}
     start = SPAWN.Barrier(processes + 1)
