@@ -81,7 +81,8 @@ class _Settings:
             except ValueError as exc:
                 url = redact(self.effective_url)
                 raise Failure(f"invalid Redis URL {url!r}: {exc}", 2) from None
-        return self._client
+        client: "redis.Redis" = self._client
+        return client
 
 
 def redact(url: str) -> str:

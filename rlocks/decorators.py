@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Optional, TypeVar, cast
+from typing import Any, Callable, List, Optional, TypeVar, cast
 
 from .rlock import RLock
 from .rwlock import RWLock
@@ -86,7 +86,7 @@ def synchronized(
                 f"synchronized({name!r}) cannot wrap {func.__qualname__}: its body runs "
                 "after the call returns, outside the hold"
             )
-        made: list = []  # the primitive, once made
+        made: List[Any] = []  # the primitive, once made
         making = threading.Lock()  # guards only the construction, which does no I/O
 
         def get_lock() -> Any:

@@ -340,7 +340,10 @@ def run(url: Optional[str], namespace: str = "rlocks", options: Optional[Options
     redis-server can be started; Redis errors propagate.
     """
     options = options or Options()
-    info = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    def info(text: str) -> None:
+        # With --json, stdout carries only the JSON document; progress goes to stderr.
+        click.echo(text, err=as_json)
+
     with ExitStack() as stack:
         if url is None:
             try:

@@ -12,6 +12,7 @@ import redis
 import rlocks
 from rlocks._engine import inspect as ins
 from rlocks.decorators import limited, synchronized
+
 from .conftest import NAMESPACE
 
 

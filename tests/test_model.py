@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import pytest
 from hypothesis import HealthCheck, settings

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import threading
 import time
@@ -52,7 +51,7 @@ def expected_key(namespace: str, kind: str, name: str) -> bytes:
     def esc(part: str) -> str:
         return part.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
-    return f"{esc(namespace)}:{kind}:{{{esc(name)}}}".encode("utf-8")
+    return f"{esc(namespace)}:{kind}:{{{esc(name)}}}".encode()
 
 
 @pytest.mark.timeout(120)

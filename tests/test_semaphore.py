@@ -4,9 +4,9 @@ value mismatch, and permits across real processes (spawned, killed)."""
 from __future__ import annotations
 
 import math
-import re
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time

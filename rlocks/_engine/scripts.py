@@ -22,7 +22,7 @@ status     value
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -72,7 +72,7 @@ class Reply(NamedTuple):
         return self.status == NOT_OWNER
 
     @property
-    def count(self) -> int:
+    def holds(self) -> int:
         """Hold count after a granted acquire, a release or a renewal."""
         assert self.status == GRANTED
         return self.value
@@ -115,7 +115,7 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str, prelude: str = "") -> Script:
     """The script in ``lua/<name>.lua``, read and hashed once per process.
 

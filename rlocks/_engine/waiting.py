@@ -54,11 +54,11 @@ import select
 import socket
 import threading
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import identity
-from .clock import monotonic
 from .clients import is_cluster, pool_of
+from .clock import monotonic
 from .scripts import Reply
 
 __all__ = [
@@ -127,7 +127,7 @@ class Waiter:
 
     @property
     def subscribed(self) -> bool:
-        return self.channel.confirmed.is_set()
+        return bool(self.channel.confirmed.is_set())
 
 
 class WakeHub:
@@ -188,7 +188,7 @@ class WakeHub:
 
     def wait_subscribed(self, waiter: Waiter, timeout: float) -> bool:
         """Block until ``waiter``'s channel is confirmed subscribed, at most ``timeout`` s."""
-        return waiter.channel.confirmed.wait(timeout)
+        return bool(waiter.channel.confirmed.wait(timeout))
 
     def _nudge(self) -> None:
         # Wakes the hub thread out of its blocking read so it sends the new SUBSCRIBE now.
@@ -284,7 +284,8 @@ class WakeHub:
         return subscribe, unsubscribe, False
 
     def _dispatch(self, message: Dict[str, Any]) -> None:
-        kind = _PLAIN_KIND.get(message.get("type"), message.get("type"))
+        raw_kind = str(message.get("type"))
+        kind = _PLAIN_KIND.get(raw_kind, raw_kind)
         channel = _text(message.get("channel"))
         if kind == "message":
             if channel == self._control:
