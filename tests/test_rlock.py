@@ -536,3 +536,24 @@ def test_log_records_acquired_waited_renewed_lost(
     assert has(logging.DEBUG, "acquired by")
     assert has(logging.DEBUG, "waited") and has(logging.DEBUG, "gave up")
     assert has(logging.WARNING, "lost by")
+
+
+def test_statistics_reports_holders_leases_and_waiters(client: Any, name: str) -> None:
+    lock = make(name, client)
+    empty = lock.statistics()
+    assert empty.holders == () and empty.name == name and empty.lease_ms is None
+    lock.acquire()
+    lock.acquire()
+    waiting = threading.Thread(target=lambda: lock.acquire(timeout=1))
+    waiting.start()
+    channel = f"{hash_key(name)}:wake"
+    assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
+    stats = lock.statistics()
+    waiting.join()
+    assert [(h.owner, h.count) for h in stats.holders] == [(identity.thread_owner(), 2)]
+    assert stats.type == "RLock" and 29_000 < (stats.lease_ms or 0) <= 30_000
+    assert sum(n for _, n in stats.waiting or ()) == 1  # one waiting process
+    with pytest.raises(AttributeError):
+        stats.name = "x"  # type: ignore[misc]  # frozen
+    lock.release()
+    lock.release()

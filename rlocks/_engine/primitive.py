@@ -23,6 +23,7 @@ from ..errors import LockLostError, NotOwnedError, ReplicationError
 from . import checks
 from .clients import default_client, is_cluster
 from .clock import monotonic
+from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, Renewer, renewer_for
 from .scripts import Arg, Call, Reply, Script, Wait
@@ -170,6 +171,29 @@ class Primitive:
 
     def _describe(self) -> str:
         return f"{self._label}({self._name!r})"
+
+    def statistics(self) -> PrimitiveState:
+        """Ask Redis about this primitive now: holders, counts, leases, waiting processes.
+
+        Read-only (a few round trips: one snapshot at one server time, then the wake-up
+        channels' subscriber counts). A primitive nobody holds has no key, and reports no
+        holders. Redis errors propagate. The result is a frozen dataclass
+        (:class:`rlocks._engine.inspect.PrimitiveState`), the same the ``rlocks`` command
+        line prints.
+        """
+        found = find(self._client, self._namespace, self._name, kind=self._kind)
+        if found:
+            return found[0]
+        return PrimitiveState(
+            namespace=self._namespace,
+            kind=self._kind,
+            name=self._name,
+            key=self._keys.hash,
+            type=self._label.rsplit(".", 1)[-1],
+            holders=(),
+            lease_ms=None,
+            waiting=(),
+        )
 
     # -- what a subclass provides --------------------------------------------------------
 
