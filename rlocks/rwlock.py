@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, Type, TypeVar
 
+from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, Call, load, run
@@ -267,3 +268,11 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
 
     _read_type = ReadLock
     _write_type = WriteLock
+
+    def statistics(self) -> PrimitiveState:
+        """Readers, the writer, waiting writers' claims and waiting processes, from Redis.
+
+        A few read-only round trips; returns a frozen dataclass (the same the ``rlocks``
+        command line prints). Redis errors propagate.
+        """
+        return self._read._statistics()

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from ._engine import checks, identity
 from ._engine.clock import monotonic
+from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.scripts import Arg, Call, Reply, load
 from .errors import LockLostError
@@ -274,6 +275,14 @@ class Semaphore(_SemaphoreCore):
             self._record_release(identity.process_owner(), 1)
             return
         self.release()
+
+    def statistics(self) -> PrimitiveState:
+        """Holders, permits, free count and waiting processes, read from Redis now.
+
+        A few read-only round trips; returns a frozen dataclass (the same the ``rlocks``
+        command line prints). Redis errors propagate.
+        """
+        return self._statistics()
 
 
 class BoundedSemaphore(Semaphore):

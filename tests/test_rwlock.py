@@ -403,3 +403,18 @@ def test_waiting_try_after_a_single_try_stakes_a_claim(
     wait_for(lambda: fields(client, name, "#c:") != [], 3, "the writer's claim")
     assert in_thread(lambda: rw.read_lock.acquire(blocking=False)) is False
     t.join(5)
+
+
+def test_statistics_shows_readers_and_writer(client: "redis.Redis[bytes]", name: str) -> None:
+    rw = make(name, client)
+    assert rw.read_lock.acquire()
+    stats = rw.statistics()
+    assert stats.type == "RWLock"
+    assert [(h.owner, h.count, h.side) for h in stats.holders] == [
+        (identity.thread_owner(), 1, "read")
+    ]
+    assert rw.write_lock.statistics().holders == stats.holders  # one hash, both sides
+    rw.read_lock.release()
+    assert rw.write_lock.acquire()
+    assert [h.side for h in rw.statistics().holders] == ["write"]
+    rw.write_lock.release()

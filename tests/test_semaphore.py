@@ -303,3 +303,13 @@ def test_sigkilled_holders_permits_come_back_capped(
         if child.is_alive():
             child.kill()
         child.join(10)
+
+
+def test_statistics_reports_permits_and_free_count(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 3, bounded=True)
+    assert sem.acquire() and sem.acquire()
+    stats = sem.statistics()
+    assert (stats.type, stats.value, stats.free) == ("BoundedSemaphore", 3, 1)
+    assert [(h.owner, h.count) for h in stats.holders] == [(identity.process_owner(), 2)]
+    sem.release(2)
+    assert sem.statistics().holders == ()

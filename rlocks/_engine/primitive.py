@@ -172,8 +172,10 @@ class Primitive:
     def _describe(self) -> str:
         return f"{self._label}({self._name!r})"
 
-    def statistics(self) -> PrimitiveState:
+    def _statistics(self) -> PrimitiveState:
         """Ask Redis about this primitive now: holders, counts, leases, waiting processes.
+
+        Synchronous I/O: the threading surfaces expose it as ``statistics()``.
 
         Read-only (a few round trips: one snapshot at one server time, then the wake-up
         channels' subscriber counts). A primitive nobody holds has no key, and reports no

@@ -14,6 +14,7 @@ from typing import Optional, Tuple, Type
 
 from ..errors import LockLostError, NotOwnedError
 from . import checks, identity
+from .inspect import PrimitiveState
 from .primitive import Primitive
 
 __all__ = ["ReentrantLock"]
@@ -71,6 +72,14 @@ class ReentrantLock(Primitive):
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""
         raise NotImplementedError
+
+    def statistics(self) -> PrimitiveState:
+        """Holders, counts, leases and waiting processes, read from Redis now.
+
+        A few read-only round trips; returns a frozen dataclass (the same the ``rlocks``
+        command line prints). Redis errors propagate.
+        """
+        return self._statistics()
 
     # -- threading.Condition protocol (same names and contracts as threading.RLock) ------
 
