@@ -1,0 +1,78 @@
+"""Section 3 — cross-process hand-off latency, each library at its defaults.
+
+Two spawned processes share one lock.  Whoever holds it keeps it for a random 2-12 ms (so a
+polling waiter is caught at a random point of its sleep), stamps ``monotonic_ns`` and
+releases; it then does not try again until the other process has taken the lock ("baton"
+rule), so every acquisition is a hand-off to a waiter already blocked in ``acquire``.  The
+hand-off latency is (waiter's acquire returned) - (holder's stamp just before release), both
+on the system-wide monotonic clock.  Rounds are interleaved across libraries.
+
+The ``ref: BLPOP token`` row is no library: a token passed through a Redis list (BLPOP to
+take, LPUSH to give back), i.e. the cheapest Redis hand-off between two redis-py processes
+on this machine.  It shows how much of a library's figure is the machine itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+from ..adapters import reference_adapters
+from ..harness import ChainOutcome, Context, merge, run_chain
+from ..stats import fmt_ns, fmt_ratio, summary, table
+from ..workers import ChainConfig
+from . import SectionResult, Target
+
+KEY = "handoff"
+TITLE = "3. Cross-process hand-off latency (2 processes, library defaults)"
+
+
+def run(ctx: Context) -> SectionResult:
+    res = SectionResult(KEY, TITLE)
+    p = ctx.params
+    rounds: Dict[str, List[ChainOutcome]] = {}
+    refs = reference_adapters()
+    libs = ctx.available() + refs
+    for r in range(p.rounds):
+        for a in ctx.order(libs, r):
+            ctx.progress.step(f"{a.key} (round {r + 1}/{p.rounds})")
+            cfg = ChainConfig(adapter=a.key, url=ctx.url, lock_name=ctx.name("handoff", a.key),
+                              baton=True, hold_ms=p.handoff_hold_ms,
+                              duration_s=p.handoff_duration_s / p.rounds,
+                              max_ops=p.handoff_max // p.rounds + 1)
+            rounds.setdefault(a.key, []).append(run_chain(ctx, cfg, procs=2))
+    ping = ctx.ping_p50_ns
+    ref_key = refs[0].key if refs else None
+    ref_p50 = summary(merge(rounds[ref_key]).handoff_ns)["p50"] if ref_key in rounds else math.nan
+    res.data["reference_p50_ns"] = ref_p50
+    rows: List[List[Any]] = []
+    for a in ctx.adapters + refs:
+        if a.key not in rounds:
+            continue
+        o = merge(rounds[a.key])
+        s = summary(o.handoff_ns)
+        res.data[a.key] = {"defaults": a.defaults, **o.to_json()}
+        note = "; ".join(sorted(set(o.errors)))[:60] if o.errors else ""
+        rows.append([a.key, s["n"], fmt_ns(s["p50"]), fmt_ns(s["p99"]),
+                     fmt_ratio(s["p50"], ping), fmt_ratio(s["p99"], ping),
+                     fmt_ratio(s["p50"], ref_p50), o.timeouts, note])
+    rows += ctx.unavailable_rows(9)
+    res.lines = table(["library", "n", "p50", "p99", "p50/PING", "p99/PING", "p50/ref",
+                       "timeouts", "errors"], rows)
+    res.lines.append("")
+    res.lines.append("defaults used:")
+    for a in ctx.available() + refs:
+        res.lines.append(f"  {a.key:<18} {a.defaults}")
+    d = res.data.get("rlocks")
+    if d and d["handoff_ns"]["n"]:
+        p50 = d["handoff_ns"]["p50"] / ping
+        p99 = d["handoff_ns"]["p99"] / ping
+        vs_ref = d["handoff_ns"]["p50"] / ref_p50 if ref_p50 == ref_p50 else math.nan
+        res.targets.append(Target("hand-off p50",
+                                  f"{p50:.2f}x PING ({vs_ref:.2f}x the BLPOP reference)",
+                                  "<= 4x PING", p50 <= 4))
+        res.targets.append(Target("hand-off p99", f"{p99:.2f}x PING", "<= 10x PING", p99 <= 10))
+    else:
+        res.targets.append(Target("hand-off p50", "-", "<= 4x PING", None))
+        res.targets.append(Target("hand-off p99", "-", "<= 10x PING", None))
+    return res

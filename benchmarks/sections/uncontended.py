@@ -1,0 +1,79 @@
+"""Section 2 — uncontended acquire+release, per library, and re-entrant acquire+release
+(rlocks only: the other libraries are not re-entrant).
+
+One lock object per library on the shared client; each sample is one ``acquire`` plus one
+``release`` with nobody else wanting the lock, timed with ``perf_counter_ns``.  Libraries are
+interleaved batch by batch (see ``harness.interleaved``).  The re-entrant figure is the
+inner acquire+release while the same thread already holds the lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+from ..harness import Context, interleaved
+from ..stats import fmt_ns, fmt_ratio, summary, table
+from . import SectionResult, Target
+
+KEY = "uncontended"
+TITLE = "2. Uncontended acquire+release"
+REENTRANT = "rlocks (re-entrant)"
+
+
+def _cycle(lock) -> Callable[[], None]:
+    def fn() -> None:
+        if not lock.acquire(timeout=5.0):
+            raise RuntimeError("uncontended acquire timed out")
+        lock.release()
+    return fn
+
+
+def run(ctx: Context) -> SectionResult:
+    res = SectionResult(KEY, TITLE)
+    fns: Dict[str, Callable[[], None]] = {}
+    outer = None
+    for a in ctx.available():
+        ctx.progress.step(f"warming {a.key}")
+        try:
+            lock = a.make(ctx.client, ctx.name("unc", a.key))
+            fn = _cycle(lock)
+            for _ in range(20):
+                fn()
+            fns[a.key] = fn
+            if a.reentrant:
+                outer = a.make(ctx.client, ctx.name("reent", a.key))
+                if not outer.acquire(timeout=5.0):
+                    raise RuntimeError("could not take the outer lock")
+                inner = _cycle(outer)
+                for _ in range(20):
+                    inner()
+                fns[REENTRANT] = inner
+        except Exception as exc:
+            res.data[a.key] = {"error": repr(exc)}
+    p = ctx.params
+    try:
+        samples = interleaved(ctx, fns, p.unc_rounds, p.unc_batch, "acquire+release")
+    finally:
+        if outer is not None:
+            outer.release()
+    ping = ctx.ping_p50_ns
+    rows: List[List[Any]] = []
+    for a in ctx.adapters:
+        names = [a.key] + ([REENTRANT] if a.reentrant else [])
+        for name in names:
+            if name in samples:
+                s = summary(samples[name])
+                res.data[name] = s
+                rows.append([name, s["n"], fmt_ns(s["p50"]), fmt_ns(s["p99"]),
+                             fmt_ratio(s["p50"], ping), fmt_ratio(s["p99"], ping)])
+            elif name in res.data:
+                rows.append([name, f"error: {res.data[name]['error']}", "", "", "", ""])
+    rows += ctx.unavailable_rows(6)
+    res.lines = table(["library", "n", "p50", "p99", "p50/PING", "p99/PING"], rows)
+    for name, label in (("rlocks", "uncontended acquire+release p50"),
+                        (REENTRANT, "re-entrant acquire+release p50")):
+        got: Any = res.data.get(name)
+        val = got["p50"] / ping if got and "p50" in got else None
+        res.targets.append(Target(label, f"{val:.2f}x PING" if val is not None else "-",
+                                  "<= 2.0x PING", None if val is None else val <= 2.0))
+    return res
