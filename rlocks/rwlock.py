@@ -78,6 +78,11 @@ class _ReadCore(_SideCore):
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
 
+    def _queues_locally(self, owner: str) -> bool:
+        # A writer taking the read side (downgrade) is granted at once, but local readers
+        # may be waiting for that very writer: it must not queue behind them.
+        return False
+
 
 class _WriteCore(_SideCore):
     __slots__ = ("_read",)

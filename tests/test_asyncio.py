@@ -320,3 +320,20 @@ def test_cancelled_semaphore_waiter_takes_no_permit(url: str, name: str) -> None
         assert await eventually(lambda: _absent(c, key("sem", name)), 3)
 
     run(main)
+
+
+def test_a_cancel_arriving_as_the_wake_up_lands_is_not_swallowed() -> None:
+    # asyncio.wait_for (before 3.12) returns normally if the task is cancelled in the same
+    # loop step as its event is set; a cancelled waiter would then go on waiting.
+    from rlocks._engine.aio import _wait_event
+
+    async def main() -> None:
+        event = asyncio.Event()
+        task = asyncio.create_task(_wait_event(event, 10))
+        await asyncio.sleep(0)  # the task is now waiting
+        event.set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main)

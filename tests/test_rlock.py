@@ -557,3 +557,47 @@ def test_statistics_reports_holders_leases_and_waiters(client: Any, name: str) -
         stats.name = "x"  # type: ignore[misc]  # frozen
     lock.release()
     lock.release()
+
+
+@pytest.mark.timeout(20)
+def test_reentry_does_not_queue_behind_local_waiters(client: Any, name: str) -> None:
+    # Waiters of this process queue in arrival order, but a holder's re-entry must not
+    # join that queue: the waiters wait for it, so queueing it would deadlock.
+    lock = make(name, client)
+    lock.acquire()
+    waiter = threading.Thread(target=lambda: (lock.acquire(timeout=10), lock.release()))
+    waiter.start()
+    channel = f"{hash_key(name)}:wake"
+    assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
+    start = time.monotonic()
+    assert lock.acquire(timeout=5)  # re-entry, with a local waiter queued
+    assert time.monotonic() - start < 1.0
+    lock.release()
+    lock.release()
+    waiter.join(10)
+    assert not waiter.is_alive()
+
+
+@pytest.mark.timeout(30)
+def test_waiters_of_one_process_are_served_in_arrival_order(client: Any, name: str) -> None:
+    lock = make(name, client)
+    lock.acquire()
+    order: List[int] = []
+    threads = []
+    for i in range(5):
+        t = threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release()))
+        t.start()
+        threads.append(t)
+        # the next thread arrives only once this one is queued
+        assert wait_for(lambda: len(hub_waiters(lock)) == i + 1)
+    lock.release()
+    for t in threads:
+        t.join(10)
+    assert order == [0, 1, 2, 3, 4]
+
+
+def hub_waiters(lock: rlocks.RLock) -> List[Any]:
+    from rlocks._engine.waiting import hub_for
+
+    ch = hub_for(lock.client, lock.namespace)._channels.get(f"{NAMESPACE}:rlock:{{{lock.name}}}:wake")
+    return list(ch.waiters) if ch is not None else []

@@ -413,8 +413,27 @@ def test_statistics_shows_readers_and_writer(client: "redis.Redis[bytes]", name:
     assert [(h.owner, h.count, h.side) for h in stats.holders] == [
         (identity.thread_owner(), 1, "read")
     ]
-    assert rw.write_lock.statistics().holders == stats.holders  # one hash, both sides
+    # One hash, both sides: the other side's view shows the same holders.
+    same = [(h.owner, h.count, h.side) for h in rw.write_lock.statistics().holders]
+    assert same == [(h.owner, h.count, h.side) for h in stats.holders]
     rw.read_lock.release()
     assert rw.write_lock.acquire()
     assert [h.side for h in rw.statistics().holders] == ["write"]
     rw.write_lock.release()
+
+
+@pytest.mark.timeout(20)
+def test_downgrade_does_not_queue_behind_local_readers(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    rw = make(name, client)
+    assert rw.write_lock.acquire()
+    reader = threading.Thread(target=lambda: (rw.read_lock.acquire(timeout=10), rw.read_lock.release()))
+    reader.start()
+    channel = f"{key(name)}:wake"
+    wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1, 5, "a reader to wait")
+    assert rw.read_lock.acquire(timeout=5)  # downgrade, with a local reader waiting
+    rw.write_lock.release()
+    rw.read_lock.release()
+    reader.join(10)
+    assert not reader.is_alive()

@@ -36,7 +36,7 @@ from .clock import monotonic
 from .primitive import Primitive
 from .renewal import IDLE_EXIT, Item, Renewer
 from .scripts import Call, Reply, arun
-from .waiting import RECONNECT_BACKOFF, TICK, Waiter, WaitPlan, WakeHub
+from .waiting import QUEUED, RECONNECT_BACKOFF, TICK, Waiter, WaitPlan, WakeHub
 
 __all__ = ["AsyncPrimitive", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -45,6 +45,21 @@ log = logging.getLogger(__name__)
 
 def _loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for ``event`` at most ``timeout`` s; whether it is set. Never eats a cancel.
+
+    Not ``asyncio.wait_for``: before Python 3.12 it returns normally, swallowing the
+    cancellation, when the task is cancelled just as the event is set, and a cancelled
+    waiter would then go on waiting.
+    """
+    waiting = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiting}, timeout=timeout)
+    finally:
+        waiting.cancel()
+    return event.is_set()
 
 
 # -- the default client -------------------------------------------------------------------
@@ -102,11 +117,7 @@ class AsyncWakeHub(WakeHub):
             log.debug("could not nudge the asyncio wake-up hub", exc_info=True)
 
     async def await_subscribed(self, waiter: Waiter, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(waiter.channel.confirmed.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await _wait_event(waiter.channel.confirmed, timeout)
 
     async def _arun(self) -> None:
         backoff = RECONNECT_BACKOFF[0]
@@ -169,18 +180,19 @@ async def wait_until_granted(
     """:func:`rlocks._engine.waiting.wait_until_granted`, awaited (same :class:`WaitPlan`)."""
     plan = WaitPlan(deadline)
     waiter = hub.register(channel)
+    reply = QUEUED
     try:
         subscribed = await hub.await_subscribed(waiter, plan.subscribe_bound())
         while True:
             waiter.event.clear()
-            reply = await attempt()
-            pause = plan.after(reply, subscribed)
+            if hub.is_head(waiter):
+                reply = await attempt()
+                pause = plan.after(reply, subscribed)
+            else:
+                pause = plan.idle()
             if pause is None:
                 return reply
-            try:
-                await asyncio.wait_for(waiter.event.wait(), pause)
-            except asyncio.TimeoutError:
-                pass
+            await _wait_event(waiter.event, pause)
             subscribed = waiter.subscribed
     finally:
         hub.unregister(waiter)
@@ -233,10 +245,7 @@ class AsyncRenewer(Renewer):
                     *(self._arenew_on(client, items) for client, items in self._groups(batch))
                 )
                 continue
-            try:
-                await asyncio.wait_for(self._event.wait(), max(0.0, self._next_wake - now))
-            except asyncio.TimeoutError:
-                pass
+            await _wait_event(self._event, max(0.0, self._next_wake - now))
 
     async def _arenew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
@@ -322,17 +331,20 @@ class AsyncPrimitive(Primitive):
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
         call, waiting = self._begin_take(owner, count, wait)
-        started = [0.0]
+        first = monotonic()
+        started = [first]
 
         async def attempt() -> Reply:
             started[0] = monotonic()
             return await self._shielded(call, owner, count)
 
-        reply = await attempt()
-        if reply.busy and waiting:
-            deadline = None if wait is None else started[0] + wait
-            hub = async_hub_for(self._aclient(), self._namespace)
-            first = started[0]
+        hub = async_hub_for(self._aclient(), self._namespace) if waiting else None
+        if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
+            reply = QUEUED  # queue behind this loop's waiters (see the threading driver)
+        else:
+            reply = await attempt()
+        if reply.busy and hub is not None:
+            deadline = None if wait is None else first + wait
             try:
                 reply = await wait_until_granted(hub, self._channel, attempt, deadline)
             except BaseException as exc:

@@ -27,7 +27,7 @@ from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, Renewer, renewer_for
 from .scripts import Arg, Call, Reply, Script, Wait
-from .waiting import hub_for, wait_until_granted
+from .waiting import QUEUED, hub_for, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
 
@@ -237,6 +237,15 @@ class Primitive:
         self._hold_lost(owner, "its hold was gone at re-entry")
         return self._lost_error()
 
+    def _queues_locally(self, owner: str) -> bool:
+        """Whether a blocking acquire by ``owner`` should queue behind this process's
+        waiters instead of trying at once.
+
+        Never for an owner that already holds here: its re-entry is granted at once by the
+        script, and queueing it behind threads that wait for *it* would deadlock.
+        """
+        return self._held(owner) == 0
+
     def _gave_up_call(self, owner: str) -> Optional[Call]:
         """A script call to make after a waiting acquire ended without a grant, if any.
 
@@ -375,17 +384,22 @@ class Primitive:
         """
         call, waiting = self._begin_take(owner, count, wait)
         client = self._client
-        started = [0.0]
+        first = monotonic()
+        started = [first]
 
         def attempt() -> Reply:
             started[0] = monotonic()
             return call(client)
 
-        reply = attempt()
-        if reply.busy and waiting:
-            deadline = None if wait is None else started[0] + wait
-            hub = hub_for(client, self._namespace)
-            first = started[0]
+        hub = hub_for(client, self._namespace) if waiting else None
+        if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
+            # Threads of this process already wait: queue behind them (arrival order, and
+            # one attempt at a time per process) instead of barging in with a try.
+            reply = QUEUED
+        else:
+            reply = attempt()
+        if reply.busy and hub is not None:
+            deadline = None if wait is None else first + wait
             try:
                 reply = wait_until_granted(hub, self._channel, attempt, deadline)
             except BaseException as exc:

@@ -59,10 +59,12 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from . import identity
 from .clients import is_cluster, pool_of
 from .clock import monotonic
-from .scripts import Reply
+from .scripts import BUSY, Reply
 
 __all__ = [
+    "QUEUED",
     "ShardedWakeHub",
+    "WaitPlan",
     "WakeHub",
     "Waiter",
     "hub_for",
@@ -79,6 +81,10 @@ SUBSCRIBE_WAIT = 5.0  # s a waiter waits at most for its SUBSCRIBE to be confirm
 DEGRADED_POLL = 0.25  # s between re-checks while the subscription is not confirmed
 NO_LEASE_RECHECK = 1.0  # s between re-checks when the holder's key has no expiry
 RECONNECT_BACKOFF = (0.05, 1.0)  # s, first and largest pause before reconnecting
+IDLE_WAIT = 60.0  # s a waiter behind its process's head sleeps between checks (no deadline)
+
+#: The reply of a wait that never asked Redis (it queued behind this process's waiters).
+QUEUED = Reply(BUSY, -1)
 
 
 def wake_count(payload: Any) -> Optional[int]:
@@ -174,17 +180,40 @@ class WakeHub:
         thread.start()
 
     def unregister(self, waiter: Waiter) -> None:
-        """Remove ``waiter``; a wake-up it did not use goes to the next waiter."""
+        """Remove ``waiter``; the next waiter takes over what it leaves.
+
+        A leaving head hands the attempter's role to the next waiter (woken, it asks
+        Redis itself from now on); a wake-up the leaver did not use goes to the next
+        waiter not already woken.
+        """
         with self._mutex:
             ch = waiter.channel
+            was_head = bool(ch.waiters) and ch.waiters[0] is waiter
             try:
                 ch.waiters.remove(waiter)
             except ValueError:  # pragma: no cover - registered once, removed once
                 pass
-            if waiter.event.is_set():
+            if ch.waiters and was_head:
+                ch.waiters[0].event.set()
+            elif waiter.event.is_set():
                 self._wake_locked(ch, 1)
             if not ch.waiters:
                 ch.idle_since = monotonic()
+
+    def is_head(self, waiter: Waiter) -> bool:
+        """Whether ``waiter`` is the first of its channel's waiters in this process.
+
+        Only the head asks Redis; the others wait for it to leave. So one process makes
+        one attempt at a time per primitive however many of its threads wait, which keeps
+        connections and round trips flat, and its waiters are served in arrival order.
+        """
+        waiters = waiter.channel.waiters
+        return bool(waiters) and waiters[0] is waiter
+
+    def has_waiters(self, channel: str) -> bool:
+        """Whether threads of this process already wait on ``channel`` (no I/O)."""
+        ch = self._channels.get(channel)
+        return ch is not None and bool(ch.waiters)
 
     def wait_subscribed(self, waiter: Waiter, timeout: float) -> bool:
         """Block until ``waiter``'s channel is confirmed subscribed, at most ``timeout`` s."""
@@ -539,6 +568,7 @@ class WaitPlan:
         return max(0.0, min(SUBSCRIBE_WAIT, self.deadline - monotonic()))
 
     def after(self, reply: Reply, subscribed: bool) -> Optional[float]:
+        """For the head, after an attempt: seconds to sleep, ``None`` to stop."""
         if not reply.busy:
             return None
         now = monotonic()
@@ -548,6 +578,13 @@ class WaitPlan:
         if self.deadline is not None:
             pause = min(pause, self.deadline - now)
         return pause
+
+    def idle(self) -> Optional[float]:
+        """For a waiter behind the head: sleep until woken or its deadline (``None``: stop)."""
+        if self.deadline is None:
+            return IDLE_WAIT
+        left = self.deadline - monotonic()
+        return left if left > 0 else None
 
 
 def wait_until_granted(
@@ -563,12 +600,16 @@ def wait_until_granted(
     """
     plan = WaitPlan(deadline)
     waiter = hub.register(channel)
+    reply = QUEUED
     try:
         subscribed = hub.wait_subscribed(waiter, plan.subscribe_bound())
         while True:
             waiter.event.clear()
-            reply = attempt()
-            pause = plan.after(reply, subscribed)
+            if hub.is_head(waiter):
+                reply = attempt()
+                pause = plan.after(reply, subscribed)
+            else:
+                pause = plan.idle()
             if pause is None:
                 return reply
             waiter.event.wait(pause)
