@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
@@ -71,29 +71,6 @@ class RLock(ReentrantLock, _RLockCore):
     __slots__ = ()
 
     _label = "rlocks.RLock"
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        client: Any = None,
-        ttl: float = 30.0,
-        auto_renew: bool = True,
-        namespace: str = "rlocks",
-        on_lost: Optional[Callable[["RLock"], object]] = None,
-        replicas: int = 0,
-        replica_wait: float = 1.0,
-    ) -> None:
-        super().__init__(
-            name,
-            client=client,
-            ttl=ttl,
-            auto_renew=auto_renew,
-            namespace=namespace,
-            on_lost=on_lost,
-            replicas=replicas,
-            replica_wait=replica_wait,
-        )
 
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""

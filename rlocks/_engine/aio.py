@@ -132,9 +132,9 @@ class AsyncWakeHub(WakeHub):
                     if done:
                         return
                     if subscribe:
-                        await pubsub.subscribe(*subscribe)
+                        await pubsub.subscribe(*(ch.name for ch in subscribe))
                     if unsubscribe:
-                        await pubsub.unsubscribe(*unsubscribe)
+                        await pubsub.unsubscribe(*(ch.name for ch in unsubscribe))
                     message = await pubsub.get_message(timeout=TICK)
                     while message is not None:
                         self._dispatch(message)

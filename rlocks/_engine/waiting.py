@@ -278,21 +278,26 @@ class WakeHub:
         if done:
             return True
         if subscribe:
-            pubsub.subscribe(*subscribe)
+            pubsub.subscribe(*(ch.name for ch in subscribe))
         if unsubscribe:
-            pubsub.unsubscribe(*unsubscribe)
+            pubsub.unsubscribe(*(ch.name for ch in unsubscribe))
         return False
 
-    def _plan_sync(self) -> Tuple[List[str], List[str], bool]:
-        """The table work of a sync pass (no I/O): (subscribe, unsubscribe, exit now)."""
+    def _plan_sync(self) -> Tuple[List[_Channel], List[_Channel], bool]:
+        """The table work of a sync pass (no I/O): (subscribe, unsubscribe, exit now).
+
+        New channels are to be subscribed; channels without waiters for longer than
+        ``LINGER`` leave the table and are to be unsubscribed; a hub whose table stayed
+        empty for ``IDLE_EXIT`` exits.
+        """
         now = monotonic()
-        subscribe: List[str] = []
-        unsubscribe: List[str] = []
+        subscribe: List[_Channel] = []
+        unsubscribe: List[_Channel] = []
         with self._mutex:
             for name, ch in list(self._channels.items()):
                 if not ch.sent:
                     ch.sent = True
-                    subscribe.append(name)
+                    subscribe.append(ch)
                 elif (
                     not ch.waiters
                     and ch.confirmed.is_set()
@@ -300,10 +305,11 @@ class WakeHub:
                     and now - ch.idle_since > LINGER
                 ):
                     del self._channels[name]
-                    unsubscribe.append(name)
+                    unsubscribe.append(ch)
             if not self._channels and not unsubscribe:
                 if self._idle_since is None:
                     self._idle_since = now
+                    self._idle_started_locked()
                 elif now - self._idle_since > IDLE_EXIT:
                     self._thread = None
                     self._idle_since = None
@@ -311,6 +317,9 @@ class WakeHub:
             else:
                 self._idle_since = None
         return subscribe, unsubscribe, False
+
+    def _idle_started_locked(self) -> None:
+        """The table just became empty (called under the mutex); the hub may tidy up."""
 
     def _dispatch(self, message: Dict[str, Any]) -> None:
         raw_kind = str(message.get("type"))
@@ -416,32 +425,9 @@ class ShardedWakeHub(WakeHub):
 
     def _sync_shards(self) -> bool:
         """SSUBSCRIBE/SUNSUBSCRIBE what the table asks for; True when the hub should exit."""
-        now = monotonic()
-        subscribe: List[_Channel] = []
-        unsubscribe: List[Tuple[str, Optional[str]]] = []
-        with self._mutex:
-            for name, ch in list(self._channels.items()):
-                if not ch.sent:
-                    ch.sent = True
-                    subscribe.append(ch)
-                elif (
-                    not ch.waiters
-                    and ch.confirmed.is_set()
-                    and ch.idle_since is not None
-                    and now - ch.idle_since > LINGER
-                ):
-                    del self._channels[name]
-                    unsubscribe.append((name, ch.node))
-            if not self._channels and not unsubscribe:
-                if self._idle_since is None:
-                    self._idle_since = now
-                    self._close_all()  # nothing to listen to: give the connections back
-                elif now - self._idle_since > IDLE_EXIT:
-                    self._thread = None
-                    self._idle_since = None
-                    return True
-            else:
-                self._idle_since = None
+        subscribe, unsubscribe, done = self._plan_sync()
+        if done:
+            return True
         for ch in subscribe:
             # The channel's slot is its hash tag's: the primary serving it is where the
             # release script's SPUBLISH is delivered. One command per channel, since
@@ -451,11 +437,14 @@ class ShardedWakeHub(WakeHub):
             )
             ch.node = node.name
             self._pubsub_for(node).ssubscribe(ch.name)
-        for name, node_name in unsubscribe:
-            pubsub = self._pubsubs.get(node_name or "")
+        for ch in unsubscribe:
+            pubsub = self._pubsubs.get(ch.node or "")
             if pubsub is not None:
-                pubsub.sunsubscribe(name)
+                pubsub.sunsubscribe(ch.name)
         return False
+
+    def _idle_started_locked(self) -> None:
+        self._close_all()  # nothing to listen to: give the node connections back
 
     def _drain(self) -> None:
         """Dispatch every message already readable on any node's connection."""
