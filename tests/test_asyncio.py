@@ -337,3 +337,23 @@ def test_a_cancel_arriving_as_the_wake_up_lands_is_not_swallowed() -> None:
             await task
 
     run(main)
+
+
+def test_a_writer_cancelled_in_its_first_attempt_leaves_no_claim(url: str, name: str) -> None:
+    # The first attempt of a waiting writer stakes a claim; if that very attempt is
+    # cancelled, the claim must be withdrawn, or new readers wait out a whole ttl.
+    async def main() -> None:
+        c = aclient(url)
+        rw = ra.RWLock(name, client=c, namespace=NAMESPACE, ttl=10)
+        assert await asyncio.create_task(rw.read_lock.acquire())  # a reader holds it
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(rw.write_lock.acquire(), 0.0003)
+
+        async def claims() -> bool:
+            fields = await c.hkeys(key("rw", name))
+            return not any(f.startswith(b"#c:") for f in fields)
+
+        assert await eventually(claims, 3)
+        assert await asyncio.wait_for(asyncio.create_task(rw.read_lock.acquire()), 1)
+
+    run(main)

@@ -601,3 +601,54 @@ def hub_waiters(lock: rlocks.RLock) -> List[Any]:
 
     ch = hub_for(lock.client, lock.namespace)._channels.get(f"{NAMESPACE}:rlock:{{{lock.name}}}:wake")
     return list(ch.waiters) if ch is not None else []
+
+
+@pytest.mark.timeout(20)
+def test_reentry_through_another_object_does_not_queue_behind_local_waiters(
+    client: Any, name: str
+) -> None:
+    # Two objects with one name are one lock (two @synchronized functions sharing a name
+    # make one object each): re-entering through the second object while another thread
+    # of this process waits must be granted at once, not queued behind that waiter.
+    outer, inner = make(name, client), make(name, client)
+    outer.acquire()
+    waiter = threading.Thread(target=lambda: (inner.acquire(timeout=10), inner.release()))
+    waiter.start()
+    channel = f"{hash_key(name)}:wake"
+    assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
+    start = time.monotonic()
+    assert inner.acquire(timeout=5)
+    assert time.monotonic() - start < 1.0
+    inner.release()
+    outer.release()
+    waiter.join(10)
+    assert not waiter.is_alive()
+
+
+@pytest.mark.timeout(20)
+def test_nested_synchronized_functions_sharing_a_name_with_a_waiter(
+    client: Any, name: str
+) -> None:
+    calls: List[str] = []
+    gate = threading.Event()
+
+    @rlocks.synchronized(name, client=client, namespace=NAMESPACE)
+    def inner(who: str) -> None:
+        calls.append(who)
+
+    @rlocks.synchronized(name, client=client, namespace=NAMESPACE)
+    def outer() -> None:
+        gate.set()
+        channel = f"{hash_key(name)}:wake"
+        assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
+        inner("outer")  # re-entry through the other function's lock object
+
+    a = threading.Thread(target=outer)
+    a.start()
+    assert gate.wait(5)
+    b = threading.Thread(target=inner, args=("b",))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert not a.is_alive() and not b.is_alive()
+    assert calls == ["outer", "b"]

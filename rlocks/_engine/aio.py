@@ -339,20 +339,22 @@ class AsyncPrimitive(Primitive):
             return await self._shielded(call, owner, count)
 
         hub = async_hub_for(self._aclient(), self._namespace) if waiting else None
-        if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
-            reply = QUEUED  # queue behind this loop's waiters (see the threading driver)
-        else:
-            reply = await attempt()
-        if reply.busy and hub is not None:
-            deadline = None if wait is None else first + wait
-            try:
+        try:
+            if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
+                reply = QUEUED  # queue behind this loop's waiters (see the threading driver)
+            else:
+                reply = await attempt()
+            if reply.busy and hub is not None:
+                deadline = None if wait is None else first + wait
                 reply = await wait_until_granted(hub, self._channel, attempt, deadline)
-            except BaseException as exc:
-                await self._agave_up(owner, exc)
-                raise
-            if not reply.granted:
-                await self._agave_up(owner, None)
-            self._log_wait(owner, first, reply)
+                self._log_wait(owner, first, reply)
+        except BaseException as exc:
+            # Undo what even a first attempt may have left (a writer's claim).
+            if waiting:
+                await asyncio.shield(self._agave_up(owner, exc))
+            raise
+        if waiting and not reply.granted:
+            await self._agave_up(owner, None)
         if self._short_of_replicas(reply):
             await self._arun_call(self._undo_call(owner, count))
             raise self._replication_error(reply)
@@ -390,7 +392,9 @@ class AsyncPrimitive(Primitive):
         """:meth:`Primitive._give_back`, awaited."""
         call = self._begin_give_back(owner, count, everything)
         try:
-            reply = await self._arun_call(call)
+            # Shielded: a release cancelled half-way still reaches Redis instead of
+            # leaving the hold there until its lease ends.
+            reply = await asyncio.shield(self._arun_call(call))
         except BaseException:
             self._record_release(owner, count)
             raise

@@ -21,7 +21,7 @@ from typing import Any, Callable, ClassVar, Dict, Hashable, List, Optional, Sequ
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError
 from . import checks
-from .clients import default_client, is_cluster
+from .clients import default_client, is_cluster, pool_of
 from .clock import monotonic
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
@@ -34,12 +34,17 @@ __all__ = ["Hold", "Primitive"]
 log = logging.getLogger(__name__)
 
 _bookkeeping = threading.Lock()
+# Levels each owner of this process holds per primitive, whichever object it went through
+# (two objects with one name are one lock): (pool id, hash key, owner) -> levels. Changed
+# with every object's own table, under _bookkeeping.
+_process_holds: Dict[Tuple[int, str, str], int] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
 def _reset_after_fork() -> None:
     global _bookkeeping
     _bookkeeping = threading.Lock()
+    _process_holds.clear()  # a child holds nothing: its owner ids are new
 
 
 if hasattr(os, "register_at_fork"):
@@ -241,10 +246,15 @@ class Primitive:
         """Whether a blocking acquire by ``owner`` should queue behind this process's
         waiters instead of trying at once.
 
-        Never for an owner that already holds here: its re-entry is granted at once by the
-        script, and queueing it behind threads that wait for *it* would deadlock.
+        Never for an owner that already holds anything of this primitive, through this
+        object or another one of the same name (``@synchronized`` functions sharing a
+        name make one object each): its re-entry is granted at once by the script, and
+        queueing it behind threads that wait for *it* would deadlock.
         """
-        return self._held(owner) == 0
+        return _process_holds.get(self._hold_key(owner), 0) == 0
+
+    def _hold_key(self, owner: str) -> Tuple[int, str, str]:
+        return (id(pool_of(self._client)), self._keys.hash, owner)
 
     def _gave_up_call(self, owner: str) -> Optional[Call]:
         """A script call to make after a waiting acquire ended without a grant, if any.
@@ -303,11 +313,13 @@ class Primitive:
         return hold.count if hold is not None else 0
 
     def _record_grant(self, owner: str, count: int, since: float) -> None:
+        key = self._hold_key(owner)
         with _bookkeeping:
             hold = self._holds.get(owner)
             if hold is None:
                 hold = self._holds[owner] = Hold()
             hold.count += count
+            _process_holds[key] = _process_holds.get(key, 0) + count
             start_lease = self._auto_renew and hold.lease is None
         if start_lease:
             lease = self._renewer().add(self, owner, self._ttl, since)
@@ -330,12 +342,18 @@ class Primitive:
         forgotten and its renewal stops.
         """
         lease = None
+        key = self._hold_key(owner)
         with _bookkeeping:
             hold = self._holds.get(owner)
             if hold is None:
                 return 0, False
             dropped = min(most, hold.count)
             hold.count -= dropped
+            left = _process_holds.get(key, 0) - dropped
+            if left > 0:
+                _process_holds[key] = left
+            else:
+                _process_holds.pop(key, None)
             lost = hold.lost
             if hold.count <= 0:
                 del self._holds[owner]
@@ -392,22 +410,25 @@ class Primitive:
             return call(client)
 
         hub = hub_for(client, self._namespace) if waiting else None
-        if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
-            # Threads of this process already wait: queue behind them (arrival order, and
-            # one attempt at a time per process) instead of barging in with a try.
-            reply = QUEUED
-        else:
-            reply = attempt()
-        if reply.busy and hub is not None:
-            deadline = None if wait is None else first + wait
-            try:
+        try:
+            if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
+                # Threads of this process already wait: queue behind them (arrival order,
+                # and one attempt at a time per process) instead of barging in with a try.
+                reply = QUEUED
+            else:
+                reply = attempt()
+            if reply.busy and hub is not None:
+                deadline = None if wait is None else first + wait
                 reply = wait_until_granted(hub, self._channel, attempt, deadline)
-            except BaseException as exc:
+                self._log_wait(owner, first, reply)
+        except BaseException as exc:
+            # Even the first attempt of a waiting call may have left something to undo
+            # (a writer's claim) before it failed: undo it whichever attempt failed.
+            if waiting:
                 self._gave_up_sync(owner, exc)
-                raise
-            if not reply.granted:
-                self._gave_up_sync(owner, None)
-            self._log_wait(owner, first, reply)
+            raise
+        if waiting and not reply.granted:
+            self._gave_up_sync(owner, None)
         if self._short_of_replicas(reply):
             # Not durable enough to trust across a failover: give it back, then say so.
             self._undo_call(owner, count)(client)
