@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import uuid
 from typing import Any, Dict, Iterator, Optional
 
 import pytest
 import redis
 
-from rlocks.server import TemporaryRedisServer
+from rlocks.server import RedisServerNotFound, TemporaryRedisServer, find_redis_server
 
 NAMESPACE = "rlocks-test"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which Redis the suite runs against (first lines of every test run)."""
+    if os.environ.get("RLOCKS_TEST_URL"):
+        return "rlocks: RLOCKS_TEST_URL is set; tests use that server"
+    try:
+        binary = find_redis_server()
+    except RedisServerNotFound as exc:
+        return f"rlocks: {exc}"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    return f"rlocks: tests start {binary} ({version.split(' sha=')[0].strip()})"
 
 
 @pytest.fixture(scope="session")
