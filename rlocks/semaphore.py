@@ -20,7 +20,6 @@ from ._engine.clock import monotonic
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.scripts import Arg, Call, Reply, load
-from .errors import LockLostError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
 
@@ -270,11 +269,8 @@ class Semaphore(_SemaphoreCore):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
-            # An inner block already reported the loss: unwind our permit quietly.
-            self._record_release(identity.process_owner(), 1)
-            return
-        self.release()
+        if not self._unwound_quietly(exc, identity.process_owner()):
+            self.release()
 
     def statistics(self) -> PrimitiveState:
         """Holders, permits, free count and waiting processes, read from Redis now.

@@ -29,7 +29,6 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from ..errors import LockLostError
 from . import checks, identity
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, pool_of
 from .clock import monotonic
@@ -300,6 +299,12 @@ class AsyncPrimitive(Primitive):
 
     __slots__ = ()
 
+    def __enter__(self) -> None:
+        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+
+    def __exit__(self, *exc_info: Any) -> None:  # pragma: no cover - __enter__ refuses
+        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+
     def _resolve_client(self, client: Any) -> Any:
         import redis.asyncio
 
@@ -438,16 +443,8 @@ class AsyncReentrantLock(AsyncPrimitive):
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
-            self._record_release(identity.task_owner(), 1)
-            return
-        await self.release()
-
-    def __enter__(self) -> None:
-        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
-
-    def __exit__(self, *exc_info: Any) -> None:  # pragma: no cover - __enter__ refuses
-        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+        if not self._unwound_quietly(exc, identity.task_owner()):
+            await self.release()
 
     def _is_owned(self) -> bool:
         """Whether the running task holds the lock (local knowledge, no I/O)."""

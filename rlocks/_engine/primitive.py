@@ -521,6 +521,15 @@ class Primitive:
         self._record_release(owner, count)
         log.debug("%s released by %s (count %d)", self._describe(), owner, reply.holds)
 
+    def _unwound_quietly(self, exc: Optional[BaseException], owner: str) -> bool:
+        """For ``__exit__``: if an inner block already reported this primitive lost, drop
+        one local level without raising the same news a second time (True); else False.
+        """
+        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
+            self._record_release(owner, 1)
+            return True
+        return False
+
     def _lost_error(self) -> LockLostError:
         err = LockLostError(
             f"{self._describe()} was lost before it was released: its lease ended or the "

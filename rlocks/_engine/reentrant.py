@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Optional, Tuple, Type
 
-from ..errors import LockLostError, NotOwnedError
+from ..errors import NotOwnedError
 from . import checks, identity
 from .inspect import PrimitiveState
 from .primitive import Primitive
@@ -62,12 +62,8 @@ class ReentrantLock(Primitive):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
-            # An inner block already reported this lock lost: unwind our level quietly
-            # instead of raising the same news a second time.
-            self._record_release(identity.thread_owner(), 1)
-            return
-        self.release()
+        if not self._unwound_quietly(exc, identity.thread_owner()):
+            self.release()
 
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""

@@ -9,7 +9,6 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
-from ..errors import LockLostError
 from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -54,16 +53,8 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is self:
-            self._record_release(identity.process_owner(), 1)
-            return
-        await self.release()
-
-    def __enter__(self) -> None:
-        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
-
-    def __exit__(self, *exc_info: Any) -> None:  # pragma: no cover - __enter__ refuses
-        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+        if not self._unwound_quietly(exc, identity.process_owner()):
+            await self.release()
 
 
 class BoundedSemaphore(Semaphore):
