@@ -90,6 +90,16 @@ local function grant(st, side, owner, add, lease_ms)
     return count
 end
 
+-- How many holds `owner` has on `side` ('r' or 'w'), or nil when it holds none there.
+local function held_on(st, side, owner)
+    if side == 'r' then
+        if st.r[owner] ~= nil then return st.r[owner][1] end
+        return nil
+    end
+    if st.writer == owner then return st.wcount end
+    return nil
+end
+
 -- Remove every hold of `side` for `owner`.
 local function drop(st, side, owner)
     redis.call('HDEL', st.key, side .. ':' .. owner, '#' .. side .. ':' .. owner)

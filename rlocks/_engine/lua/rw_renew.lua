@@ -14,12 +14,7 @@ local side = ARGV[2]
 local lease_ms = tonumber(ARGV[3])
 
 local st = load_state(KEYS[1], server_ms())
-local held = nil
-if side == 'r' then
-    if st.r[owner] ~= nil then held = st.r[owner][1] end
-elseif st.writer == owner then
-    held = st.wcount
-end
+local held = held_on(st, side, owner)
 if held == nil then
     finish(st)
     return {-1, 0}
