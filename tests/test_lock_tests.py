@@ -1,9 +1,9 @@
-"""CPython's own lock contract tests (``Lib/test/lock_tests.py``), run on rlocks.RLock.
+"""CPython's own lock contract tests (``Lib/test/lock_tests.py``) on every rlocks primitive.
 
-The tests are imported from the interpreter's ``test`` package, not copied, so they are
-exactly the contract ``threading.RLock`` is held to. ``threading.RLock`` itself runs
-through the same classes as a control row: if the control fails, the harness is broken,
-not rlocks.
+RLock (with ``threading.Condition``), RWLock's write side, Semaphore and BoundedSemaphore
+run through the interpreter's ``test`` package, imported, not copied, so they are held to
+exactly the contract of their ``threading`` twins. ``threading``'s own classes run through
+the same tests as control rows: if a control fails, the harness is broken, not rlocks.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,32 @@ import rlocks  # noqa: E402
 from .conftest import NAMESPACE  # noqa: E402
 
 _serial = itertools.count()
-_client = None  # set by the autouse fixture below; locktype() is a staticmethod
+_client = None  # set by the autouse fixture; locktype()/semtype() are staticmethods
+
+
+def _unique(prefix: str) -> str:
+    # A fresh name for every primitive: these tests assume a new one is free (or full).
+    return f"{prefix}-{uuid.uuid4().hex}-{next(_serial)}"
+
+
+def make_rlock() -> rlocks.RLock:
+    return rlocks.RLock(_unique("lock-tests"), client=_client, namespace=NAMESPACE)
+
+
+def make_write_lock() -> Any:
+    return rlocks.RWLock(_unique("rw-lock-tests"), client=_client, namespace=NAMESPACE).write_lock
+
+
+def make_semaphore(*args: Any, **kwargs: Any) -> rlocks.Semaphore:
+    return rlocks.Semaphore(
+        _unique("sem-lock-tests"), *args, client=_client, namespace=NAMESPACE, **kwargs
+    )
+
+
+def make_bounded_semaphore(*args: Any, **kwargs: Any) -> rlocks.BoundedSemaphore:
+    return rlocks.BoundedSemaphore(
+        _unique("bsem-lock-tests"), *args, client=_client, namespace=NAMESPACE, **kwargs
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +60,8 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     CPython's harness counts live threads before and after each test and fails a test
     that leaves more than it found. rlocks starts its renewer and wake-up hub lazily, on
     the first hold and the first wait; started inside a test they would be counted as
-    that test's leak. A contended acquire here starts both.
+    that test's leak. A contended acquire here starts both, and they serve every
+    primitive on this client and namespace.
     """
     global _client
     _client = client
@@ -47,22 +74,14 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     yield
 
 
-def make_rlock() -> rlocks.RLock:
-    # A fresh name for every lock: these tests assume a new lock is free.
-    return rlocks.RLock(
-        f"lock-tests-{uuid.uuid4().hex}-{next(_serial)}", client=_client, namespace=NAMESPACE
-    )
-
-
 REPR_REASON = (
-    "repr does no I/O, so it cannot say whether another process holds the lock; "
-    "it reports local holds instead of threading's '<locked ...>' (see test_repr_is_local)"
+    "repr does no I/O, so it cannot say whether another process holds the lock or how "
+    "many permits are free; it reports local holds instead of threading's '<locked ...>' "
+    "/ 'value=3' (see test_repr_is_local)"
 )
 
 
-class TestRLock(lock_tests.RLockTests):
-    locktype = staticmethod(make_rlock)
-
+class _SkipLockRepr:
     @pytest.mark.skip(reason=REPR_REASON)
     def test_repr(self) -> None:  # pragma: no cover
         pass
@@ -70,6 +89,16 @@ class TestRLock(lock_tests.RLockTests):
     @pytest.mark.skip(reason=REPR_REASON)
     def test_locked_repr(self) -> None:  # pragma: no cover
         pass
+
+
+class _SkipSemaphoreRepr:
+    @pytest.mark.skip(reason=REPR_REASON)
+    def test_repr(self) -> None:  # pragma: no cover
+        pass
+
+
+class TestRLock(_SkipLockRepr, lock_tests.RLockTests):
+    locktype = staticmethod(make_rlock)
 
 
 class TestCondition(lock_tests.ConditionTests):
@@ -80,7 +109,27 @@ class TestCondition(lock_tests.ConditionTests):
     )
 
 
+class TestRWLockWriteSide(_SkipLockRepr, lock_tests.RLockTests):
+    locktype = staticmethod(make_write_lock)
+
+
+class TestSemaphore(_SkipSemaphoreRepr, lock_tests.SemaphoreTests):
+    semtype = staticmethod(make_semaphore)
+
+
+class TestBoundedSemaphore(_SkipSemaphoreRepr, lock_tests.BoundedSemaphoreTests):
+    semtype = staticmethod(make_bounded_semaphore)
+
+
 class TestThreadingRLockControl(lock_tests.RLockTests):
-    """The control row: the same contract on ``threading.RLock``."""
+    """The control rows: the same contracts on ``threading``'s own classes."""
 
     locktype = staticmethod(threading.RLock)
+
+
+class TestThreadingSemaphoreControl(lock_tests.SemaphoreTests):
+    semtype = staticmethod(threading.Semaphore)
+
+
+class TestThreadingBoundedSemaphoreControl(lock_tests.BoundedSemaphoreTests):
+    semtype = staticmethod(threading.BoundedSemaphore)
