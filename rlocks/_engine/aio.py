@@ -345,7 +345,7 @@ class AsyncPrimitive(Primitive):
 
         hub = async_hub_for(self._aclient(), self._namespace) if waiting else None
         try:
-            if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
+            if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
                 reply = QUEUED  # queue behind this loop's waiters (see the threading driver)
             else:
                 reply = await attempt()

@@ -411,7 +411,7 @@ class Primitive:
 
         hub = hub_for(client, self._namespace) if waiting else None
         try:
-            if hub is not None and self._queues_locally(owner) and hub.has_waiters(self._channel):
+            if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
                 # Threads of this process already wait: queue behind them (arrival order,
                 # and one attempt at a time per process) instead of barging in with a try.
                 reply = QUEUED
@@ -462,7 +462,8 @@ class Primitive:
         if not reply.granted:
             return False
         self._record_grant(owner, count, since)
-        log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.holds)
+        if log.isEnabledFor(logging.DEBUG):  # _describe() formats a string: not per call
+            log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.holds)
         return True
 
     def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
@@ -519,7 +520,8 @@ class Primitive:
             self._record_release(owner, count)
             raise self._lost_error()
         self._record_release(owner, count)
-        log.debug("%s released by %s (count %d)", self._describe(), owner, reply.holds)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s released by %s (count %d)", self._describe(), owner, reply.holds)
 
     def _unwound_quietly(self, exc: Optional[BaseException], owner: str) -> bool:
         """For ``__exit__``: if an inner block already reported this primitive lost, drop
