@@ -5,6 +5,8 @@ uses the same Redis and name. See the README for semantics (leases, renewal, los
 fork, cluster) and the differences from ``threading``.
 """
 
+import logging
+
 from .decorators import limited, synchronized
 from .errors import LockLostError, NotOwnedError, RLocksError, UpgradeError
 from .rlock import RLock
@@ -12,6 +14,11 @@ from .rwlock import RWLock
 from .semaphore import BoundedSemaphore, Semaphore
 
 __version__ = "0.1.0"
+
+# A library says nothing unless the program configures logging (the logging HOWTO's rule
+# for libraries): without a handler here, WARNING records such as "lost" would reach
+# stderr through logging.lastResort in programs that never asked for them.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "RLock",
