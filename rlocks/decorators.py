@@ -17,6 +17,7 @@ import inspect
 import threading
 from typing import Any, Callable, List, Optional, TypeVar, cast
 
+from ._engine.constructors import keyword_hint, unexpected_keyword
 from .rlock import RLock
 from .rwlock import RWLock
 from .semaphore import BoundedSemaphore, Semaphore
@@ -24,6 +25,11 @@ from .semaphore import BoundedSemaphore, Semaphore
 __all__ = ["limited", "synchronized"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_DECORATOR_HINTS = {
+    "blocking_timeout": "how long a call waits is synchronized(timeout=...)",
+    "blocking": "a call always waits; synchronized(timeout=...) bounds the wait",
+}
 
 
 def synchronized(
@@ -69,7 +75,14 @@ def synchronized(
     try:
         inspect.signature(kind).bind(name, **options)
     except TypeError as exc:
-        raise TypeError(f"synchronized({name!r}): {kind.__name__} options: {exc}") from None
+        label = getattr(kind, "_label", kind.__name__)
+        message = f"synchronized({name!r}): {label} options: {exc}"
+        keyword = unexpected_keyword(exc)
+        # Here timeout= is the decorator's own (how long a call waits for the primitive).
+        hint = _DECORATOR_HINTS.get(keyword or "") or keyword_hint(keyword or "")
+        if hint is not None:
+            message += f"; {hint}"
+        raise TypeError(message) from None
     if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
         raise ValueError(f"synchronized({name!r}): timeout must be None or >= 0 seconds")
     acquire_kwargs = {} if timeout is None else {"timeout": timeout}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
@@ -37,8 +37,10 @@ class _RLockCore(Primitive):
         keys = (self._keys.hash, self._keys.channel)
         return keys, (owner, count, 1 if everything else 0, self._publish)
 
-    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms)
+    def _renew_arguments(
+        self, owner: str, lease_ms: Optional[int] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, lease_ms or self._ttl_ms)
 
 
 class RLock(ReentrantLock, _RLockCore):

@@ -12,8 +12,9 @@ The I/O-free definitions (``_ReadCore``, ``_WriteCore``) are shared with
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Generic, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, ClassVar, Dict, Generic, Optional, Sequence, Tuple, Type, TypeVar
 
+from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
@@ -57,8 +58,10 @@ class _SideCore(Primitive):
         keys = (self._keys.hash, self._keys.wake(_READERS), self._keys.wake(_WRITERS))
         return keys, (owner, self._side, count, 1 if everything else 0, self._publish)
 
-    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._side, self._ttl_ms)
+    def _renew_arguments(
+        self, owner: str, lease_ms: Optional[int] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return (self._keys.hash,), (owner, self._side, lease_ms or self._ttl_ms)
 
     def _holders_call(self) -> Call:
         """The script call behind ``locked()``: how many owners hold this side."""
@@ -177,7 +180,10 @@ class _RWPair(Generic[R, W]):
 
     _read_type: Type[R]
     _write_type: Type[W]
+    #: Public class name used in messages, e.g. ``"rlocks.RWLock"``.
+    _label: ClassVar[str] = "rlocks.RWLock"
 
+    @public_init
     def __init__(
         self,
         name: str,

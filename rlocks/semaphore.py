@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from ._engine import checks, identity
 from ._engine.clock import monotonic
+from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.scripts import Arg, Call, Reply, load
@@ -54,6 +55,7 @@ class _SemaphoreCore(Primitive):
     _release_script = load("sem_release", prelude="sem_lib")
     _renew_script = load("sem_renew", prelude="sem_lib")
 
+    @public_init
     def __init__(
         self,
         name: str,
@@ -101,8 +103,11 @@ class _SemaphoreCore(Primitive):
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         raise NotImplementedError("Semaphore.release builds its own call")
 
-    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, self._value, self._bounded)
+    def _renew_arguments(
+        self, owner: str, lease_ms: Optional[int] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        lease = lease_ms or self._ttl_ms
+        return (self._keys.hash,), (owner, lease, self._value, self._bounded)
 
     def _begin_release(self, n: int) -> Tuple[str, int, Call]:
         """The I/O-free start of a release: (owner, own permits taken off, the call)."""
@@ -271,6 +276,32 @@ class Semaphore(_SemaphoreCore):
     ) -> None:
         if not self._unwound_quietly(exc, identity.process_owner()):
             self.release()
+
+    def owned(self) -> bool:
+        """Whether this process holds a permit, as far as it knows (local state, no I/O).
+
+        Permits belong to the process, so this is True in every thread once any thread
+        acquired; False once the permits are known lost.
+        """
+        return self._owns(identity.process_owner())
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Make this process's permits last at least ``ttl`` seconds from now (one round
+        trip); ``None`` means the semaphore's own ``ttl``.
+
+        For ``auto_renew=False``. Only this process's lease changes, and it is never
+        shortened: a smaller ``ttl`` than what is left keeps what is left. Returns None.
+
+        Raises, without any I/O: TypeError / ValueError for a bad ``ttl``; RuntimeError
+        (:class:`~rlocks.errors.NotOwnedError`) if this process holds no permit;
+        LockLostError if its permits are known lost. Raises LockLostError too if Redis
+        answers that they are gone (reported lost; ``release()`` is still owed), and
+        ValueError if Redis holds this name with another value or kind.
+        """
+        try:
+            self._extend(identity.process_owner(), ttl)
+        except ResponseError as exc:
+            raise self._translate(exc) from None
 
     def statistics(self) -> PrimitiveState:
         """Holders, permits, free count and waiting processes, read from Redis now.

@@ -393,6 +393,11 @@ class AsyncPrimitive(Primitive):
             if error is None:
                 raise
 
+    async def _aextend(self, owner: str, ttl: Optional[float]) -> None:
+        """:meth:`Primitive._extend`, awaited."""
+        call = self._begin_extend(owner, ttl)
+        self._finish_extend(owner, await self._arun_call(call))
+
     async def _agive_back(self, owner: str, count: int, everything: bool = False) -> None:
         """:meth:`Primitive._give_back`, awaited."""
         call = self._begin_give_back(owner, count, everything)
@@ -445,6 +450,17 @@ class AsyncReentrantLock(AsyncPrimitive):
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         if not self._unwound_quietly(exc, identity.task_owner()):
             await self.release()
+
+    def owned(self) -> bool:
+        """Whether the running task holds the lock, as far as this process knows (no I/O,
+        not a coroutine); see :meth:`rlocks.RLock.owned`."""
+        return self._owns(identity.task_owner())
+
+    async def extend(self, ttl: Optional[float] = None) -> None:
+        """Make the running task's hold last at least ``ttl`` seconds from now (one round
+        trip; ``None``: the lock's ``ttl``). Never shortens a lease. Same errors as
+        :meth:`rlocks.RLock.extend`, for the running task."""
+        await self._aextend(identity.task_owner(), ttl)
 
     def _is_owned(self) -> bool:
         """Whether the running task holds the lock (local knowledge, no I/O)."""

@@ -23,6 +23,7 @@ from ..errors import LockLostError, NotOwnedError, ReplicationError
 from . import checks
 from .clients import default_client, is_cluster, pool_of
 from .clock import monotonic
+from .constructors import public_init
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, Renewer, renewer_for
@@ -95,6 +96,7 @@ class Primitive:
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
 
+    @public_init
     def __init__(
         self,
         name: str,
@@ -220,7 +222,10 @@ class Primitive:
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         raise NotImplementedError
 
-    def _renew_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+    def _renew_arguments(
+        self, owner: str, lease_ms: Optional[int] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of the renew script, for a lease of ``lease_ms`` (default ``ttl``)."""
         raise NotImplementedError
 
     def _check_take(self, owner: str) -> None:
@@ -522,6 +527,45 @@ class Primitive:
         self._record_release(owner, count)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s released by %s (count %d)", self._describe(), owner, reply.holds)
+
+    def _begin_extend(self, owner: str, ttl: Optional[float]) -> Call:
+        """The I/O-free start of ``extend``: check ``ttl``, refuse what is not held.
+
+        Raises TypeError/ValueError for a bad ``ttl``, NotOwnedError when ``owner`` holds
+        nothing here, LockLostError when its hold is known lost; all before any I/O.
+        """
+        lease_ms = self._ttl_ms if ttl is None else checks.check_ttl(ttl, self._label, self._name)
+        hold = self._holds.get(owner)
+        if hold is None or hold.count <= 0:
+            raise NotOwnedError(
+                f"cannot extend un-acquired lock {self._describe()}", name=self._name
+            )
+        if hold.lost:
+            raise self._lost_error()
+        # The renew script with an explicit lease: it never shortens a live lease, so a
+        # short extend cannot cut a longer one another object of this owner relies on.
+        return Call(self._renew_script, *self._renew_arguments(owner, lease_ms), self._wait)
+
+    def _finish_extend(self, owner: str, reply: Reply) -> None:
+        """The I/O-free end of ``extend``: a hold found gone is reported lost and raised."""
+        if reply.not_owner:
+            self._hold_lost(owner, "its hold was gone at extend")
+            raise self._lost_error()
+        if self._wait is not None and reply.replicas < self._wait[0]:
+            log.warning(
+                "extend of %s acknowledged by %d of %d replicas",
+                self._describe(), reply.replicas, self._wait[0],
+            )
+
+    def _extend(self, owner: str, ttl: Optional[float]) -> None:
+        """Make ``owner``'s hold last at least ``ttl`` (default: the primitive's) from now."""
+        call = self._begin_extend(owner, ttl)
+        self._finish_extend(owner, call(self._client))
+
+    def _owns(self, owner: str) -> bool:
+        """Whether ``owner`` holds this primitive and its hold is not known lost (no I/O)."""
+        hold = self._holds.get(owner)
+        return hold is not None and hold.count > 0 and not hold.lost
 
     def _unwound_quietly(self, exc: Optional[BaseException], owner: str) -> bool:
         """For ``__exit__``: if an inner block already reported this primitive lost, drop

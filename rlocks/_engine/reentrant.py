@@ -69,6 +69,31 @@ class ReentrantLock(Primitive):
         """Whether any owner, anywhere, holds the lock now (one round trip)."""
         raise NotImplementedError
 
+    def owned(self) -> bool:
+        """Whether the calling thread holds the lock, as far as this process knows (no I/O).
+
+        Like redis-py's ``Lock.owned()``, but from local state: False once the hold is
+        known lost (``release()`` is still owed and raises LockLostError), True for a hold
+        that ended in Redis unnoticed so far (``extend()`` or ``release()`` would tell).
+        """
+        return self._owns(identity.thread_owner())
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Make the calling thread's hold last at least ``ttl`` seconds from now (one round
+        trip); ``None`` means the lock's own ``ttl``.
+
+        For ``auto_renew=False``, where nothing else renews the lease. It never shortens
+        a lease: a smaller ``ttl`` than what is left keeps what is left (another object of
+        this lock held by the same thread may rely on it). Returns None.
+
+        Raises, without any I/O: TypeError / ValueError for a bad ``ttl``;
+        RuntimeError (:class:`~rlocks.errors.NotOwnedError`) if the calling thread does
+        not hold the lock; :class:`~rlocks.errors.LockLostError` if its hold is known
+        lost. Raises LockLostError too if Redis answers that the hold is gone (it is then
+        reported lost; ``release()`` is still owed). Redis errors propagate.
+        """
+        self._extend(identity.thread_owner(), ttl)
+
     def statistics(self) -> PrimitiveState:
         """Holders, counts, leases and waiting processes, read from Redis now.
 

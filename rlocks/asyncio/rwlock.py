@@ -45,5 +45,6 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
 
     __slots__ = ()
 
+    _label = "rlocks.asyncio.RWLock"
     _read_type = ReadLock
     _write_type = WriteLock

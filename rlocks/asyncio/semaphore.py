@@ -49,6 +49,18 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
             raise self._release_refused(owner, own, since, exc) from None
         self._finish_release(owner, own, since, reply)
 
+    def owned(self) -> bool:
+        """Whether this process holds a permit (local state, no I/O, not a coroutine)."""
+        return self._owns(identity.process_owner())
+
+    async def extend(self, ttl: Optional[float] = None) -> None:
+        """Make this process's permits last at least ``ttl`` seconds from now (one round
+        trip); same rules and errors as :meth:`rlocks.Semaphore.extend`."""
+        try:
+            await self._aextend(identity.process_owner(), ttl)
+        except ResponseError as exc:
+            raise self._translate(exc) from None
+
     async def __aenter__(self) -> None:
         await self.acquire()
 

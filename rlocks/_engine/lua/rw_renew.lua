@@ -4,7 +4,8 @@
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  owner id
 -- ARGV[2]  side: 'r' or 'w'
--- ARGV[3]  lease, ms (> 0): the owner's lease on that side now ends this long from now
+-- ARGV[3]  lease, ms (> 0): the owner's lease on that side ends at least this long from
+--          now (a longer one, set by another object of this owner or an extend, is kept)
 --
 -- Returns {status, value}:
 --   {  1, count }  renewed; count = the owner's holds on that side
@@ -20,6 +21,8 @@ if held == nil then
     return {-1, 0}
 end
 local ends_at = st.now + lease_ms
+local current = side == 'r' and st.r[owner][2] or st.wend
+if current > ends_at then ends_at = current end
 redis.call('HSET', KEYS[1], '#' .. side .. ':' .. owner, ends_at)
 if side == 'r' then st.r[owner][2] = ends_at else st.wend = ends_at end
 finish(st)

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the semaphore's hash
 -- ARGV[1]  owner id
--- ARGV[2]  lease, ms (> 0): the owner's lease now ends this long from now
+-- ARGV[2]  lease, ms (> 0): the owner's lease ends at least this long from now (a longer
+--          one, set by another object of this process or an extend, is kept)
 -- ARGV[3]  initial value, count (>= 0)
 -- ARGV[4]  1 = BoundedSemaphore, 0 = Semaphore
 --
@@ -24,6 +25,6 @@ if hold == nil then
     if st.exists then finish(st) end
     return {-1, 0}
 end
-set_held(st, owner, hold[1], st.now + lease_ms)
+set_held(st, owner, hold[1], math.max(hold[2], st.now + lease_ms))
 finish(st)
 return {1, hold[1]}

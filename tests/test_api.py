@@ -1,0 +1,352 @@
+"""The public surface as a new user meets it: silence by default, constructor errors that
+name the public class, owned() and extend(), on every primitive and its asyncio twin."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, Callable, Dict, List
+
+import pytest
+import redis
+import redis.asyncio
+
+import rlocks
+import rlocks.asyncio as ra
+
+from .conftest import NAMESPACE, snapshot
+
+# -- logging: a library is silent unless the program configures logging -----------------
+
+_LOSE_A_HOLD = textwrap.dedent(
+    """
+    import sys
+    {configure}
+    import redis, rlocks
+    client = redis.Redis.from_url(sys.argv[1])
+    lock = rlocks.RLock(sys.argv[2], client=client, namespace=sys.argv[3], auto_renew=False)
+    lock.acquire()
+    client.delete(lock._keys.hash)          # the hold is gone: release() reports it lost
+    try:
+        lock.release()
+    except rlocks.LockLostError:
+        print("lost")
+    """
+)
+
+
+def _lose_a_hold(redis_url: str, name: str, configure: str) -> "subprocess.CompletedProcess[str]":
+    script = _LOSE_A_HOLD.format(configure=configure)
+    return subprocess.run(
+        [sys.executable, "-c", script, redis_url, name, NAMESPACE],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONWARNINGS": ""},
+    )
+
+
+def test_lost_warning_is_silent_when_the_program_configured_no_logging(
+    redis_url: str, name: str
+) -> None:
+    quiet = _lose_a_hold(redis_url, name, configure="")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.strip() == "lost"
+    assert quiet.stderr == ""  # not through logging.lastResort
+    # The same program with logging configured does get the warning: the silence above
+    # is the NullHandler's doing, not a warning that was never logged.
+    loud = _lose_a_hold(redis_url, name + "-2", configure="import logging; logging.basicConfig()")
+    assert loud.returncode == 0, loud.stderr
+    assert "lost by" in loud.stderr and "WARNING:rlocks" in loud.stderr
+
+
+def test_the_package_logger_has_a_null_handler_and_no_other() -> None:
+    import logging
+
+    handlers = logging.getLogger("rlocks").handlers
+    assert [type(h) for h in handlers] == [logging.NullHandler]
+
+
+# -- constructor errors name the public class and the keyword meant ---------------------
+
+CONSTRUCTORS: Dict[str, Callable[..., Any]] = {
+    "rlocks.RLock": rlocks.RLock,
+    "rlocks.RWLock": rlocks.RWLock,
+    "rlocks.Semaphore": rlocks.Semaphore,
+    "rlocks.BoundedSemaphore": rlocks.BoundedSemaphore,
+    "rlocks.asyncio.RLock": ra.RLock,
+    "rlocks.asyncio.RWLock": ra.RWLock,
+    "rlocks.asyncio.Semaphore": ra.Semaphore,
+    "rlocks.asyncio.BoundedSemaphore": ra.BoundedSemaphore,
+}
+
+
+@pytest.mark.parametrize("label", list(CONSTRUCTORS))
+def test_a_peer_keyword_names_the_public_class_and_the_rlocks_keyword(label: str) -> None:
+    cls = CONSTRUCTORS[label]
+    with pytest.raises(TypeError) as lease:
+        cls("x", timeout=10)  # redis-py Lock's lease keyword
+    text = str(lease.value)
+    assert text.startswith(f"{label}('x'): ") and "'timeout'" in text
+    assert "ttl=" in text and "Primitive" not in text and "__init__" not in text
+
+    with pytest.raises(TypeError) as wait:
+        cls("x", blocking_timeout=5)  # redis-py Lock's wait keyword
+    text = str(wait.value)
+    assert text.startswith(f"{label}('x'): ") and "acquire(timeout=" in text
+
+    with pytest.raises(TypeError) as other:
+        cls("x", expire=5)  # python-redis-lock's lease keyword
+    assert str(other.value).startswith(f"{label}('x'): ") and "ttl=" in str(other.value)
+
+    with pytest.raises(TypeError) as unknown:
+        cls("x", colour="red")
+    assert str(unknown.value) == f"{label}('x'): got an unexpected keyword argument 'colour'"
+
+    with pytest.raises(TypeError) as missing:
+        cls()
+    assert str(missing.value).startswith(f"{label}(): ") and "'name'" in str(missing.value)
+
+
+@pytest.mark.parametrize("label", list(CONSTRUCTORS))
+def test_constructors_keep_their_explicit_signature(label: str) -> None:
+    # help() and inspect show the real keywords, not (*args, **kwargs).
+    parameters = inspect.signature(CONSTRUCTORS[label]).parameters
+    assert {"name", "client", "ttl", "auto_renew", "namespace", "on_lost"} <= set(parameters)
+    assert all(p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters.values())
+
+
+@pytest.mark.parametrize("label", list(CONSTRUCTORS))
+def test_validation_errors_inside_the_constructor_pass_unchanged(label: str) -> None:
+    with pytest.raises(TypeError, match=r"ttl must be a number"):
+        CONSTRUCTORS[label]("x", ttl="long")
+
+
+@pytest.mark.parametrize(
+    "decorate",
+    [
+        lambda **kw: rlocks.synchronized("x", **kw),
+        lambda **kw: rlocks.limited("x", 2, **kw),
+    ],
+    ids=["synchronized", "limited"],
+)
+def test_decorators_point_peer_keywords_to_theirs(decorate: Callable[..., Any]) -> None:
+    with pytest.raises(TypeError) as wait:
+        decorate(blocking_timeout=5)
+    assert "synchronized(timeout=" in str(wait.value)
+    with pytest.raises(TypeError) as lease:
+        decorate(expire=5)
+    assert "ttl=" in str(lease.value) and "rlocks." in str(lease.value)
+    decorate(timeout=5)  # the decorator's own wait keyword stays valid
+
+
+# -- owned() and extend() ---------------------------------------------------------------
+
+SYNC_KINDS = ["rlock", "read", "write", "semaphore", "bounded"]
+
+
+def make(kind: str, name: str, client: Any, **options: Any) -> Any:
+    options.setdefault("namespace", NAMESPACE)
+    if kind == "rlock":
+        return rlocks.RLock(name, client=client, **options)
+    if kind in ("read", "write"):
+        rw = rlocks.RWLock(name, client=client, **options)
+        return rw.read_lock if kind == "read" else rw.write_lock
+    if kind == "semaphore":
+        return rlocks.Semaphore(name, 2, client=client, **options)
+    return rlocks.BoundedSemaphore(name, 1, client=client, **options)
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def in_thread(fn: Callable[[], Any]) -> Any:
+    out: List[Any] = []
+    errors: List[BaseException] = []
+
+    def body() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(30)
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_owned_is_the_callers_local_hold(client: Any, name: str, kind: str) -> None:
+    lock = make(kind, name, client)
+    assert lock.owned() is False
+    assert lock.acquire()
+    try:
+        assert lock.owned() is True
+        # Locks belong to the thread, permits to the process.
+        assert in_thread(lock.owned) is (kind in ("semaphore", "bounded"))
+    finally:
+        lock.release()
+    assert lock.owned() is False
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_extend_on_a_never_held_primitive_is_refused_without_io(
+    client: Any, name: str, kind: str
+) -> None:
+    lock = make(kind, name, client)
+    before = snapshot(client)
+    with pytest.raises(rlocks.NotOwnedError, match="cannot extend un-acquired"):
+        lock.extend()
+    with pytest.raises(RuntimeError):
+        lock.extend(10)
+    assert snapshot(client) == before
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+@pytest.mark.parametrize(
+    "bad, error", [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), ("5", TypeError)]
+)
+def test_extend_with_a_bad_ttl_raises_before_any_io(
+    client: Any, name: str, kind: str, bad: Any, error: type
+) -> None:
+    lock = make(kind, name, client, ttl=5, auto_renew=False)
+    with pytest.raises(error):
+        lock.extend(bad)  # not held: the ttl is checked first
+    assert lock.acquire()
+    try:
+        before = snapshot(client)
+        with pytest.raises(error):
+            lock.extend(bad)
+        after = snapshot(client)
+        assert after.keys() == before.keys()
+        assert after == before  # same fields and values (the lease end is a field, or PTTL)
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_extend_resets_the_lease_and_never_shortens_it(client: Any, name: str, kind: str) -> None:
+    lock = make(kind, name, client, ttl=2, auto_renew=False)
+    key = lock._keys.hash
+    assert lock.acquire()
+    try:
+        assert 0 < client.pttl(key) <= 2000
+        # Default: the primitive's own ttl again, once some of it has run out.
+        assert eventually(lambda: client.pttl(key) < 1500)
+        lock.extend()
+        assert client.pttl(key) > 1500
+        # Given seconds: the caller's lease is now that long.
+        lock.extend(60)
+        assert client.pttl(key) > 50_000
+        # Less than what is left keeps what is left.
+        lock.extend(1)
+        assert client.pttl(key) > 50_000
+        assert lock.owned()
+    finally:
+        lock.release()
+    assert client.exists(key) == 0
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_extend_on_a_lost_hold_raises_lock_lost(client: Any, name: str, kind: str) -> None:
+    lost: List[Any] = []
+    lock = make(kind, name, client, ttl=30, auto_renew=False, on_lost=lost.append)
+    assert lock.acquire()
+    client.delete(lock._keys.hash)  # as `rlocks release --force` or an expiry would
+    assert lock.owned() is True  # local truth: nobody has told this process yet
+    with pytest.raises(rlocks.LockLostError):
+        lock.extend()
+    assert lost == [lock]
+    assert lock.owned() is False
+    # Known lost: refused without I/O, and release() is still owed.
+    with pytest.raises(rlocks.LockLostError):
+        lock.extend(5)
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    with pytest.raises(rlocks.NotOwnedError):
+        lock.extend()
+    assert client.exists(lock._keys.hash) == 0
+
+
+def test_extend_of_one_thread_leaves_another_threads_read_lease_alone(
+    client: Any, name: str
+) -> None:
+    rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE, ttl=60, auto_renew=False)
+    assert rw.read_lock.acquire()
+    try:
+        other = rlocks.RWLock(name, client=client, namespace=NAMESPACE, ttl=1, auto_renew=False)
+
+        def read_and_extend() -> int:
+            assert other.read_lock.acquire()
+            other.read_lock.extend(2)
+            pttl: int = client.pttl(rw.read_lock._keys.hash)
+            other.read_lock.release()
+            return pttl
+
+        # The key lives as long as its longest live lease (the first reader's 60 s).
+        assert in_thread(read_and_extend) > 50_000
+    finally:
+        rw.read_lock.release()
+
+
+# -- the asyncio twins ------------------------------------------------------------------
+
+ASYNC_KINDS = ["rlock", "read", "write", "semaphore", "bounded"]
+
+
+def amake(kind: str, name: str, client: Any, **options: Any) -> Any:
+    options.setdefault("namespace", NAMESPACE)
+    if kind == "rlock":
+        return ra.RLock(name, client=client, **options)
+    if kind in ("read", "write"):
+        rw = ra.RWLock(name, client=client, **options)
+        return rw.read_lock if kind == "read" else rw.write_lock
+    if kind == "semaphore":
+        return ra.Semaphore(name, 2, client=client, **options)
+    return ra.BoundedSemaphore(name, 1, client=client, **options)
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+def test_asyncio_owned_and_extend(redis_url: str, client: Any, name: str, kind: str) -> None:
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(redis_url)
+        lock = amake(kind, name, c, ttl=2, auto_renew=False)
+        key = lock._keys.hash
+        assert lock.owned() is False
+        with pytest.raises(rlocks.NotOwnedError):
+            await lock.extend()
+        with pytest.raises(ValueError):
+            await lock.extend(0)
+        assert await lock.acquire()
+        assert lock.owned() is True
+
+        async def other_task() -> bool:
+            return bool(lock.owned())
+
+        # A lock belongs to the task, permits to the process.
+        assert await asyncio.create_task(other_task()) is (kind in ("semaphore", "bounded"))
+        await lock.extend(60)
+        assert await c.pttl(key) > 50_000
+        await lock.extend(1)
+        assert await c.pttl(key) > 50_000
+        await c.delete(key)
+        with pytest.raises(rlocks.LockLostError):
+            await lock.extend()
+        assert lock.owned() is False
+        with pytest.raises(rlocks.LockLostError):
+            await lock.release()
+        await c.aclose()
+
+    asyncio.run(main())
