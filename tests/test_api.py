@@ -350,3 +350,77 @@ def test_asyncio_owned_and_extend(redis_url: str, client: Any, name: str, kind: 
         await c.aclose()
 
     asyncio.run(main())
+
+
+# -- one situation, one message ---------------------------------------------------------
+
+
+def test_reentering_a_lost_lock_says_the_same_whether_the_loss_was_noticed_or_not(
+    client: Any, name: str
+) -> None:
+    messages = []
+    # Not noticed yet: the lease ran out with nobody renewing; the acquire script finds it.
+    unnoticed = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=0.2, auto_renew=False)
+    assert unnoticed.acquire()
+    assert eventually(lambda: client.exists(unnoticed._keys.hash) == 0)
+    with pytest.raises(rlocks.LockLostError) as first:
+        unnoticed.acquire()
+    messages.append(str(first.value))
+    assert first.value.lock is unnoticed  # type: ignore[attr-defined]
+    with pytest.raises(rlocks.LockLostError):
+        unnoticed.release()
+
+    # Noticed: `rlocks release --force` deleted it and the renewer reported the loss.
+    lost = threading.Event()
+    noticed = rlocks.RLock(
+        name, client=client, namespace=NAMESPACE, ttl=0.6, on_lost=lambda _lock: lost.set()
+    )
+    assert noticed.acquire()
+    client.delete(noticed._keys.hash)
+    assert lost.wait(10)
+    with pytest.raises(rlocks.LockLostError) as second:
+        noticed.acquire()
+    messages.append(str(second.value))
+    # The error belongs to the lock, so an enclosing `with` unwinds without a second report.
+    assert second.value.lock is noticed  # type: ignore[attr-defined]
+    with pytest.raises(rlocks.LockLostError):
+        noticed.release()
+    assert messages[0] == messages[1]
+
+
+# -- the docs say what the code does ----------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cli_doc_synopsis_lists_each_commands_real_options() -> None:
+    import re
+
+    from rlocks.cli import cli
+
+    text = open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8").read()
+    block = text.split("rlocks [--url URL] [--namespace NS] [--json] COMMAND [ARGS]", 1)[1]
+    block = block.split("```", 1)[0]
+    documented: Dict[str, str] = {}
+    command = None
+    for line in block.splitlines():
+        match = re.match(r"^  ([a-z]+)\b(.*)$", line)
+        if match:
+            command = match.group(1)
+            documented[command] = match.group(2)
+        elif command is not None and line.strip():
+            documented[command] += " " + line
+    assert set(documented) == set(cli.commands)  # type: ignore[attr-defined]
+    global_options = {"--url", "--namespace", "--json"}
+    for name, usage in documented.items():
+        params = cli.commands[name].params  # type: ignore[attr-defined]
+        real = {opt for p in params for opt in p.opts if opt.startswith("-")} - global_options
+        written = set(re.findall(r"(?<![\w-])--?[a-z][a-z-]*", usage))
+        assert {o for o in real if o.startswith("--")} == {
+            o for o in written if o.startswith("--")
+        }, name
+        # A short option is written next to its long form, as --help shows it.
+        for p in params:
+            shorts = [o for o in p.opts if not o.startswith("--")]
+            if any(s in written for s in shorts):
+                assert all(o in written for o in p.opts), (name, p.opts)

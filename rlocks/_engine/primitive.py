@@ -232,11 +232,9 @@ class Primitive:
         """Refuse an acquire before any I/O (raise); by default, re-entering a lost hold."""
         hold = self._holds.get(owner)
         if hold is not None and hold.lost:
-            raise LockLostError(
-                f"{self._describe()}: cannot re-enter; this owner's hold was lost "
-                "(release it first)",
-                name=self._name,
-            )
+            # The same error as a loss the acquire script finds (_refused): one situation,
+            # one message, and nested ``with`` blocks unwind it quietly (``err.lock``).
+            raise self._lost_error()
 
     def _refused(self, owner: str, reentry: bool) -> BaseException:
         """The error for an acquire script's not-owner answer.
