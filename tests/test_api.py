@@ -424,3 +424,142 @@ def test_cli_doc_synopsis_lists_each_commands_real_options() -> None:
             shorts = [o for o in p.opts if not o.startswith("--")]
             if any(s in written for s in shorts):
                 assert all(o in written for o in p.opts), (name, p.opts)
+
+
+# -- what a name is shared by -----------------------------------------------------------
+
+
+def test_a_name_is_per_kind_lock_rwlock_and_semaphore_are_independent(
+    client: Any, redis_url: str, name: str
+) -> None:
+    # As the README says: RLock, RWLock and (Bounded)Semaphore of one name are three
+    # primitives; a threading and an asyncio object of one kind and name are one.
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    assert lock.acquire()
+    try:
+        rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+
+        def write_once() -> bool:
+            got = rw.write_lock.acquire(blocking=False)
+            if got:
+                rw.write_lock.release()
+            return bool(got)
+
+        assert in_thread(write_once)
+        sem = rlocks.Semaphore(name, 1, client=client, namespace=NAMESPACE)
+        assert in_thread(lambda: sem.acquire(blocking=False))
+        # Semaphore and BoundedSemaphore share a name's state, and refuse each other.
+        with pytest.raises(ValueError, match="Semaphore"):
+            rlocks.BoundedSemaphore(name, 1, client=client, namespace=NAMESPACE).acquire(
+                blocking=False
+            )
+        sem.release()
+        # Another thread's RLock of the same name is the same lock: refused.
+        assert in_thread(
+            lambda: rlocks.RLock(name, client=client, namespace=NAMESPACE).acquire(
+                blocking=False
+            )
+        ) is False
+
+        async def other_task() -> bool:
+            c = redis.asyncio.Redis.from_url(redis_url)
+            try:
+                twin = ra.RLock(name, client=c, namespace=NAMESPACE)
+                return bool(await twin.acquire(blocking=False))
+            finally:
+                await c.aclose()
+
+        assert asyncio.run(other_task()) is False  # the asyncio twin is the same lock too
+    finally:
+        lock.release()
+
+
+# -- the README's two ACL lines, on a real server ---------------------------------------
+
+
+def _readme_acl_rules(user: str, namespace: str) -> List[str]:
+    """The README's ``ACL SETUSER <user> ...`` line, for ``namespace``, as SETUSER args."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    lines = [line.strip() for line in readme.splitlines()
+             if line.strip().startswith(f"ACL SETUSER {user} ")]
+    assert len(lines) == 1, f"README has {len(lines)} ACL lines for user {user!r}"
+    words = lines[0].split()[3:]  # after ACL SETUSER <user>
+    assert ">PASSWORD" in words and "~rlocks:*" in words and "&rlocks:*" in words
+    rules = []
+    for word in words:
+        if word == ">PASSWORD":
+            continue
+        rules.append(word.replace("rlocks:*", f"{namespace}:*"))
+    return rules
+
+
+def _acl_client(admin: Any, redis_url: str, user: str, rules: List[str]) -> "redis.Redis[bytes]":
+    password = f"pw-{user}"
+    admin.acl_setuser(user, reset=True)
+    admin.execute_command("ACL", "SETUSER", user, f">{password}", *rules)
+    host_port = redis_url.split("//", 1)[1]
+    return redis.Redis.from_url(
+        f"redis://{host_port}", username=user, password=password, socket_timeout=10
+    )
+
+
+@pytest.mark.timeout(120)
+def test_readme_acl_lines_library_and_command_line(
+    client: Any, redis_url: str, name: str
+) -> None:
+    from click.testing import CliRunner
+
+    from rlocks.cli import cli
+
+    ns = f"acl-{name[-12:]}"
+    tag = name[-8:]
+    library_user, cli_user = f"rlocks-lib-{tag}", f"rlocks-cli-{tag}"
+    lib = _acl_client(client, redis_url, library_user, _readme_acl_rules("rlocks", ns))
+    ops = _acl_client(client, redis_url, cli_user, _readme_acl_rules("rlocks-ops", ns))
+    try:
+        client.script_flush()  # each user must be able to load the scripts itself
+        # The library line: every operation of every primitive, extend included.
+        lock = rlocks.RLock("r", client=lib, namespace=ns, ttl=5, auto_renew=False)
+        rw = rlocks.RWLock("w", client=lib, namespace=ns, ttl=5, auto_renew=False)
+        sem = rlocks.BoundedSemaphore("s", 2, client=lib, namespace=ns, ttl=5, auto_renew=False)
+        assert lock.acquire(timeout=5) and lock.acquire(timeout=5) and lock.locked()
+        lock.extend(10)
+        assert rw.write_lock.acquire(timeout=5) and rw.read_lock.acquire(timeout=5)
+        rw.write_lock.extend()
+        rw.write_lock.release()
+        assert rw.read_lock.locked() and not rw.write_lock.locked()
+        assert sem.acquire(timeout=5)
+        sem.extend(10)
+        # A waiter (another thread) subscribes to the namespace's wake-up channel.
+        assert in_thread(lambda: lock.acquire(timeout=0.2)) is False
+
+        # The command line under the operator's line: list, inspect, watch, release.
+        url = f"redis://{cli_user}:pw-{cli_user}@{redis_url.split('//', 1)[1]}"
+        runner = CliRunner()
+
+        def run(*args: str) -> Any:
+            result = runner.invoke(cli, ["--url", url, "--namespace", ns, *args])
+            assert result.exit_code == 0, (args, result.output)
+            return result
+
+        listed = run("list").output
+        assert "RLock" in listed and "RWLock" in listed and "BoundedSemaphore" in listed
+        assert "r" in run("inspect", "r").output
+        run("watch", "r", "--count", "1")
+        run("release", "--force", "r", "--yes", "--kind", "rlock")
+        assert lib.exists(lock._keys.hash) == 0
+        # ... and the library line alone is not enough for it (why there are two lines).
+        lib_url = f"redis://{library_user}:pw-{library_user}@{redis_url.split('//', 1)[1]}"
+        refused = runner.invoke(cli, ["--url", lib_url, "--namespace", ns, "list"])
+        assert refused.exit_code != 0 and "permission" in refused.output.lower()
+
+        for _level in range(2):  # each level of the force-released hold reports the loss
+            with pytest.raises(rlocks.LockLostError):
+                lock.release()
+        rw.read_lock.release()
+        sem.release()
+        assert client.keys(f"{ns}:*") == []
+    finally:
+        lib.close()
+        ops.close()
+        client.acl_deluser(library_user, cli_user)
