@@ -111,6 +111,21 @@ def test_a_peer_keyword_names_the_public_class_and_the_rlocks_keyword(label: str
     assert str(missing.value).startswith(f"{label}(): ") and "'name'" in str(missing.value)
 
 
+@pytest.mark.parametrize(
+    "keyword",
+    ["timeout", "expire", "blocking_timeout", "blocking", "sleep", "thread_local",
+     "auto_renewal", "id", "token"],
+)
+def test_every_peer_keyword_the_readme_lists_gets_a_hint(keyword: str) -> None:
+    with pytest.raises(TypeError) as raised:
+        rlocks.RLock("x", **{keyword: 1})
+    assert str(raised.value).startswith(
+        f"rlocks.RLock('x'): got an unexpected keyword argument '{keyword}'; "
+    )
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert f"`{keyword}=`" in readme.split("## Migrating", 1)[1].split("\n## ", 1)[0]
+
+
 @pytest.mark.parametrize("label", list(CONSTRUCTORS))
 def test_constructors_keep_their_explicit_signature(label: str) -> None:
     # help() and inspect show the real keywords, not (*args, **kwargs).
@@ -563,3 +578,15 @@ def test_readme_acl_lines_library_and_command_line(
         lib.close()
         ops.close()
         client.acl_deluser(library_user, cli_user)
+
+
+def test_license_file_matches_the_declared_license_and_a_changelog_exists() -> None:
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(os.path.join(ROOT, "setup.cfg"))
+    assert config["metadata"]["license"] == "MIT"
+    license_text = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
+    assert license_text.startswith("MIT License") and "the rlocks authors" in license_text
+    changelog = open(os.path.join(ROOT, "CHANGELOG.md"), encoding="utf-8").read()
+    assert "## [Unreleased]" in changelog and f"## [{rlocks.__version__}]" in changelog

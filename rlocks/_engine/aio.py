@@ -426,8 +426,9 @@ class AsyncReentrantLock(AsyncPrimitive):
         Waits (without blocking the event loop) while another owner holds it: forever
         with ``timeout=None`` (the default: ``asyncio.Lock.acquire`` has no timeout, so
         its twin's "forever" is ``None``; threading's ``-1`` means the same here), at most
-        ``timeout`` seconds otherwise, not at all with ``blocking=False``. Returns True once held, False if not in time. Cancelling the
-        waiting task leaves nothing behind, not even a hold granted as it was cancelled.
+        ``timeout`` seconds otherwise, not at all with ``blocking=False``. Returns True
+        once held, False if not in time. Cancelling the waiting task leaves nothing
+        behind, not even a hold granted as it was cancelled.
 
         Raises TypeError / ValueError / OverflowError for bad arguments before any I/O,
         LockLostError if this task's hold was lost and not yet released, redis-py errors
