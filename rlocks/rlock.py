@@ -52,7 +52,9 @@ class RLock(ReentrantLock, _RLockCore):
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
     threads, here or in other processes, wait. ``acquire``, ``release``, ``with``,
-    ``locked`` and the ``threading.Condition`` protocol behave as in ``threading.RLock``.
+    ``locked`` and the ``threading.Condition`` protocol behave as in ``threading.RLock``;
+    ``owned()`` (no I/O) and ``extend(ttl=None)`` are as redis-py's ``Lock`` has them
+    (see their docstrings for the differences).
 
     - ``client``: a ``redis.Redis`` or ``redis.cluster.RedisCluster``; ``None`` uses
       ``RLOCKS_URL`` (default ``redis://localhost:6379/0``).

@@ -234,7 +234,7 @@ class Primitive:
         if hold is not None and hold.lost:
             # The same error as a loss the acquire script finds (_refused): one situation,
             # one message, and nested ``with`` blocks unwind it quietly (``err.lock``).
-            raise self._lost_error()
+            raise self._lost_error(reentering=True)
 
     def _refused(self, owner: str, reentry: bool) -> BaseException:
         """The error for an acquire script's not-owner answer.
@@ -243,7 +243,7 @@ class Primitive:
         reported now, not at the release.
         """
         self._hold_lost(owner, "its hold was gone at re-entry")
-        return self._lost_error()
+        return self._lost_error(reentering=True)
 
     def _queues_locally(self, owner: str) -> bool:
         """Whether a blocking acquire by ``owner`` should queue behind this process's
@@ -574,10 +574,12 @@ class Primitive:
             return True
         return False
 
-    def _lost_error(self) -> LockLostError:
+    def _lost_error(self, reentering: bool = False) -> LockLostError:
+        # Re-entering names what to do: the lost levels must be released first.
+        then = "; it cannot be re-entered until released" if reentering else ""
         err = LockLostError(
             f"{self._describe()} was lost before it was released: its lease ended or the "
-            "key was removed; another owner may hold it now (it was not touched)",
+            f"key was removed; another owner may hold it now (it was not touched){then}",
             name=self._name,
         )
         err.lock = self  # type: ignore[attr-defined]
