@@ -275,6 +275,25 @@ def test_extend_resets_the_lease_and_never_shortens_it(client: Any, name: str, k
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)
+def test_the_renewer_does_not_cut_back_an_extended_lease(
+    client: Any, name: str, kind: str
+) -> None:
+    lock = make(kind, name, client, ttl=0.6)  # renewed about every 0.2 s
+    key = lock._keys.hash
+    assert lock.acquire()
+    try:
+        lock.extend(60)
+        owner = next(iter(lock._holds))
+        lease = lock._holds[owner].lease
+        renewed_before = lease.expires
+        # Wait for the renewer's next pass over this hold (its local lease end moves on).
+        assert eventually(lambda: lease.expires > renewed_before)
+        assert client.pttl(key) > 50_000  # renewal with ttl=0.6 kept the longer lease
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
 def test_extend_on_a_lost_hold_raises_lock_lost(client: Any, name: str, kind: str) -> None:
     lost: List[Any] = []
     lock = make(kind, name, client, ttl=30, auto_renew=False, on_lost=lost.append)
