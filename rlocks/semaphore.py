@@ -2,16 +2,34 @@
 processes and hosts.
 
 One Redis hash per semaphore (layout in ``_engine/lua/sem_lib.lua``): the free count, the
-initial value and kind, and the permits each *process* holds under that process's lease.
-Permits belong to the process (``identity.process_owner()``), not the thread, because
-``threading.Semaphore`` lets any thread release what another acquired.
+initial value and kind, and the permits each owner holds under its own lease.
+
+Whose permits
+-------------
+A permit is accounted to the *thread* (asyncio: the task) that took it, in Redis and in
+the local books, each thread's under its own lease. So a loss (a lease that ended during a
+stall, ``rlocks release --force``) is found per thread: by that thread's renewal, by its
+release, or by its next grant, which then sees fewer permits in Redis than it was granted
+before plus the new one. A grant never lands in a record whose earlier permits are gone,
+and one thread's fresh permit is never taken to cover another thread's lost one. (One
+record per process, as before, could not tell "my permit" from "a permit of this
+process": a loss followed by another thread's grant looked like no loss at all.)
+
+``threading.Semaphore`` lets any thread release a permit another thread took, and so does
+this: a release gives back the caller's own permits first, then permits other threads of
+this process took through this object (the thread whose permit was released holds one
+fewer). Only what is left after that is a release of nobody's permit: threading's counter
+model, which a Semaphore allows (its value grows) and a BoundedSemaphore refuses with
+ValueError whenever it would put more than ``value`` permits in circulation (free plus held
+by live owners, in any process), so a process that holds nothing cannot release another
+process's permit and let a third caller in while the holder still works.
 """
 
 from __future__ import annotations
 
 import operator
 from types import TracebackType
-from typing import Any, Callable, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 from redis.exceptions import ResponseError
 
@@ -39,11 +57,24 @@ def _count(value: object, what: str, label: str) -> int:
     return number
 
 
+class _Release:
+    """One release in progress (no I/O): what goes back to the pool, whose permits."""
+
+    __slots__ = ("owner", "give", "takes", "call")
+
+    def __init__(self, owner: str, n: int) -> None:
+        self.owner = owner  # who called release()
+        self.give = n  # permits to add to the free count
+        # (owner, permits) taken off owners' records: the caller's first, then others'
+        self.takes: List[Tuple[str, int]] = []
+        self.call: Optional[Call] = None
+
+
 class _SemaphoreCore(Primitive):
     """What a semaphore is, without I/O: hash layout, scripts, arguments, reply handling.
 
     Shared by :class:`Semaphore` and ``rlocks.asyncio.Semaphore``, which add their
-    surfaces. Permits belong to the process (``identity.process_owner()``).
+    surfaces and say who the owner is (the thread, or the task).
     """
 
     __slots__ = ("_value",)
@@ -109,62 +140,132 @@ class _SemaphoreCore(Primitive):
         lease = lease_ms or self._ttl_ms
         return (self._keys.hash,), (owner, lease, self._value, self._bounded)
 
-    def _begin_release(self, n: int) -> Tuple[str, int, Call]:
-        """The I/O-free start of a release: (owner, own permits taken off, the call)."""
+    def _begin_release(self, owner: str, n: int) -> Optional["_Release"]:
+        """The I/O-free start of a release by ``owner``: the first call to make, or None
+        when nothing needs to be sent (every permit it gives back was lost already).
+
+        Raises TypeError/ValueError for a bad ``n`` and LockLostError when the caller's
+        own permits are known lost (they come off the local books), all before any I/O.
+        """
         label = self._describe()
         n = _count(n, "n", label)
         if n < 1:
             raise ValueError(f"{label}: n must be one or more")
-        owner = identity.process_owner()
-        # This process's permits come off the local books before the I/O, so the local
-        # count never exceeds Redis's and the renewer never sees a permit Redis lacks
-        # unless it really was lost.
+        release = _Release(owner, n)
+        # Permits come off the local books before the I/O, so the local count never
+        # exceeds Redis's and the renewer never sees a permit Redis lacks unless it
+        # really was lost.
         own, lost = self._drop(owner, n)
         if lost:
             raise self._lost_error()
-        call = self._prepared(
-            ("release", owner, n, own),
+        if own:
+            release.takes.append((owner, own))
+        left = n - own
+        if left:
+            # threading lets any thread release another's permit: take them from other
+            # threads of this process, live ones first. Permits already known lost are
+            # back in the pool: releasing one sends nothing (the loss was reported when
+            # it was found, to the thread that took it).
+            holds = list(self._holds.items())
+            others = [o for o, h in holds if o != owner and not h.lost]
+            others += [o for o, h in holds if o != owner and h.lost]
+            for other in others:
+                taken, was_lost = self._drop(other, left)
+                left -= taken
+                if was_lost:
+                    release.give -= taken
+                elif taken:
+                    release.takes.append((other, taken))
+                if not left:
+                    break
+        return self._release_step(release)
+
+    def _release_step(self, release: "_Release") -> Optional["_Release"]:
+        """``release`` with its next call built; None when there is nothing to send."""
+        if release.give < 1:
+            return None
+        takes = tuple(release.takes)
+        give = release.give
+        release.call = self._prepared(
+            ("release", give, takes),
             self._release_script,
             lambda: (
                 (self._keys.hash, self._keys.channel),
-                (owner, n, own, self._value, self._bounded, self._publish),
+                (give, self._value, self._bounded, self._publish,
+                 *(part for take in takes for part in take)),
             ),
         )
-        return owner, own, call
+        return release
 
     def _undo_call(self, owner: str, count: int) -> Call:
-        # Permits granted but not kept go back as this process's own.
+        # Permits granted but not kept go back as this owner's own.
         keys = (self._keys.hash, self._keys.channel)
-        args = (owner, count, count, self._value, self._bounded, self._publish)
+        args = (count, self._value, self._bounded, self._publish, owner, count)
         return Call(self._release_script, keys, args)
 
-    def _release_refused(
-        self, owner: str, own: int, since: float, exc: ResponseError
-    ) -> Exception:
-        # Redis refused with an error reply and changed nothing: our permits are ours.
-        self._unreserve(owner, own, since)
+    def _grant_refusal(self, owner: str, count: int, reply: Reply) -> Optional[BaseException]:
+        """Also refuse a grant that landed after this owner's earlier permits were lost.
+
+        Redis counts the owner's permits after the grant; fewer than the local books plus
+        this grant means the earlier ones are gone (lease ended, key deleted) and were
+        re-created from nothing by this grant. Keeping it would hide that loss behind a
+        live record, so the new permit goes back and the loss is reported to the owner.
+        """
+        refusal = super()._grant_refusal(owner, count, reply)
+        if refusal is not None or not reply.granted:
+            return refusal
+        hold = self._holds.get(owner)
+        known_lost = hold is not None and hold.lost
+        if known_lost or reply.holds < self._held_by_all_objects(owner) + count:
+            if not known_lost:
+                self._hold_lost(owner, "its permits were gone when it was granted another")
+            return self._lost_error()
+        return None
+
+    def _release_refused(self, release: "_Release", since: float, exc: ResponseError) -> Exception:
+        # Redis refused with an error reply and changed nothing: the permits are theirs.
+        self._unreserve(release.takes, since)
         return self._translate(exc)
 
-    def _finish_release(self, owner: str, own: int, since: float, reply: Reply) -> None:
-        """The I/O-free end of a release: refusals and losses become exceptions."""
+    def _finish_release(
+        self, release: "_Release", since: float, reply: Reply
+    ) -> Optional["_Release"]:
+        """The I/O-free end of one release call: None when done, or the release to send
+        again; refusals and the caller's own losses become exceptions."""
+        if reply.granted:
+            return None
         if reply.busy:
-            self._unreserve(owner, own, since)
+            self._unreserve(release.takes, since)
             raise ValueError(f"{self._describe()}: Semaphore released too many times")
-        if reply.not_owner:
-            if own and self._held(owner) == 0:
-                # Every local permit came off the books above, so _hold_lost would find
-                # nothing to mark: report the loss here, as a renewal would have.
-                self._report_lost(owner, "its permits were gone at release")
-            else:
-                self._hold_lost(owner, "its permits were gone at release")
+        index = reply.value - 1
+        if not 0 <= index < len(release.takes):
+            raise RuntimeError(f"{self._describe()}: unexpected release reply {reply}")
+        lost_owner, count = release.takes.pop(index)
+        # Nothing was changed: the other permits listed are still held by their owners.
+        self._report_permits_lost(lost_owner)
+        if lost_owner == release.owner:
+            self._unreserve(release.takes, since)
             raise self._lost_error()
+        # Another thread's permit that this caller released was gone already, back in
+        # the pool by its lease's end: that loss is its owner's news; release the rest.
+        release.give -= count
+        return self._release_step(release)
+
+    def _report_permits_lost(self, owner: str) -> None:
+        reason = "its permits were gone at release"
+        if self._held(owner) > 0:
+            self._hold_lost(owner, reason)  # its other permits are gone too: one record
+        else:
+            # Every local permit came off the books before the call, so _hold_lost would
+            # find nothing to mark: report the loss here, as a renewal would have.
+            self._report_lost(owner, reason)
 
     # -- local bookkeeping of permits ----------------------------------------------------
 
-    def _unreserve(self, owner: str, own: int, since: float) -> None:
-        # Redis refused the release and changed nothing: the permits are ours again.
-        if own:
-            self._record_grant(owner, own, since)
+    def _unreserve(self, takes: List[Tuple[str, int]], since: float) -> None:
+        # Redis refused the release and changed nothing: those permits are held again.
+        for owner, count in takes:
+            self._record_grant(owner, count, since)
 
     def _translate(self, exc: ResponseError) -> Exception:
         text = str(exc)
@@ -200,13 +301,19 @@ class Semaphore(_SemaphoreCore):
     namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)``
 
     Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
-    free; ``release(n)`` gives ``n`` back, and any thread may release (an unbounded
-    semaphore's value grows past its initial value exactly as ``threading``'s does).
+    free; ``release(n)`` gives ``n`` back, and any thread may release: its own permits
+    first, then permits other threads of this process took through this object, and
+    the rest add to the free count (an unbounded semaphore's value grows past its initial
+    value exactly as ``threading``'s does; a process holding nothing may release too).
 
-    Permits belong to the *process*: while this process lives and keeps a reference to
-    the semaphore, its lease on them is renewed about every ``ttl / 3``; when it dies
-    they come back to the pool at most ``ttl`` after its last renewal (a
-    BoundedSemaphore never goes above its initial value, recovery included).
+    Each permit is accounted to the thread that took it, under that thread's lease:
+    while this process lives and keeps a reference to the semaphore, the lease is renewed
+    about every ``ttl / 3``; when the process dies the permits come back to the pool at
+    most ``ttl`` after the last renewal (a BoundedSemaphore never goes above its initial
+    value, recovery included). A lost permit (lease ended during a stall, ``rlocks
+    release --force``) is reported to the thread that took it (``on_lost``, then
+    LockLostError from its next ``release()`` or ``acquire()``), never hidden by a
+    later grant to another thread.
 
     The initial ``value`` (and whether the semaphore is bounded) is stored in Redis by the
     first operation that leaves state there. Every later operation, from any process,
@@ -223,23 +330,24 @@ class Semaphore(_SemaphoreCore):
     _label = "rlocks.Semaphore"
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        """Take one permit for this process, waiting while none is free.
+        """Take one permit for the calling thread, waiting while none is free.
 
         Waits forever with ``timeout=None``, at most ``timeout`` seconds otherwise, not at
         all with ``blocking=False``. Returns True once a permit is taken, False if none
         could be had in time.
 
         Raises, before touching Redis, what ``threading.Semaphore.acquire`` raises for bad
-        arguments; LockLostError if this process's permits were lost (lease ended) and not
-        all released yet; ValueError if Redis holds this semaphore with another initial
-        value or kind. Redis errors propagate.
+        arguments; LockLostError if this thread's permits were lost (lease ended, key
+        deleted) and not all released yet, whether that was known before the call or is
+        found by this grant (the new permit is then given back); ValueError if Redis holds
+        this semaphore with another initial value or kind. Redis errors propagate.
 
-        In Redis: one off the free count, one onto this process's permits, its lease
-        restarted.
+        In Redis: one off the free count, one onto this thread's permits, its lease
+        extended to at least ``ttl``.
         """
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         try:
-            return self._take(identity.process_owner(), 1, wait)
+            return self._take(identity.thread_owner(), 1, wait)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
@@ -248,25 +356,30 @@ class Semaphore(_SemaphoreCore):
     def release(self, n: int = 1) -> None:
         """Give ``n`` permits back and wake up to ``n`` waiters (per waiting process).
 
-        Any thread may release, whether or not this process acquired: permits this process
-        holds are taken off its record first; the rest add to the free count, as in
-        ``threading.Semaphore``.
+        Any thread may release, whether or not it acquired: the calling thread's permits
+        come off its record first, then permits other threads of this process took
+        through this object (one whose lease already ended is back in the pool: it is not
+        given back twice); the rest is a release of nobody's permit, which adds to the
+        free count, as in ``threading.Semaphore``, and which a BoundedSemaphore refuses.
 
         Raises, without changing anything in Redis: ValueError if ``n < 1``, if a
-        BoundedSemaphore would go above its initial value ("Semaphore released too many
-        times"), or if Redis holds this semaphore with another initial value or kind;
-        TypeError if ``n`` is not an int; LockLostError if permits this process held were
-        lost (lease ended: they are back in the pool already; the local count drops).
+        BoundedSemaphore would then have more than its initial value in circulation,
+        free or held ("Semaphore released too many times": so a process holding nothing
+        cannot release a BoundedSemaphore), or if Redis holds this semaphore with another
+        initial value or kind; TypeError if ``n`` is not an int; LockLostError if the
+        calling thread's own permits were lost (lease ended: they are back in the pool
+        already; the local count drops).
         """
-        owner, own, call = self._begin_release(n)
-        since = monotonic()
-        try:
-            reply = call(self._client)
-        except ResponseError as exc:
-            raise self._release_refused(owner, own, since, exc) from None
-        # On any other error (connection...) the reserved permits stay dropped locally, as
-        # RLock's release does: renewal stops and their lease runs out on the server.
-        self._finish_release(owner, own, since, reply)
+        step = self._begin_release(identity.thread_owner(), n)
+        while step is not None and step.call is not None:
+            since = monotonic()
+            try:
+                reply = step.call(self._client)
+            except ResponseError as exc:
+                raise self._release_refused(step, since, exc) from None
+            # On any other error (connection...) the reserved permits stay dropped
+            # locally, as RLock's release does: renewal stops and their lease runs out.
+            step = self._finish_release(step, since, reply)
 
     def __exit__(
         self,
@@ -274,7 +387,7 @@ class Semaphore(_SemaphoreCore):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if not self._unwound_quietly(exc, identity.process_owner()):
+        if not self._unwound_quietly(exc, identity.thread_owner()):
             self.release()
 
     def owned(self) -> bool:
@@ -313,12 +426,17 @@ class Semaphore(_SemaphoreCore):
 
 
 class BoundedSemaphore(Semaphore):
-    """A :class:`Semaphore` whose free count never goes above its initial value.
+    """A :class:`Semaphore` that never has more than its initial value in circulation.
 
-    ``release()`` raises ValueError ("Semaphore released too many times") when it would,
-    as ``threading.BoundedSemaphore`` does, and permits recovered from a dead process are
-    capped at the initial value too. Redis remembers the kind: a Semaphore and a
-    BoundedSemaphore cannot share a name.
+    Permits free plus permits held by live owners, in every process, never exceed
+    ``value``, whatever ``release()`` calls are made: a release gives back permits this
+    process holds (the calling thread's, then other threads'), and one that would add a
+    permit nobody holds raises ValueError ("Semaphore released too many times") and
+    changes nothing, locally or in Redis. In one process that is exactly
+    ``threading.BoundedSemaphore``'s rule; across processes it means a process holding
+    nothing cannot release another process's permit. Permits recovered from a dead
+    process are capped at the initial value too. Redis remembers the kind: a Semaphore
+    and a BoundedSemaphore cannot share a name.
     """
 
     __slots__ = ()

@@ -360,9 +360,10 @@ class AsyncPrimitive(Primitive):
             raise
         if waiting and not reply.granted:
             await self._agave_up(owner, None)
-        if self._short_of_replicas(reply):
+        refusal = self._grant_refusal(owner, count, reply)
+        if refusal is not None:
             await self._arun_call(self._undo_call(owner, count))
-            raise self._replication_error(reply)
+            raise refusal
         return self._finish_take(owner, count, reply, started[0])
 
     async def _shielded(self, call: Call, owner: str, count: int) -> Reply:

@@ -294,6 +294,16 @@ class Primitive:
         """
         return Call(self._release_script, *self._release_arguments(owner, count, False))
 
+    def _grant_refusal(self, owner: str, count: int, reply: Reply) -> Optional[BaseException]:
+        """Why a grant must be given back instead of kept (the error to raise), or None.
+
+        By default: fewer replicas acknowledged it than ``replicas=`` asks, so it is not
+        durable enough to trust across a failover. No I/O; the drivers give it back.
+        """
+        if self._short_of_replicas(reply):
+            return self._replication_error(reply)
+        return None
+
     def _short_of_replicas(self, reply: Reply) -> bool:
         """Whether a grant was acknowledged by fewer replicas than ``replicas=`` asks."""
         return reply.granted and self._wait is not None and reply.replicas < self._wait[0]
@@ -314,6 +324,10 @@ class Primitive:
         """How many holds ``owner`` has here, as far as this process knows."""
         hold = self._holds.get(owner)
         return hold.count if hold is not None else 0
+
+    def _held_by_all_objects(self, owner: str) -> int:
+        """Holds ``owner`` has on this primitive through every object of its name here."""
+        return _process_holds.get(self._hold_key(owner), 0)
 
     def _record_grant(self, owner: str, count: int, since: float) -> None:
         key = self._hold_key(owner)
@@ -432,10 +446,11 @@ class Primitive:
             raise
         if waiting and not reply.granted:
             self._gave_up_sync(owner, None)
-        if self._short_of_replicas(reply):
-            # Not durable enough to trust across a failover: give it back, then say so.
+        refusal = self._grant_refusal(owner, count, reply)
+        if refusal is not None:
+            # A grant that cannot be kept (see _grant_refusal): give it back, then say why.
             self._undo_call(owner, count)(client)
-            raise self._replication_error(reply)
+            raise refusal
         return self._finish_take(owner, count, reply, started[0])
 
     def _log_wait(self, owner: str, since: float, reply: Reply) -> None:

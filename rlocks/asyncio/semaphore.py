@@ -19,8 +19,9 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
     namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)`` with ``client`` a
-    ``redis.asyncio.Redis``. Same Redis state and rules as :class:`rlocks.Semaphore`:
-    permits belong to the process, any task may release.
+    ``redis.asyncio.Redis``. Same Redis state and rules as :class:`rlocks.Semaphore`,
+    with the task in the thread's place: each permit is accounted to the task that took
+    it, and any task may release.
     """
 
     __slots__ = ()
@@ -35,19 +36,20 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         """
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         try:
-            return await self._atake(identity.process_owner(), 1, wait)
+            return await self._atake(identity.task_owner(), 1, wait)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
     async def release(self, n: int = 1) -> None:
         """Give ``n`` permits back (a round trip); errors as :meth:`rlocks.Semaphore.release`."""
-        owner, own, call = self._begin_release(n)
-        since = monotonic()
-        try:
-            reply = await self._arun_call(call)
-        except ResponseError as exc:
-            raise self._release_refused(owner, own, since, exc) from None
-        self._finish_release(owner, own, since, reply)
+        step = self._begin_release(identity.task_owner(), n)
+        while step is not None and step.call is not None:
+            since = monotonic()
+            try:
+                reply = await self._arun_call(step.call)
+            except ResponseError as exc:
+                raise self._release_refused(step, since, exc) from None
+            step = self._finish_release(step, since, reply)
 
     def owned(self) -> bool:
         """Whether this process holds a permit (local state, no I/O, not a coroutine)."""
@@ -65,7 +67,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if not self._unwound_quietly(exc, identity.process_owner()):
+        if not self._unwound_quietly(exc, identity.task_owner()):
             await self.release()
 
 

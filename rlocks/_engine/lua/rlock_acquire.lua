@@ -2,7 +2,9 @@
 --
 -- KEYS[1]  the lock's hash: field = owner id, value = hold count (one field at most)
 -- ARGV[1]  owner id (opaque string)
--- ARGV[2]  lease, ms (> 0): the hash's PEXPIRE after a grant
+-- ARGV[2]  lease, ms (> 0): the hash's PEXPIRE after a grant, unless it has longer left
+--          (never shortened: another object of the same name, with a longer ttl, may
+--          hold outer levels of this owner's hold and renew it less often)
 -- ARGV[3]  holds to add, count (>= 1): 1 for acquire(), n for _acquire_restore()
 -- ARGV[4]  1 = the caller believes this owner already holds the lock (re-entry); 0 = not
 --
@@ -25,7 +27,10 @@ end
 
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], owner) == 1 then
     local count = redis.call('HINCRBY', KEYS[1], owner, add)
-    redis.call('PEXPIRE', KEYS[1], lease_ms)
+    -- Compared here, not PEXPIRE ... GT, which needs Redis 7 (PTTL -1: no expiry yet).
+    if redis.call('PTTL', KEYS[1]) < lease_ms then
+        redis.call('PEXPIRE', KEYS[1], lease_ms)
+    end
     return {1, count}
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  owner id (opaque string)
--- ARGV[2]  lease, ms (> 0): the owner's read lease ends this long after the grant
+-- ARGV[2]  lease, ms (> 0): the owner's read lease ends this long after the grant, or
+--          later if it already did (never shortened; see lease_end in rw_lib)
 -- ARGV[3]  read holds to add, count (>= 1)
 -- ARGV[4]  1 = the caller believes this owner already reads (re-entry); 0 = not
 --

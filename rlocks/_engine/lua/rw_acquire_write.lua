@@ -4,6 +4,7 @@
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  owner id (opaque string)
 -- ARGV[2]  lease, ms (> 0): the owner's write lease (and a waiting claim) lasts this long
+--          (a re-entry never shortens a longer write lease; see lease_end in rw_lib)
 -- ARGV[3]  write holds to add, count (>= 1)
 -- ARGV[4]  1 = the caller will wait: when busy, stake (or refresh) this owner's claim, so
 --          new readers wait behind it; 0 = a single try: never claim

@@ -73,11 +73,26 @@ local function load_state(key, now)
     return st
 end
 
--- Add `add` holds of `side` ('r' or 'w') for `owner` and (re)start its lease; returns the
--- owner's count on that side now.
-local function grant(st, side, owner, add, lease_ms)
-    local count = redis.call('HINCRBY', st.key, side .. ':' .. owner, add)
+-- The later of `owner`'s live lease end on `side` and `now + lease_ms`: a grant or renewal
+-- never shortens a live hold's lease (another object of the same name, with a longer ttl,
+-- may hold outer levels of it and renew it less often).
+local function lease_end(st, side, owner, lease_ms)
     local ends_at = st.now + lease_ms
+    local current = nil
+    if side == 'r' then
+        if st.r[owner] ~= nil then current = st.r[owner][2] end
+    elseif st.writer == owner then
+        current = st.wend
+    end
+    if current ~= nil and current > ends_at then return current end
+    return ends_at
+end
+
+-- Add `add` holds of `side` ('r' or 'w') for `owner` and extend its lease to at least
+-- `lease_ms` from now; returns the owner's count on that side now.
+local function grant(st, side, owner, add, lease_ms)
+    local ends_at = lease_end(st, side, owner, lease_ms)
+    local count = redis.call('HINCRBY', st.key, side .. ':' .. owner, add)
     redis.call('HSET', st.key, '#' .. side .. ':' .. owner, ends_at)
     if side == 'r' then
         if st.r[owner] == nil then

@@ -20,9 +20,7 @@ if held == nil then
     finish(st)
     return {-1, 0}
 end
-local ends_at = st.now + lease_ms
-local current = side == 'r' and st.r[owner][2] or st.wend
-if current > ends_at then ends_at = current end
+local ends_at = lease_end(st, side, owner, lease_ms)
 redis.call('HSET', KEYS[1], '#' .. side .. ':' .. owner, ends_at)
 if side == 'r' then st.r[owner][2] = ends_at else st.wend = ends_at end
 finish(st)

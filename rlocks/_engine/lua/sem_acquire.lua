@@ -1,9 +1,10 @@
--- sem_acquire: take permits of a (Bounded)Semaphore for an owner (a process).
+-- sem_acquire: take permits of a (Bounded)Semaphore for an owner (a thread or task).
 -- (Runs after sem_lib.lua, which scripts.load prepends; the hash layout is described there.)
 --
 -- KEYS[1]  the semaphore's hash
--- ARGV[1]  owner id (opaque string; the process's owner id)
--- ARGV[2]  lease, ms (> 0): the owner's lease on all its permits ends this long from now
+-- ARGV[1]  owner id (opaque string; the taking thread's or task's owner id)
+-- ARGV[2]  lease, ms (> 0): the owner's lease on all its permits ends this long from now,
+--          or later if it already did (never shortened; see lease_end in sem_lib)
 -- ARGV[3]  permits to take, count (>= 1)
 -- ARGV[4]  initial value, count (>= 0), as given to the constructor
 -- ARGV[5]  1 = BoundedSemaphore, 0 = Semaphore
@@ -30,6 +31,6 @@ end
 st.free = st.free - take
 local count = take
 if st.held[owner] ~= nil then count = count + st.held[owner][1] end
-set_held(st, owner, count, st.now + lease_ms)
+set_held(st, owner, count, lease_end(st, owner, lease_ms))
 finish(st)
 return {1, count}

@@ -2,7 +2,7 @@
 -- each sem_* operation file, so each runs as one script; on its own it does nothing.
 --
 -- A Semaphore (or BoundedSemaphore) is one hash:
---   <owner>         permits held by <owner> (a process), count
+--   <owner>         permits held by <owner> (a thread, or an asyncio task), count
 --   #lease:<owner>  end of <owner>'s lease on them, server ms (redis TIME)
 --   #free           permits free now, count (threading's Semaphore._value)
 --   #value          the initial value, as given by the first user; later users must agree
@@ -85,6 +85,16 @@ end
 local function mismatch(stored_value, stored_bounded)
     return redis.error_reply('RLOCKS_SEM_MISMATCH ' .. string.format('%d', stored_value)
         .. ' ' .. string.format('%d', stored_bounded))
+end
+
+-- The later of `owner`'s live lease end and `now + lease_ms`: a grant or renewal never
+-- shortens a live hold's lease (another object of the same name, with a longer ttl, may
+-- share this owner's permits and renew them less often).
+local function lease_end(st, owner, lease_ms)
+    local ends_at = st.now + lease_ms
+    local hold = st.held[owner]
+    if hold ~= nil and hold[2] > ends_at then return hold[2] end
+    return ends_at
 end
 
 local function set_held(st, owner, count, ends_at)

@@ -4,7 +4,7 @@
 -- KEYS[1]  the semaphore's hash
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms (> 0): the owner's lease ends at least this long from now (a longer
---          one, set by another object of this process or an extend, is kept)
+--          one, set by another object of this owner or an extend, is kept)
 -- ARGV[3]  initial value, count (>= 0)
 -- ARGV[4]  1 = BoundedSemaphore, 0 = Semaphore
 --
@@ -25,6 +25,6 @@ if hold == nil then
     if st.exists then finish(st) end
     return {-1, 0}
 end
-set_held(st, owner, hold[1], math.max(hold[2], st.now + lease_ms))
+set_held(st, owner, hold[1], lease_end(st, owner, lease_ms))
 finish(st)
 return {1, hold[1]}
