@@ -654,3 +654,27 @@ def test_nested_synchronized_functions_sharing_a_name_with_a_waiter(
     b.join(10)
     assert not a.is_alive() and not b.is_alive()
     assert calls == ["outer", "b"]
+
+
+def test_a_shorter_ttl_inside_never_shortens_the_outer_hold(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # Issue 10 A: RLock(name, ttl=30) around a @synchronized(name, ttl=1) function: the
+    # inner grant set the key's lease to 1 s, and once the inner object stopped renewing,
+    # another process could take the lock while the outer frame still held it.
+    outer = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=30)
+    key = f"{NAMESPACE}:rlock:{{{name}}}"
+
+    @rlocks.synchronized(name, client=client, namespace=NAMESPACE, ttl=1)
+    def inner() -> int:
+        return int(client.pttl(key))
+
+    with outer:
+        assert inner() > 20_000
+        assert client.pttl(key) > 20_000, "the inner release left the outer hold a short lease"
+        other: List[bool] = []
+        thread = threading.Thread(target=lambda: other.append(outer.acquire(blocking=False)))
+        thread.start()
+        thread.join(10)
+        assert other == [False]
+    assert not client.exists(key)

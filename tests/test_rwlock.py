@@ -437,3 +437,25 @@ def test_downgrade_does_not_queue_behind_local_readers(
     rw.read_lock.release()
     reader.join(10)
     assert not reader.is_alive()
+
+
+@pytest.mark.parametrize("side", ["read_lock", "write_lock"])
+def test_a_shorter_ttl_inside_never_shortens_the_outer_hold(
+    client: "redis.Redis[bytes]", name: str, side: str
+) -> None:
+    # Issue 10 A, for an RWLock: two objects of one name, ttl 30 outside, ttl 1 inside.
+    outer = RWLock(name, client=client, namespace=NAMESPACE, ttl=30)
+    inner = RWLock(name, client=client, namespace=NAMESPACE, ttl=1)
+    key = f"{NAMESPACE}:rw:{{{name}}}"
+    field = f"#{side[0]}:{identity.thread_owner()}"
+
+    def left_ms() -> int:
+        now_s, now_us = client.time()
+        return int(client.hget(key, field)) - (now_s * 1000 + now_us // 1000)
+
+    with getattr(outer, side):
+        with getattr(inner, side):
+            assert left_ms() > 20_000
+        assert left_ms() > 20_000, "the inner release left the outer hold a short lease"
+        assert client.pttl(key) > 20_000
+    assert not client.exists(key)

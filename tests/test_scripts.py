@@ -136,3 +136,120 @@ def test_concurrent_acquires_grant_exactly_one(client: Any, key: str) -> None:
         t.join()
     assert len(winners) == 1
     client.delete(key)
+
+
+# -- a grant or renewal never shortens a live hold's lease (issue 10 A) ---------------------
+# Two objects of one name with different ttl share one hold: the shorter one's re-entry or
+# renewal must not cut the longer one's lease (Redis 6.2 has no PEXPIRE ... GT: the scripts
+# compare in Lua).
+
+RW_READ = load("rw_acquire_read", prelude="rw_lib")
+RW_WRITE = load("rw_acquire_write", prelude="rw_lib")
+RW_RENEW = load("rw_renew", prelude="rw_lib")
+SEM_ACQUIRE = load("sem_acquire", prelude="sem_lib")
+SEM_RELEASE = load("sem_release", prelude="sem_lib")
+SEM_RENEW = load("sem_renew", prelude="sem_lib")
+
+
+def _left_ms(client: Any, key: str, field: str) -> int:
+    now_s, now_us = client.time()
+    return int(client.hget(key, field)) - (now_s * 1000 + now_us // 1000)
+
+
+def test_rlock_reentry_and_renewal_never_shorten_the_lease(client: Any, key: str) -> None:
+    assert run(client, ACQUIRE, [key], ["a", 30000, 1, 0]) == Reply(GRANTED, 1)
+    assert run(client, ACQUIRE, [key], ["a", 2000, 1, 1]) == Reply(GRANTED, 2)
+    assert client.pttl(key) > 20000
+    assert run(client, RENEW, [key], ["a", 2000]) == Reply(GRANTED, 2)
+    assert client.pttl(key) > 20000
+    # A longer lease still extends it.
+    assert run(client, RENEW, [key], ["a", 60000]) == Reply(GRANTED, 2)
+    assert client.pttl(key) > 50000
+    client.delete(key)
+
+
+@pytest.mark.parametrize("side", ["r", "w"])
+def test_rw_reentry_and_renewal_never_shorten_the_lease(client: Any, name: str, side: str) -> None:
+    key = f"{NAMESPACE}:rw:{{{name}}}"
+
+    def grant(lease: int, reentry: int) -> Reply:
+        if side == "r":
+            return run(client, RW_READ, [key], ["a", lease, 1, reentry])
+        return run(client, RW_WRITE, [key], ["a", lease, 1, 0, reentry])
+
+    assert grant(30000, 0) == Reply(GRANTED, 1)
+    assert grant(2000, 1) == Reply(GRANTED, 2)
+    assert _left_ms(client, key, f"#{side}:a") > 20000
+    assert client.pttl(key) > 20000
+    assert run(client, RW_RENEW, [key], ["a", side, 2000]) == Reply(GRANTED, 2)
+    assert _left_ms(client, key, f"#{side}:a") > 20000
+    assert client.pttl(key) > 20000
+    assert run(client, RW_RENEW, [key], ["a", side, 60000]) == Reply(GRANTED, 2)
+    assert _left_ms(client, key, f"#{side}:a") > 50000
+    client.delete(key)
+
+
+def _sem_key(name: str) -> str:
+    return f"{NAMESPACE}:sem:{{{name}}}"
+
+
+def test_sem_grant_and_renewal_never_shorten_the_lease(client: Any, name: str) -> None:
+    key = _sem_key(name)
+    assert run(client, SEM_ACQUIRE, [key], ["a", 30000, 1, 3, 1]) == Reply(GRANTED, 1)
+    assert run(client, SEM_ACQUIRE, [key], ["a", 2000, 1, 3, 1]) == Reply(GRANTED, 2)
+    assert _left_ms(client, key, "#lease:a") > 20000
+    assert run(client, SEM_RENEW, [key], ["a", 2000, 3, 1]) == Reply(GRANTED, 2)
+    assert _left_ms(client, key, "#lease:a") > 20000
+    assert run(client, SEM_RENEW, [key], ["a", 60000, 3, 1]) == Reply(GRANTED, 2)
+    assert _left_ms(client, key, "#lease:a") > 50000
+    client.delete(key)
+
+
+# -- sem_release: whose permits, and the bounded circulation rule (issue 10 B, 1) -----------
+
+
+def test_sem_release_takes_permits_off_each_listed_owner(client: Any, name: str) -> None:
+    key, wake = _sem_key(name), _sem_key(name) + ":wake"
+    run(client, SEM_ACQUIRE, [key], ["a", 30000, 2, 3, 1])
+    run(client, SEM_ACQUIRE, [key], ["b", 30000, 1, 3, 1])
+    assert run(client, SEM_RELEASE, [key, wake], [2, 3, 1, "PUBLISH", "a", 1, "b", 1]) == Reply(
+        GRANTED, 2
+    )
+    state = client.hgetall(key)
+    assert state[b"a"] == b"1" and b"b" not in state and b"#lease:b" not in state
+    assert state[b"#free"] == b"2"
+    client.delete(key)
+
+
+def test_sem_release_names_the_owner_whose_permits_are_gone(client: Any, name: str) -> None:
+    key, wake = _sem_key(name), _sem_key(name) + ":wake"
+    run(client, SEM_ACQUIRE, [key], ["a", 30000, 1, 3, 1])
+    before = client.hgetall(key)
+    # "b" holds nothing, "a" holds 1 not 2: the first short owner is named; nothing changes.
+    reply = run(client, SEM_RELEASE, [key, wake], [2, 3, 1, "PUBLISH", "a", 1, "b", 1])
+    assert reply == Reply(NOT_OWNER, 2)
+    assert run(client, SEM_RELEASE, [key, wake], [2, 3, 1, "PUBLISH", "a", 2]) == Reply(
+        NOT_OWNER, 1
+    )
+    assert client.hgetall(key) == before
+    client.delete(key)
+
+
+def test_bounded_sem_release_never_puts_more_than_value_in_circulation(
+    client: Any, name: str
+) -> None:
+    key, wake = _sem_key(name), _sem_key(name) + ":wake"
+    assert run(client, SEM_ACQUIRE, [key], ["a", 30000, 1, 1, 1]) == Reply(GRANTED, 1)
+    before = client.hgetall(key)
+    # A release of nobody's permit while "a" holds the only one: refused, nothing changed.
+    assert run(client, SEM_RELEASE, [key, wake], [1, 1, 1, "PUBLISH"]) == Reply(BUSY, -1)
+    assert client.hgetall(key) == before
+    # Unbounded: the same release of nobody's permit is threading's counter model.
+    plain = _sem_key(name + "-plain")
+    run(client, SEM_ACQUIRE, [plain], ["a", 30000, 1, 1, 0])
+    assert run(client, SEM_RELEASE, [plain, wake], [1, 1, 0, "PUBLISH"]) == Reply(GRANTED, 1)
+    assert run(client, SEM_RELEASE, [key, wake], [1, 1, 1, "PUBLISH", "a", 1]) == Reply(
+        GRANTED, 1
+    )
+    assert not client.exists(key)
+    client.delete(plain)

@@ -315,3 +315,209 @@ def test_statistics_reports_permits_and_free_count(client: "redis.Redis[bytes]",
     assert [(h.owner, h.count) for h in stats.holders] == [(identity.thread_owner(), 2)]
     sem.release(2)
     assert sem.statistics().holders == ()
+
+
+# -- whose permits: each thread's, each loss reported to it (issue 10 B) --------------------
+
+
+def _run_thread(target: Any) -> None:
+    """Run ``target`` in a new thread; re-raise what it raised here."""
+    errors: list = []
+
+    def body() -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_a_loss_is_not_absorbed_by_another_threads_grant(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # A holds the only permit; B waits; `rlocks release --force` ends A's permit and wakes
+    # B, which is granted. A's release must report A's loss, not consume B's permit, and
+    # nobody else may get in while B is inside.
+    from rlocks._engine.inspect import force_release
+
+    lost: list = []
+    sem = make(name, client, 1, bounded=True, on_lost=lost.append)
+    assert sem.acquire()
+    entered, leave = threading.Event(), threading.Event()
+    errors: list = []
+
+    def b() -> None:
+        try:
+            assert sem.acquire(timeout=20)
+            entered.set()
+            assert leave.wait(20)
+            sem.release()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            entered.set()
+
+    from rlocks._engine import waiting
+
+    thread = threading.Thread(target=b)
+    thread.start()
+    hub = waiting.hub_for(client, NAMESPACE)
+    wait_for(lambda: hub.has_waiters(sem._channel), 10, "B to wait")
+    assert force_release(client, NAMESPACE, "sem", name)
+    assert entered.wait(20) and not errors
+    with pytest.raises(LockLostError):
+        sem.release()  # A's permit: gone, and B's is not taken in its place
+    assert client.hget(key(name), "#free") == b"0"
+    third = make(name, client, 1, bounded=True)
+    result: list = []
+    _run_thread(lambda: result.append(third.acquire(blocking=False)))
+    assert result == [False], "a third caller got the only permit while B was inside"
+    leave.set()
+    thread.join(20)
+    if errors:
+        raise errors[0]
+    assert not client.exists(key(name))
+    assert len(lost) == 1
+
+
+def test_a_grant_after_a_reported_loss_is_the_new_holders_own(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lost: list = []
+    sem = make(name, client, 2, ttl=0.6, on_lost=lost.append)
+    assert sem.acquire()
+    client.delete(key(name))
+    wait_for(lambda: lost, 5, "the renewer to report the loss")
+    # Another thread's grant is its own permit: usable and released to Redis.
+    def b() -> None:
+        assert sem.acquire(blocking=False)
+        assert client.hget(key(name), identity.thread_owner()) == b"1"
+        sem.release()
+        assert not client.exists(key(name)), "B's permit must go back to Redis"
+
+    _run_thread(b)
+    with pytest.raises(LockLostError):
+        sem.release()
+    assert not client.exists(key(name))
+
+
+def test_a_grant_that_finds_the_threads_permits_gone_is_given_back(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lost: list = []
+    sem = make(name, client, 2, auto_renew=False, on_lost=lost.append)
+    assert sem.acquire()
+    client.delete(key(name))  # the loss is not known locally yet
+    with pytest.raises(LockLostError):
+        sem.acquire()
+    assert not client.exists(key(name)), "the new permit must not stay held by nobody"
+    assert len(lost) == 1
+    with pytest.raises(LockLostError):
+        sem.release()
+    assert sem.acquire(blocking=False)  # the lost hold is gone: a fresh start
+    sem.release()
+    assert not client.exists(key(name))
+
+
+def test_releasing_another_threads_lost_permit_does_not_give_it_back_twice(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lost: list = []
+    sem = make(name, client, 2, auto_renew=False, on_lost=lost.append)
+    _run_thread(lambda: sem.acquire())  # a worker takes a permit and leaves it to us
+    client.delete(key(name))
+    sem.release()  # the worker's permit: already back in the pool, so nothing to send
+    assert not client.exists(key(name)), "a permit back in the pool was released again"
+    assert len(lost) == 1  # reported, once
+    assert sem.acquire(blocking=False) and sem.acquire(blocking=False)
+    assert not sem.acquire(blocking=False)
+    sem.release(2)
+
+
+def test_a_release_by_another_thread_takes_a_live_permit(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    sem = make(name, client, 2, bounded=True)
+    _run_thread(lambda: sem.acquire())
+    assert sem.acquire()
+    sem.release(2)  # ours, then the worker's: threading's rule
+    assert not client.exists(key(name))
+    with pytest.raises(ValueError, match="released too many times"):
+        sem.release()
+
+
+# -- a BoundedSemaphore never has more than value permits in circulation (issue 10, 1) -----
+
+
+def nonholder_release_worker(url: str, name: str, out: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    sem = BoundedSemaphore(name, 1, client=client, namespace=NAMESPACE)
+    try:
+        sem.release()
+        client.rpush(out, "released")
+    except ValueError as exc:
+        client.rpush(out, f"ValueError: {exc}")
+    os._exit(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_process_holding_nothing_cannot_release_a_bounded_semaphore(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    sem = make(name, client, 1, bounded=True)
+    assert sem.acquire()
+    before = snapshot(client)
+    out = f"{NAMESPACE}-out:{name}"
+    child = SPAWN.Process(target=nonholder_release_worker, args=(redis_url, name, out))
+    child.start()
+    try:
+        popped = client.blpop([out], timeout=30)
+    finally:
+        child.join(30)
+    assert popped is not None, "the child process did not answer"
+    answer = popped[1].decode()
+    assert answer.startswith("ValueError") and "released too many times" in answer
+    assert snapshot(client) == before, "a refused release must change nothing"
+    other = make(name, client, 1, bounded=True)
+    got: list = []
+    _run_thread(lambda: got.append(other.acquire(blocking=False)))
+    assert got == [False], "a second permit was in circulation"
+    sem.release()  # the holder's own release still works
+    assert not client.exists(key(name))
+
+
+def test_a_plain_semaphore_lets_a_nonholder_release(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = make(name, client, 1)
+    assert sem.acquire()
+    other = make(name, client, 1)
+    _run_thread(other.release)  # threading's counter model: the value grows to 2
+    assert client.hget(key(name), "#free") == b"1"
+    assert other.acquire(blocking=False)
+    sem.release()
+    other.release()
+    assert client.hget(key(name), "#free") == b"2"
+    client.delete(key(name))
+
+
+def test_a_shorter_ttl_never_shortens_the_threads_permits_lease(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # Issue 10 A, for semaphores: two objects of one name share the thread's record.
+    outer = make(name, client, 3, ttl=30)
+    inner = make(name, client, 3, ttl=1)
+    field = f"#lease:{identity.thread_owner()}"
+
+    def left_ms() -> int:
+        now_s, now_us = client.time()
+        return int(client.hget(key(name), field)) - (now_s * 1000 + now_us // 1000)
+
+    with outer:
+        with inner:
+            assert left_ms() > 20_000
+        assert left_ms() > 20_000, "the inner grant left the outer permit a short lease"
+    assert not client.exists(key(name))
