@@ -244,7 +244,7 @@ def _inspect_lines(state: _inspect.PrimitiveState) -> List[str]:
              f"  key        {state.key}"]
     if state.kind == "sem":
         lines.append(f"  permits    {state.free} free of {state.value} "
-                     f"({state.holds} held by {_plural(len(state.holders), 'process')})")
+                     f"({state.holds} held by {_plural(len(state.holders), 'owner')})")
     else:
         lines.append(f"  held       {_plural(state.holds, 'hold')} by "
                      f"{_plural(len(state.holders), 'owner')}")

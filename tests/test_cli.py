@@ -270,7 +270,7 @@ def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
     assert got.is_set()
 
 
-def test_inspect_a_semaphore_shows_value_free_and_process_holders(
+def test_inspect_a_semaphore_shows_value_free_and_holders(
     run: Callable[..., Result], ns: str, name: str, held: List[Any]
 ) -> None:
     sem = rlocks.BoundedSemaphore(name, 4, namespace=ns)
@@ -279,8 +279,8 @@ def test_inspect_a_semaphore_shows_value_free_and_process_holders(
     data = json.loads(run("inspect", name, "--json").stdout)
     assert (data["type"], data["value"], data["free"], data["holds"]) == (
         "BoundedSemaphore", 4, 2, 2)
-    assert data["holders"][0]["owner"] == identity.process_owner()
-    assert "2 free of 4 (2 held by 1 process)" in run("inspect", name).stdout
+    assert data["holders"][0]["owner"] == identity.thread_owner()
+    assert "2 free of 4 (2 held by 1 owner)" in run("inspect", name).stdout
 
 
 def test_a_blocked_thread_shows_as_a_waiting_process(
