@@ -521,3 +521,34 @@ def test_a_shorter_ttl_never_shortens_the_threads_permits_lease(
             assert left_ms() > 20_000
         assert left_ms() > 20_000, "the inner grant left the outer permit a short lease"
     assert not client.exists(key(name))
+
+
+def test_asyncio_permits_are_the_tasks_and_a_loss_reaches_its_task(
+    redis_url: str, name: str
+) -> None:
+    # The asyncio twin accounts permits to tasks, as the threading one to threads.
+    import asyncio
+
+    import redis.asyncio
+
+    import rlocks.asyncio as ra
+
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        sem = ra.BoundedSemaphore(name, 1, client=aclient, namespace=NAMESPACE)
+        assert await sem.acquire()
+        await aclient.delete(key(name))  # A's permit is gone, not known locally yet
+
+        async def b() -> None:
+            assert await sem.acquire(blocking=False)
+            assert await aclient.hget(key(name), "#free") == b"0"
+
+        await asyncio.create_task(b())  # B keeps its permit
+        with pytest.raises(LockLostError):
+            await sem.release()  # A's: lost, and B's is not taken in its place
+        assert await aclient.hget(key(name), "#free") == b"0"
+        await sem.release()  # B's permit, released by another task (as threading allows)
+        assert not await aclient.exists(key(name))
+        await aclient.aclose()
+
+    asyncio.run(main())
