@@ -12,8 +12,8 @@ stall, ``rlocks release --force``) is found per thread: by that thread's renewal
 release, or by its next grant, which then sees fewer permits in Redis than it was granted
 before plus the new one. A grant never lands in a record whose earlier permits are gone,
 and one thread's fresh permit is never taken to cover another thread's lost one. (One
-record per process, as before, could not tell "my permit" from "a permit of this
-process": a loss followed by another thread's grant looked like no loss at all.)
+record per process could not tell "my permit" from "a permit of this process": a loss
+followed by another thread's grant looked like no loss at all.)
 
 ``threading.Semaphore`` lets any thread release a permit another thread took, and so does
 this: a release gives back the caller's own permits first, then permits other threads of
@@ -39,6 +39,7 @@ from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.scripts import Arg, Call, Reply, load
+from .errors import LockLostError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
 
@@ -219,7 +220,14 @@ class _SemaphoreCore(Primitive):
         if known_lost or reply.holds < self._held_by_all_objects(owner) + count:
             if not known_lost:
                 self._hold_lost(owner, "its permits were gone when it was granted another")
-            return self._lost_error()
+            err = LockLostError(
+                f"{self._describe()}: this owner's earlier permits were lost (lease ended or "
+                "key removed), so the permit just granted was given back; release the lost "
+                "ones first",
+                name=self._name,
+            )
+            err.lock = self  # type: ignore[attr-defined]  # as _lost_error(): for __exit__
+            return err
         return None
 
     def _release_refused(self, release: "_Release", since: float, exc: ResponseError) -> Exception:
