@@ -552,3 +552,34 @@ def test_asyncio_permits_are_the_tasks_and_a_loss_reaches_its_task(
         await aclient.aclose()
 
     asyncio.run(main())
+
+
+def test_a_cancelled_asyncio_release_still_gives_the_permit_back(
+    redis_url: str, name: str
+) -> None:
+    # Issue 10 D: a release cancelled while its connection was being opened left the
+    # permit held in Redis until its lease ended; it is shielded, as RLock's release is.
+    import asyncio
+
+    import redis.asyncio
+
+    import rlocks.asyncio as ra
+
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        sem = ra.BoundedSemaphore(name, 1, client=aclient, namespace=NAMESPACE, ttl=30)
+        assert await sem.acquire()
+        await aclient.connection_pool.disconnect()  # the release must open a connection
+        task = asyncio.create_task(sem.release())
+        await asyncio.sleep(0)  # the release is now on its way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 10
+        while await aclient.exists(key(name)):
+            assert time.monotonic() < deadline, "the cancelled release left the permit held"
+            await asyncio.sleep(0.01)
+        assert not sem._holds
+        await aclient.aclose()
+
+    asyncio.run(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Optional
 
 from redis.exceptions import ResponseError
@@ -41,12 +42,19 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
             raise self._translate(exc) from None
 
     async def release(self, n: int = 1) -> None:
-        """Give ``n`` permits back (a round trip); errors as :meth:`rlocks.Semaphore.release`."""
+        """Give ``n`` permits back (a round trip); errors as :meth:`rlocks.Semaphore.release`.
+
+        Cancelling the task while the release is in flight still gives the permits back
+        (the round trip is shielded); the CancelledError is raised as usual.
+        """
         step = self._begin_release(identity.task_owner(), n)
         while step is not None and step.call is not None:
             since = monotonic()
             try:
-                reply = await self._arun_call(step.call)
+                # Shielded, as RLock's release: a release cancelled half-way (opening its
+                # connection) still reaches Redis instead of leaving the permits there,
+                # off the local books and unrenewed, until their lease ends.
+                reply = await asyncio.shield(self._arun_call(step.call))
             except ResponseError as exc:
                 raise self._release_refused(step, since, exc) from None
             step = self._finish_release(step, since, reply)
