@@ -72,7 +72,8 @@ local function load_state(key, now, value, bounded)
     if recovered > 0 then
         local free = st.free + recovered
         -- Bounded: what comes back never lifts free + permits held by the living above
-        -- the initial value (a release by a non-holder may have filled the gap already).
+        -- the initial value (sem_release refuses a release of nobody's permit that would,
+        -- but state left by an older rlocks, which allowed it, may have filled the gap).
         if bounded == 1 then
             free = math.min(free, math.max(st.free, value - st.total))
         end
