@@ -399,28 +399,28 @@ class Semaphore(_SemaphoreCore):
             self.release()
 
     def owned(self) -> bool:
-        """Whether this process holds a permit, as far as it knows (local state, no I/O).
-
-        Permits belong to the process, so this is True in every thread once any thread
-        acquired; False once the permits are known lost.
+        """Whether the calling thread holds a permit, as far as it knows (local state, no
+        I/O). Permits are accounted to the thread that took them, so this is False in a
+        thread that took none (even if it may release another's); False once the
+        thread's permits are known lost.
         """
-        return self._owns(identity.process_owner())
+        return self._owns(identity.thread_owner())
 
     def extend(self, ttl: Optional[float] = None) -> None:
-        """Make this process's permits last at least ``ttl`` seconds from now (one round
-        trip); ``None`` means the semaphore's own ``ttl``.
+        """Make the calling thread's permits last at least ``ttl`` seconds from now (one
+        round trip); ``None`` means the semaphore's own ``ttl``.
 
-        For ``auto_renew=False``. Only this process's lease changes, and it is never
+        For ``auto_renew=False``. Only this thread's lease changes, and it is never
         shortened: a smaller ``ttl`` than what is left keeps what is left. Returns None.
 
         Raises, without any I/O: TypeError / ValueError for a bad ``ttl``; RuntimeError
-        (:class:`~rlocks.errors.NotOwnedError`) if this process holds no permit;
+        (:class:`~rlocks.errors.NotOwnedError`) if this thread holds no permit;
         LockLostError if its permits are known lost. Raises LockLostError too if Redis
         answers that they are gone (reported lost; ``release()`` is still owed), and
         ValueError if Redis holds this name with another value or kind.
         """
         try:
-            self._extend(identity.process_owner(), ttl)
+            self._extend(identity.thread_owner(), ttl)
         except ResponseError as exc:
             raise self._translate(exc) from None
 

@@ -209,8 +209,8 @@ def test_owned_is_the_callers_local_hold(client: Any, name: str, kind: str) -> N
     assert lock.acquire()
     try:
         assert lock.owned() is True
-        # Locks belong to the thread, permits to the process.
-        assert in_thread(lock.owned) is (kind in ("semaphore", "bounded"))
+        # Locks and semaphore permits belong to the thread that took them.
+        assert in_thread(lock.owned) is False
     finally:
         lock.release()
     assert lock.owned() is False
@@ -369,8 +369,8 @@ def test_asyncio_owned_and_extend(redis_url: str, client: Any, name: str, kind: 
         async def other_task() -> bool:
             return bool(lock.owned())
 
-        # A lock belongs to the task, permits to the process.
-        assert await asyncio.create_task(other_task()) is (kind in ("semaphore", "bounded"))
+        # Locks and semaphore permits belong to the task that took them.
+        assert await asyncio.create_task(other_task()) is False
         await lock.extend(60)
         assert await c.pttl(key) > 50_000
         await lock.extend(1)

@@ -60,14 +60,14 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
             step = self._finish_release(step, since, reply)
 
     def owned(self) -> bool:
-        """Whether this process holds a permit (local state, no I/O, not a coroutine)."""
-        return self._owns(identity.process_owner())
+        """Whether the running task holds a permit (local state, no I/O, not a coroutine)."""
+        return self._owns(identity.task_owner())
 
     async def extend(self, ttl: Optional[float] = None) -> None:
-        """Make this process's permits last at least ``ttl`` seconds from now (one round
-        trip); same rules and errors as :meth:`rlocks.Semaphore.extend`."""
+        """Make the running task's permits last at least ``ttl`` seconds from now (one
+        round trip); same rules and errors as :meth:`rlocks.Semaphore.extend`."""
         try:
-            await self._aextend(identity.process_owner(), ttl)
+            await self._aextend(identity.task_owner(), ttl)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
