@@ -39,7 +39,7 @@ from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.scripts import Arg, Call, Reply, load
-from .errors import LockLostError
+from .errors import LockLostError, RLocksError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
 
@@ -247,7 +247,7 @@ class _SemaphoreCore(Primitive):
             raise ValueError(f"{self._describe()}: Semaphore released too many times")
         index = reply.value - 1
         if not 0 <= index < len(release.takes):
-            raise RuntimeError(f"{self._describe()}: unexpected release reply {reply}")
+            raise RLocksError(f"{self._describe()}: unexpected release reply {reply}")
         lost_owner, count = release.takes.pop(index)
         # Nothing was changed: the other permits listed are still held by their owners.
         self._report_permits_lost(lost_owner)
