@@ -61,8 +61,11 @@ class RLock(ReentrantLock, _RLockCore):
     - ``ttl``: the lease in seconds. A holder that dies stops blocking others at most
       ``ttl`` seconds later. While this process lives and keeps a reference to the lock,
       the lease is renewed about every ``ttl / 3`` (``auto_renew=False`` turns that off).
-    - ``on_lost``: called as ``on_lost(lock)``, from the renewal thread, when a hold is
-      found gone while this process still believes it holds it.
+    - ``on_lost``: called as ``on_lost(lock)`` when a hold is found gone while this
+      process still believes it holds it. It runs on rlocks' callback thread (one per
+      process, one callback at a time), never on the renewal thread, so a slow callback
+      does not delay other holds' renewal; exceptions are logged. An ``async def`` is
+      refused (TypeError): only the ``rlocks.asyncio`` twins await it.
     - ``replicas``: after each grant and renewal, WAIT until that many replicas have it
       (at most ``replica_wait`` seconds, in the same round trip). A grant fewer replicas
       acknowledge is given back and :class:`~rlocks.errors.ReplicationError` is raised;

@@ -237,6 +237,13 @@ class _RWPair(Generic[R, W]):
     def client(self) -> Any:
         return self._read.client
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A copy would share both sides' holds; see Primitive.__reduce_ex__.
+        raise TypeError(
+            f"cannot pickle or copy {self._read._label!r} object {self.name!r}: its holds "
+            "belong to this process; build another object with the same name instead"
+        )
+
     def __repr__(self) -> str:
         reading = len(self._read._local_owners())
         writing = len(self._write._local_owners())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import logging
 import os
 import select
 import signal
@@ -353,3 +354,84 @@ def test_thread_reusing_a_dead_holders_ident_does_not_inherit_its_hold(
         assert client.hgetall(key) == {dead["owner"].encode(): b"1"}  # untouched
     finally:
         client.delete(key)
+
+
+# -- fork hooks of other libraries, and what a child shows --------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_logging_handler_with_an_rlock_survives_fork(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # logging's after-fork hook calls handler.lock._at_fork_reinit() for every handler,
+    # then releases logging's module lock. A lock without that method stops the hook half
+    # way, and every other thread of the child then hangs on logging's module lock.
+    key = hash_key(name)
+    handler = logging.Handler()
+    lock = rlocks.RLock(name, client=client, ttl=10.0, namespace=NAMESPACE)
+    handler.lock = lock  # type: ignore[assignment]
+    assert lock.acquire()  # the parent holds it while it forks
+    parent_owner = thread_owner()
+
+    def child(pipe: Pipe) -> None:
+        report: dict = {"repr": repr(lock), "holds": len(lock._holds)}
+        t = threading.Thread(target=lambda: logging.getLogger(f"{name}-child"), daemon=True)
+        t.start()
+        t.join(5)
+        report["logging_usable"] = not t.is_alive()
+        report["hash"] = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+        pipe.send(report)
+
+    pid, pipe = fork(child)
+    try:
+        report = checked(pipe.recv(20))
+        assert report["logging_usable"], "a thread of the child hung on logging's lock"
+        assert report["holds"] == 0  # the child forgot the parent's holds...
+        assert "not held here" in report["repr"]
+        assert report["hash"] == {parent_owner: "1"}  # ...and left them alone in Redis
+        assert reap(pid) == 0
+        pid = 0
+        assert lock._recursion_count() == 1  # the parent is unaffected
+        lock.release()
+        assert not client.exists(key)
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pipe.close()
+        handler.close()
+        client.delete(key)
+
+
+@pytest.mark.timeout(30)
+def test_fork_child_repr_lists_none_of_its_parents_holds(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = rlocks.RLock(name, client=client, ttl=10.0, namespace=NAMESPACE)
+    rw = rlocks.RWLock(name, client=client, ttl=10.0, namespace=NAMESPACE)
+    sem = rlocks.Semaphore(name, 2, client=client, ttl=10.0, namespace=NAMESPACE)
+    assert lock.acquire() and rw.write_lock.acquire() and rw.read_lock.acquire()
+    assert sem.acquire()
+    prims = (lock, rw, rw.read_lock, rw.write_lock, sem)
+    in_parent = [repr(p) for p in prims]
+
+    def child(pipe: Pipe) -> None:
+        pipe.send([repr(p) for p in prims])
+
+    pid, pipe = fork(child)
+    try:
+        seen = checked(pipe.recv(20))
+        assert reap(pid) == 0
+        pid = 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pipe.close()
+        for release in (lock.release, rw.read_lock.release, rw.write_lock.release, sem.release):
+            release()
+    assert "held owner=" in in_parent[0] and "held here=1" in in_parent[4]
+    assert "not held here" in seen[0], seen[0]
+    assert "readers here=0 writers here=0" in seen[1], seen[1]
+    assert "not held here" in seen[2] and "not held here" in seen[3], seen
+    assert "held here=0" in seen[4], seen[4]

@@ -18,6 +18,7 @@ from rlocks._engine import identity
 from rlocks._engine.keys import escape
 from rlocks.server import TemporaryRedisServer
 
+from ._servers import wait_until
 from .conftest import NAMESPACE, snapshot
 
 
@@ -320,7 +321,7 @@ def test_deleted_key_makes_release_raise_lock_lost(client: Any, name: str) -> No
         lock.release()
     assert isinstance(info.value, RuntimeError)
     assert client.hgetall(hash_key(name)) == thief_state  # the new owner is untouched
-    assert lost == [lock]
+    wait_until(lambda: lost == [lock], 5, "on_lost (it runs on the callback thread)")
     assert lock._recursion_count() == 0
 
 

@@ -23,6 +23,8 @@ hold to end with its lease.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import weakref
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
@@ -284,6 +286,13 @@ def _background(coro: Awaitable[Any]) -> None:
     task.add_done_callback(_pending.discard)
 
 
+def _log_failure(what: str, task: "asyncio.Task[Any]") -> None:
+    """Done-callback of a callback task: forget it; log how it failed, if it did."""
+    _pending.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s raised", what, exc_info=task.exception())
+
+
 # -- the driver mixin ---------------------------------------------------------------------
 
 
@@ -298,6 +307,8 @@ class AsyncPrimitive(Primitive):
     """
 
     __slots__ = ()
+
+    _awaits_on_lost = True
 
     def __enter__(self) -> None:
         raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
@@ -329,6 +340,24 @@ class AsyncPrimitive(Primitive):
 
     def _renewer(self) -> Renewer:
         return loop_renewer()
+
+    def _call_on_lost(self, on_lost: Callable[[Any], object]) -> None:
+        """``async def`` callbacks become a task on the loop that found the loss (where the
+        owner's renewer and release run); plain functions run on the callback thread, as
+        for the threading primitives, so a slow one blocks neither this loop nor renewal.
+        """
+        if not inspect.iscoroutinefunction(on_lost):
+            super()._call_on_lost(on_lost)
+            return
+        what = f"on_lost callback of {self._describe()}"
+        try:
+            loop = _loop()
+        except RuntimeError:  # pragma: no cover - losses are found on the owner's loop
+            log.error("%s not run: no running event loop", what)
+            return
+        task = loop.create_task(on_lost(self))
+        _pending.add(task)
+        task.add_done_callback(functools.partial(_log_failure, what))
 
     async def _arun_call(self, call: Call) -> Reply:
         return await arun(self._aclient(), call.script, call.keys, call.args, call.wait)

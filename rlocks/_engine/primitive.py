@@ -14,13 +14,14 @@ whose owner ids are new anyway (see :mod:`.identity`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
 from typing import Any, Callable, ClassVar, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError
-from . import checks
+from . import callbacks, checks, identity
 from .clients import default_client, is_cluster, pool_of
 from .clock import monotonic
 from .constructors import public_init
@@ -92,6 +93,8 @@ class Primitive:
     _kind: ClassVar[str] = ""
     #: Which wake-up channel this primitive's waiters listen on (see ``PrimitiveKeys.wake``).
     _wake_role: ClassVar[str] = ""
+    #: Whether an ``async def`` on_lost is accepted (and awaited): the asyncio twins.
+    _awaits_on_lost: ClassVar[bool] = False
     _acquire_script: ClassVar[Script]
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
@@ -117,6 +120,12 @@ class Primitive:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(
                 f"{label}({name!r}): on_lost must be callable, not {type(on_lost).__name__}"
+            )
+        if inspect.iscoroutinefunction(on_lost) and not self._awaits_on_lost:
+            # Nothing here could await it: it would be called and its coroutine dropped.
+            raise TypeError(
+                f"{label}({name!r}): on_lost is a coroutine function, which a threading "
+                "primitive cannot await; pass a plain function, or use rlocks.asyncio"
             )
         client = self._resolve_client(client)
         self._client = client
@@ -398,13 +407,18 @@ class Primitive:
         self._report_lost(owner, reason)
 
     def _report_lost(self, owner: str, reason: str) -> None:
-        """Log a lost hold and call ``on_lost`` (once per loss; the caller makes sure)."""
+        """Log a lost hold and have ``on_lost`` called (once per loss; the caller makes
+        sure). Returns at once: the callback runs elsewhere (see ``_call_on_lost``).
+        """
         log.warning("%s lost by %s: %s", self._describe(), owner, reason)
         if self._on_lost is not None:
-            try:
-                self._on_lost(self)
-            except Exception:  # noqa: BLE001 - a callback must not break the renewer
-                log.exception("on_lost callback of %s raised", self._describe())
+            self._call_on_lost(self._on_lost)
+
+    def _call_on_lost(self, on_lost: Callable[[Any], object]) -> None:
+        """Run ``on_lost(self)`` on the callback thread, never on the caller's (often the
+        renewer's): a slow callback must not delay the renewal of other holds.
+        """
+        callbacks.dispatch(on_lost, self, f"on_lost callback of {self._describe()}")
 
     # -- the shared operations -----------------------------------------------------------
 
@@ -601,7 +615,40 @@ class Primitive:
         return err
 
     def _local_owners(self) -> List[Tuple[str, int]]:
-        return [(owner, hold.count) for owner, hold in list(self._holds.items())]
+        """Owners of *this* process that hold something here, with their counts (no I/O).
+
+        A fork child inherits its parent's table, but none of those owners is its own
+        (owner ids are drawn anew in a child): they are not listed.
+        """
+        mine = identity.process_token() + ":"
+        return [
+            (owner, hold.count)
+            for owner, hold in list(self._holds.items())
+            if owner.startswith(mine)
+        ]
+
+    # -- fork, copy, pickle --------------------------------------------------------------
+
+    def _at_fork_reinit(self) -> None:
+        """Forget every local hold, without any I/O: for a ``fork()`` child only.
+
+        ``threading``'s locks have this hook, and ``logging`` calls it in the child on
+        each handler's lock. Holds belong to the process that was granted them and the
+        child's owner ids are new, so the child holds nothing: the parent's holds stay in
+        Redis, the parent's to release. It takes no mutex (one may have been held by a
+        parent thread at the fork) and touches neither Redis nor the renewer.
+        """
+        self._holds = {}
+        self._calls = {}
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A copy would share (or duplicate) the holds of this process's owners, and an
+        # unpickled lock in another process could never release them: refuse, as
+        # threading's locks do. Another object of the same name is the same lock.
+        raise TypeError(
+            f"cannot pickle or copy {self._label!r} object {self._name!r}: its holds belong "
+            "to this process; build another object with the same name instead"
+        )
 
 
 def _is_async_client(client: Any) -> bool:

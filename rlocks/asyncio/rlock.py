@@ -15,7 +15,11 @@ class RLock(AsyncReentrantLock, _RLockCore):
     on_lost=None, replicas=0, replica_wait=1.0)`` with ``client`` a ``redis.asyncio.Redis``
     (``None``: ``RLOCKS_URL``).
     Same state and semantics as :class:`rlocks.RLock`; the same task may acquire again
-    and must release as many times. Construction does no I/O.
+    and must release as many times. ``on_lost`` may be an ``async def``: it is then run
+    as a task on the event loop that found the loss (exceptions logged); a plain function
+    runs on rlocks' callback thread, as for :class:`rlocks.RLock`, so that a slow one
+    blocks neither the loop nor renewal (use ``loop.call_soon_threadsafe`` from it to act
+    on the loop). Construction does no I/O.
     """
 
     __slots__ = ()

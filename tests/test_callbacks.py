@@ -1,0 +1,165 @@
+"""``on_lost`` callbacks: where they run, and that they cannot starve lease renewal.
+
+A loss is found by the renewer. A callback run right there would hold up every other
+renewal of the process: a clean-up that takes longer than another hold's lease would cost
+that healthy hold too. Callbacks run on a thread of their own; asyncio twins await an
+``async def`` callback on their loop; a threading primitive refuses one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import redis
+import redis.asyncio
+
+import rlocks
+import rlocks.asyncio as ra
+
+from ._servers import wait_until
+from .conftest import NAMESPACE
+
+
+@pytest.mark.timeout(60)
+def test_slow_on_lost_does_not_starve_renewal_of_other_holds(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    entered = threading.Event()
+    finish = threading.Event()
+    lost: List[Any] = []
+
+    def slow(lock: Any) -> None:
+        lost.append(lock)
+        entered.set()
+        finish.wait(30)  # a long clean-up
+
+    ttl_b = 0.6
+    a = rlocks.RLock(name + "-a", client=client, ttl=3.0, namespace=NAMESPACE, on_lost=slow)
+    b = rlocks.RLock(
+        name + "-b", client=client, ttl=ttl_b, namespace=NAMESPACE, on_lost=lost.append
+    )
+    try:
+        assert a.acquire() and b.acquire()
+        client.delete(a._keys.hash)  # A is lost; its renewer finds out within ttl/3
+        assert entered.wait(10), "on_lost of A was never called"
+        assert threading.current_thread().name != "rlocks-renewer"
+        # While A's callback is busy, B must be renewed: it outlives several of its leases.
+        until = time.monotonic() + 5 * ttl_b
+        while time.monotonic() < until:
+            assert client.exists(b._keys.hash), "B's lease ran out while on_lost(A) ran"
+            time.sleep(0.02)
+        assert lost == [a], "B was reported lost"
+        b.release()  # still held, in Redis too: no LockLostError
+        assert not client.exists(b._keys.hash)
+    finally:
+        finish.set()
+        client.delete(a._keys.hash, b._keys.hash)
+
+
+@pytest.mark.timeout(30)
+def test_on_lost_runs_off_the_renewer_thread_and_its_errors_are_logged(
+    client: "redis.Redis[bytes]", name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: List[str] = []
+
+    def failing(lock: Any) -> None:
+        seen.append(threading.current_thread().name)
+        raise ValueError("boom")
+
+    lock = rlocks.RLock(name, client=client, ttl=0.5, namespace=NAMESPACE, on_lost=failing)
+    assert lock.acquire()
+    try:
+        client.delete(lock._keys.hash)
+        wait_until(lambda: seen, 10, "on_lost call")
+        wait_until(
+            lambda: any("on_lost callback" in r.getMessage() for r in caplog.records),
+            10,
+            "the callback's error logged",
+        )
+        assert seen == ["rlocks-callbacks"]
+        with pytest.raises(rlocks.LockLostError):
+            lock.release()
+    finally:
+        client.delete(lock._keys.hash)
+
+
+def test_threading_primitive_refuses_async_on_lost(client: "redis.Redis[bytes]") -> None:
+    async def on_lost(lock: Any) -> None:  # pragma: no cover - never called
+        pass
+
+    for make in (
+        lambda: rlocks.RLock("x", client=client, on_lost=on_lost),
+        lambda: rlocks.RWLock("x", client=client, on_lost=on_lost),
+        lambda: rlocks.Semaphore("x", 2, client=client, on_lost=on_lost),
+    ):
+        with pytest.raises(TypeError, match="coroutine function"):
+            make()
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_twin_awaits_async_on_lost_on_its_loop(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5)
+        loop = asyncio.get_running_loop()
+        called: List[Any] = []
+        done = asyncio.Event()
+
+        async def on_lost(lock: Any) -> None:
+            await asyncio.sleep(0)  # really awaited: a coroutine left alone never gets here
+            called.append((lock, asyncio.get_running_loop()))
+            done.set()
+            raise ValueError("logged, not raised")
+
+        lock = ra.RLock(name, client=c, ttl=0.5, namespace=NAMESPACE, on_lost=on_lost)
+        assert await lock.acquire()
+        await c.delete(lock._keys.hash)
+        await asyncio.wait_for(done.wait(), 10)
+        assert called == [(lock, loop)]
+        with pytest.raises(rlocks.LockLostError):
+            await lock.release()
+        await c.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_twin_runs_a_slow_sync_on_lost_without_blocking_the_loop(
+    redis_url: str, name: str
+) -> None:
+    finish = threading.Event()
+    entered = threading.Event()
+
+    returned = threading.Event()
+
+    def slow(lock: Any) -> None:
+        entered.set()
+        finish.wait(10)
+        returned.set()
+
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5)
+        lock = ra.RLock(name, client=c, ttl=0.5, namespace=NAMESPACE, on_lost=slow)
+        assert await lock.acquire()
+        await c.delete(lock._keys.hash)
+        deadline = time.monotonic() + 10
+        while not entered.is_set():  # the loop keeps running meanwhile
+            assert time.monotonic() < deadline, "on_lost never called"
+            await asyncio.sleep(0.01)
+        # The callback is still running, and the loop still serves other work.
+        other = ra.RLock(name + "-other", client=c, ttl=5, namespace=NAMESPACE)
+        assert await other.acquire(timeout=5)
+        await other.release()
+        assert not returned.is_set(), "the loop was blocked until on_lost returned"
+        with pytest.raises(rlocks.LockLostError):
+            await lock.release()
+        await c.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        finish.set()
+
