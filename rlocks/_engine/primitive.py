@@ -435,10 +435,17 @@ class Primitive:
         client = self._client
         first = monotonic()
         started = [first]
+        last = [QUEUED]  # the latest answer: a grant here is not recorded yet
+
+        def undo(reply: Reply) -> None:
+            self._undo_interrupted(owner, count, reply)
 
         def attempt() -> Reply:
             started[0] = monotonic()
-            return call(client)
+            # A signal handler's exception (Ctrl-C, an alarm) raised while the script's
+            # answer is awaited: Call reads the answer and hands it to undo() first.
+            reply = last[0] = call(client, undo)
+            return reply
 
         hub = hub_for(client, self._namespace) if waiting else None
         try:
@@ -453,6 +460,8 @@ class Primitive:
                 reply = wait_until_granted(hub, self._channel, attempt, deadline)
                 self._log_wait(owner, first, reply)
         except BaseException as exc:
+            # Interrupted after a grant came back (leaving the wait): nobody will record it.
+            self._undo_interrupted(owner, count, last[0])
             # Even the first attempt of a waiting call may have left something to undo
             # (a writer's claim) before it failed: undo it whichever attempt failed.
             if waiting:
@@ -497,6 +506,22 @@ class Primitive:
         if log.isEnabledFor(logging.DEBUG):  # _describe() formats a string: not per call
             log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.holds)
         return True
+
+    def _undo_interrupted(self, owner: str, count: int, reply: Reply) -> None:
+        """Give back the ``count`` holds of an acquire whose caller is unwinding (an
+        exception raised by a signal handler during or just after the round trip), if
+        ``reply`` granted them: they are not recorded, so nobody would release or renew
+        them. Exactly ``count`` levels: outer levels of a re-entrant owner stay held.
+        A failure here (a second interrupt, Redis unreachable) leaves them to their lease.
+        """
+        if not reply.granted:
+            return
+        try:
+            self._undo_call(owner, count)(self._client)
+        except BaseException:  # noqa: BLE001 - the first exception is what propagates
+            log.warning("%s: interrupted grant of %s left to its lease", self._describe(), owner)
+        else:
+            log.debug("%s: interrupted grant of %s given back", self._describe(), owner)
 
     def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
         call = self._gave_up_call(owner)

@@ -22,9 +22,10 @@ status     value
 from __future__ import annotations
 
 import hashlib
+import inspect
 from functools import cache
 from importlib import resources
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -201,6 +202,22 @@ async def arun(
     return decode(raw, script.name)
 
 
+# redis-py closes a connection whose read was interrupted unless told not to (the keyword
+# exists since redis-py 4.6); kept open, an interrupted read can be resumed.
+_KEEP_OPEN: Dict[str, bool] = (
+    {"disconnect_on_error": False}
+    if "disconnect_on_error"
+    in inspect.signature(redis.connection.Connection.read_response).parameters
+    else {}
+)
+
+
+def _foreign(exc: BaseException) -> bool:
+    """Whether ``exc`` came from outside redis-py's I/O (a signal handler's exception),
+    which leaves the connection readable, rather than from the connection itself."""
+    return not isinstance(exc, (redis.RedisError, OSError))
+
+
 def _direct_pool(client: Any) -> Any:
     """The pool to send pre-packed commands on, or ``None`` where only the client may send.
 
@@ -238,12 +255,24 @@ class Call:
         self.wait = wait
         self._packed: Any = None
 
-    def __call__(self, client: Any) -> Reply:
-        """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run()."""
+    def __call__(
+        self, client: Any, interrupted: Optional[Callable[[Reply], None]] = None
+    ) -> Reply:
+        """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run().
+
+        ``interrupted``: for a round trip cut short, once the command was sent, by an
+        exception that is not Redis's (raised by a signal handler: KeyboardInterrupt, an
+        alarm-based timeout). The script ran or will run, so its answer is still read
+        from the connection (redis-py's parsers resume an interrupted read) and given to
+        ``interrupted`` (to give back a grant nobody will record); then the exception
+        propagates. A second exception while reading abandons that: what was granted
+        then ends with its lease. Only on the direct path (a plain ``redis.Redis``).
+        """
         pool = _direct_pool(client)
         if pool is None:
             return run(client, self.script, self.keys, self.args, self.wait)
         connection = pool.get_connection()
+        read: List[Any] = []  # the replies read so far: the script's, then WAIT's
         try:
             packed = self._packed
             if packed is None:
@@ -254,10 +283,9 @@ class Call:
                     packed = connection.pack_commands([evalsha, ("WAIT", *self.wait)])
                 self._packed = packed
             connection.send_packed_command(packed, check_health=False)
-            try:
-                raw = connection.read_response()
-            finally:
-                acks = connection.read_response() if self.wait is not None else -1
+            self._read_replies(connection, read)
+            raw, acks = read if self.wait is not None else (read[0], -1)
+            reply = decode(raw, self.script.name)._replace(replicas=int(acks))
         except NoScriptError:
             pool.release(connection)
             return run(client, self.script, self.keys, self.args, self.wait)
@@ -265,10 +293,42 @@ class Call:
             # An error reply, read whole: the connection is clean and goes back to the pool.
             pool.release(connection)
             raise
-        except BaseException:
+        except BaseException as exc:
+            if interrupted is not None and connection._sock is not None and _foreign(exc):
+                self._finish_interrupted(connection, read, interrupted)
             # The reply may still be on its way: this connection cannot be reused.
             connection.disconnect()
             pool.release(connection)
             raise
         pool.release(connection)
-        return decode(raw, self.script.name)._replace(replicas=int(acks))
+        return reply
+
+    def _read_replies(self, connection: Any, read: List[Any]) -> None:
+        """Read the replies still missing from ``read``, appending each as it arrives.
+
+        An error reply to the script is raised after WAIT's reply was read too, so the
+        connection stays in step. An interrupted read leaves the connection open (the
+        caller decides) and ``read`` says how far it got.
+        """
+        expected = 1 if self.wait is None else 2
+        error: Optional[ResponseError] = None
+        while len(read) < expected:
+            try:
+                read.append(connection.read_response(**_KEEP_OPEN))
+            except ResponseError as exc:
+                if len(read) or error is not None:
+                    raise
+                error = exc
+                read.append(None)
+        if error is not None:
+            raise error
+
+    def _finish_interrupted(
+        self, connection: Any, read: List[Any], interrupted: Callable[[Reply], None]
+    ) -> None:
+        try:
+            self._read_replies(connection, read)
+            reply = decode(read[0], self.script.name)
+        except BaseException:  # noqa: BLE001 - abandoned: the first exception propagates
+            return
+        interrupted(reply)

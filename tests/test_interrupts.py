@@ -1,0 +1,176 @@
+"""An exception raised by a signal handler while an acquire's script is in flight.
+
+``KeyboardInterrupt`` and ``signal.alarm``-style timeouts raise in the main thread wherever
+it is, here while it waits for the acquire script's answer. The script runs anyway; a grant
+nobody records would stay in Redis, unrenewed and unreleasable, until its lease ends. The
+acquire must give back exactly what it was granted (never an outer level the thread still
+holds) and then let the exception through.
+
+The round trip is slowed by a proxy (tests/_proxy.py) on a server of this module's own,
+and a real ``SIGALRM`` from ``signal.setitimer`` interrupts it. The server's EVALSHA count
+says when the slowed acquire script has surely run, so the check waits for state.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Callable, Iterator, Tuple
+
+import pytest
+import redis
+
+import rlocks
+from rlocks._engine import renewal
+from rlocks._engine.identity import process_owner, thread_owner
+from rlocks.server import TemporaryRedisServer
+
+from ._proxy import FaultyLink
+from ._servers import wait_until
+from .conftest import NAMESPACE
+
+pytestmark = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"),
+    reason="needs signal.setitimer in the main thread",
+)
+
+DELAY = 0.4  # s the proxy holds each chunk, each way
+ALARM = 0.1  # s after the acquire starts, the signal handler raises
+
+
+class Interrupted(Exception):
+    """What the test's signal handler raises (an alarm-based timeout)."""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TemporaryRedisServer]:
+    with TemporaryRedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def direct(server: TemporaryRedisServer) -> Iterator["redis.Redis[bytes]"]:
+    c = redis.Redis.from_url(server.url, socket_timeout=10, socket_connect_timeout=5)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def link(server: TemporaryRedisServer) -> Iterator[FaultyLink]:
+    with FaultyLink(server.port) as faulty:
+        yield faulty
+
+
+@pytest.fixture
+def slowed(link: FaultyLink) -> Iterator["redis.Redis[bytes]"]:
+    """A client through ``link``, which :func:`interrupted` slows during the acquire."""
+    c = redis.Redis.from_url(link.url, socket_timeout=10, socket_connect_timeout=5)
+    yield c
+    c.close()
+
+
+def evalsha_calls(client: "redis.Redis[bytes]") -> int:
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0))
+
+
+def interrupted(
+    direct: "redis.Redis[bytes]", link: FaultyLink, action: Callable[[], Any], kind: str
+) -> None:
+    """Run ``action`` (one acquire script) over ``link`` slowed by DELAY s each way, with a
+    SIGALRM raising in its round trip; return once that script has surely run.
+
+    A writer also withdraws its claim when it stops waiting: one more script, which may
+    run before the slowed acquire does.
+    """
+    before = evalsha_calls(direct)
+
+    def handler(signum: int, frame: Any) -> None:
+        link.heal()  # what follows (the answer, a give-back) need not be slow
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        link.slow(DELAY)
+        signal.setitimer(signal.ITIMER_REAL, ALARM)
+        with pytest.raises(Interrupted):
+            action()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        link.heal()
+    scripts = 2 if kind == "write" else 1
+    wait_until(lambda: evalsha_calls(direct) >= before + scripts, 10, "the acquire to run")
+
+
+def make(kind: str, name: str, client: Any) -> Tuple[Any, str, Any]:
+    """(primitive, its hash key, the field its owner's count is kept in)."""
+    if kind == "rlock":
+        lock = rlocks.RLock(name, client=client, ttl=30, namespace=NAMESPACE)
+        return lock, lock._keys.hash, thread_owner()
+    if kind in ("write", "read"):
+        rw = rlocks.RWLock(name, client=client, ttl=30, namespace=NAMESPACE)
+        side = rw.write_lock if kind == "write" else rw.read_lock
+        return side, side._keys.hash, f"{kind[0]}:{thread_owner()}"
+    sem = rlocks.Semaphore(name, 3, client=client, ttl=30, namespace=NAMESPACE)
+    return sem, sem._keys.hash, process_owner()
+
+
+def preload(direct: "redis.Redis[bytes]", prim: Any) -> None:
+    """Load every script of ``prim`` (a NOSCRIPT answer and its retry would count twice),
+    and open ``prim``'s connection while the link is fast: the signal must come during
+    the script's round trip, not during the connection's handshake."""
+    prim.client.ping()
+    for attr in ("_acquire_script", "_release_script", "_renew_script", "_unclaim_script"):
+        script = getattr(prim, attr, None)
+        if script is not None:
+            direct.script_load(script.source)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "write", "read", "sem"])
+def test_interrupted_acquire_leaves_nothing_in_redis(
+    direct: "redis.Redis[bytes]",
+    link: FaultyLink,
+    slowed: "redis.Redis[bytes]",
+    name: str,
+    kind: str,
+) -> None:
+    prim, key, _field = make(kind, name, slowed)
+    preload(direct, prim)
+    leases = renewal.lease_count()
+    try:
+        interrupted(direct, link, prim.acquire, kind)
+        # The grant came back after the interrupt and was given back before it propagated.
+        assert not direct.exists(key), direct.hgetall(key)
+        assert renewal.lease_count() == leases
+        assert "not held here" in repr(prim) or "held here=0" in repr(prim)
+        # The primitive is usable afterwards (its connection pool was left clean).
+        assert prim.acquire(timeout=10)
+        prim.release()
+        assert not direct.exists(key)
+    finally:
+        direct.delete(key)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "write", "read"])
+def test_interrupted_reentry_gives_back_only_its_own_level(
+    direct: "redis.Redis[bytes]",
+    link: FaultyLink,
+    slowed: "redis.Redis[bytes]",
+    name: str,
+    kind: str,
+) -> None:
+    prim, key, field = make(kind, name, slowed)
+    preload(direct, prim)
+    try:
+        assert prim.acquire()
+        interrupted(direct, link, prim.acquire, kind)
+        # Exactly the interrupted level was given back: the outer one is still held.
+        assert direct.hget(key, field) == b"1"
+        assert prim._recursion_count() == 1
+        prim.release()
+        assert not direct.exists(key)
+    finally:
+        direct.delete(key)
