@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any, Callable, Iterator, Tuple
 
 import pytest
@@ -174,3 +175,56 @@ def test_interrupted_reentry_gives_back_only_its_own_level(
         assert not direct.exists(key)
     finally:
         direct.delete(key)
+
+
+# -- asyncio: a cancelled release ------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_release_cancelled_while_connecting_still_reaches_redis(
+    direct: "redis.Redis[bytes]", link: FaultyLink, name: str, kind: str
+) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    import rlocks.asyncio as ra
+
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(link.url, socket_timeout=10, socket_connect_timeout=5)
+        if kind == "rlock":
+            prim: Any = ra.RLock(name, client=c, ttl=30, namespace=NAMESPACE)
+        else:
+            prim = ra.Semaphore(name, 2, client=c, ttl=30, namespace=NAMESPACE)
+        key = prim._keys.hash
+        releasing = asyncio.Event()
+
+        async def holder() -> None:  # the owner is the task (RLock): one task does both
+            assert await prim.acquire()
+            # The release must open a new connection, and opening it is slow.
+            await c.connection_pool.disconnect()
+            link.slow(DELAY)
+            releasing.set()
+            await prim.release()
+
+        task = asyncio.ensure_future(holder())
+        await releasing.wait()
+        await asyncio.sleep(ALARM)  # a point in time during the connection's handshake
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        link.heal()
+        try:
+            # Cancelled or not, the release reaches Redis: the hold is gone long before
+            # its 30 s lease would end (the loop keeps running while we look).
+            deadline = time.monotonic() + 10
+            while direct.exists(key):
+                assert time.monotonic() < deadline, "the cancelled release never landed"
+                await asyncio.sleep(0.01)
+        finally:
+            await c.aclose()
+            direct.delete(key)
+
+    asyncio.run(main())
