@@ -164,9 +164,17 @@ class WriteLock(_SyncSide, _WriteCore):
     While a thread waits for it, new readers wait too; that claim lasts one ``ttl``
     after the waiter's latest attempt, so a writer that dies while waiting stops holding
     readers back at most ``ttl`` later.
+
+    ``threading.Condition(rw.write_lock).wait()`` by a writer that also reads (it
+    downgraded) releases both sides while it waits and takes both back.
     """
 
     __slots__ = ()
+
+    def _held_with(self) -> ReadLock:
+        read = self._read
+        assert isinstance(read, ReadLock)  # built by RWLock: the sync read side
+        return read
 
 
 R = TypeVar("R", bound=_ReadCore)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
-import time
 from typing import Any, List
 
 import pytest
@@ -15,9 +14,9 @@ import redis
 
 import rlocks
 import rlocks.asyncio as ra
+from rlocks._engine.identity import thread_owner
 
 from .conftest import NAMESPACE
-
 
 # -- copy / pickle ----------------------------------------------------------------------------
 
@@ -46,3 +45,50 @@ def test_primitives_refuse_to_be_copied_or_pickled(
         assert name in str(info.value)
     with pytest.raises(TypeError):
         copier(threading.RLock())  # the control row: what threading does
+
+
+# -- Condition on a write lock whose thread also reads ----------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_condition_wait_on_write_lock_of_a_downgraded_writer(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # A downgraded writer holds both sides. Waiting on a Condition of the write side lets
+    # both go (no one could write while it still read, so no one could notify) and takes
+    # both back, instead of failing to re-take the write side with UpgradeError.
+    rw = rlocks.RWLock(name, client=client, ttl=10, namespace=NAMESPACE)
+    key = rw.write_lock._keys.hash
+    cond = threading.Condition(rw.write_lock)
+    state: List[Any] = []
+    errors: List[BaseException] = []
+
+    def notifier() -> None:
+        try:
+            with cond:  # only possible while the waiter has let go of both sides
+                state.append(dict(client.hgetall(key)))
+                cond.notify()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    me = thread_owner()
+    assert rw.write_lock.acquire() and rw.read_lock.acquire()
+    t = threading.Thread(target=notifier)
+    try:
+        with cond:
+            t.start()
+            notified = cond.wait(timeout=20)
+            assert notified, "the notifier never got the write lock"
+            assert rw.write_lock._recursion_count() == 2
+            assert rw.read_lock._recursion_count() == 1
+            fields = client.hgetall(key)
+            assert fields[f"w:{me}".encode()] == b"2" and fields[f"r:{me}".encode()] == b"1"
+        t.join(10)
+        assert not errors, errors
+        assert not any(f"{me}".encode() in field for field in state[0]), state
+        rw.read_lock.release()
+        rw.write_lock.release()
+        assert not client.exists(key)
+    finally:
+        t.join(10)
+        client.delete(key)

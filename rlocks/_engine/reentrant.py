@@ -112,22 +112,41 @@ class ReentrantLock(Primitive):
         """How many times the calling thread holds the lock (no I/O)."""
         return self._held(identity.thread_owner())
 
-    def _release_save(self) -> Tuple[int, str]:
-        """Release every level of the calling thread's hold; return what restores it."""
+    def _release_save(self) -> Tuple[int, str, int]:
+        """Release every level of the calling thread's hold; return what restores it.
+
+        With the levels of :meth:`_held_with` this lock (a writer's read side): a thread
+        waiting on a ``Condition`` must let others in, and no one could write while it
+        still read.
+        """
         owner = identity.thread_owner()
         count = self._held(owner)
         if count == 0:
             raise NotOwnedError(
                 f"cannot release un-acquired lock {self._describe()}", name=self._name
             )
+        inner = self._held_with()
+        inner_count = inner._held(owner) if inner is not None else 0
         # Every level in Redis, not only this object's: a Condition must really let go.
         self._give_back(owner, count, everything=True)
-        return count, owner
+        if inner is not None and inner_count:
+            inner._give_back(owner, inner_count, everything=True)
+        return count, owner, inner_count
 
-    def _acquire_restore(self, state: Tuple[int, str]) -> None:
-        """Re-acquire, blocking, the levels ``_release_save`` gave back."""
-        count, _owner = state
-        self._take(identity.thread_owner(), count, None)
+    def _acquire_restore(self, state: Tuple[int, str, int]) -> None:
+        """Re-acquire, blocking, the levels ``_release_save`` gave back: this lock's first,
+        then those of :meth:`_held_with` it (a writer takes its read side at once)."""
+        count, _owner, inner_count = state
+        owner = identity.thread_owner()
+        self._take(owner, count, None)
+        inner = self._held_with()
+        if inner is not None and inner_count:
+            inner._take(owner, inner_count, None)
+
+    def _held_with(self) -> Optional["ReentrantLock"]:
+        """Another lock whose holds this one's ``Condition`` protocol releases and restores
+        along with its own (``None``; a write side names its read side)."""
+        return None
 
     # -- introspection -------------------------------------------------------------------
 
