@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
+import time
 from typing import Any, List
 
 import pytest
@@ -16,6 +17,7 @@ import rlocks
 import rlocks.asyncio as ra
 from rlocks._engine.identity import thread_owner
 
+from ._servers import wait_until
 from .conftest import NAMESPACE
 
 # -- copy / pickle ----------------------------------------------------------------------------
@@ -92,3 +94,56 @@ def test_condition_wait_on_write_lock_of_a_downgraded_writer(
     finally:
         t.join(10)
         client.delete(key)
+
+
+# -- wake-up channels and the client's encoding -------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("decode", [False, True])
+def test_waiter_is_woken_whatever_the_clients_encoding(
+    redis_url: str, name: str, decode: bool
+) -> None:
+    # The wake-up channel's name goes out encoded with the client's encoding; the hub must
+    # recognise it coming back whether redis-py hands it over as bytes or decoded.
+    c = redis.Redis.from_url(
+        redis_url, decode_responses=decode, encoding="latin-1", socket_timeout=10
+    )
+    lock_name = f"{name}-café-ñ"
+    ttl = 60.0
+    holder = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE)
+    waiter = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE)
+    woken: List[float] = []
+    errors: List[BaseException] = []
+
+    def wait() -> None:
+        try:
+            assert waiter.acquire(timeout=ttl)
+            woken.append(time.monotonic())
+            waiter.release()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    assert holder.acquire()
+    t = threading.Thread(target=wait)
+    t.start()
+    try:
+        channel = holder._channel
+        wait_until(
+            lambda: dict(c.pubsub_numsub(channel)).get(
+                channel if decode else channel.encode("latin-1"), 0
+            )
+            >= 1,
+            10,
+            "the waiter's subscription",
+        )
+        released = time.monotonic()
+        holder.release()
+        t.join(ttl)
+        assert not errors, errors
+        # Woken by the release, not by polling the holder's 60 s lease.
+        assert woken and woken[0] - released < 3.0, woken and woken[0] - released
+    finally:
+        t.join(10)
+        c.delete(holder._keys.hash)
+        c.close()

@@ -100,8 +100,22 @@ def wake_count(payload: Any) -> Optional[int]:
     return max(count, 1)
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+def _text(value: Any, encoding: str = "utf-8") -> str:
+    """A channel name as the str it was subscribed with: bytes are decoded with the
+    encoding of the client that sent the name (whatever its decode_responses)."""
+    return value.decode(encoding, "replace") if isinstance(value, bytes) else str(value)
+
+
+def _encoding_of(client: Any) -> str:
+    """The encoding ``client`` encodes str arguments with (redis-py's default: UTF-8)."""
+    get_encoder = getattr(client, "get_encoder", None)
+    if get_encoder is not None:
+        try:
+            return str(get_encoder().encoding)
+        except Exception:  # noqa: BLE001 - a cluster client without a node yet, say
+            pass
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    return str((kwargs or {}).get("encoding", "utf-8"))
 
 
 # Sharded pub/sub messages mean what their plain counterparts mean to the hub.
@@ -145,6 +159,9 @@ class WakeHub:
 
     def __init__(self, client: Any, namespace: str) -> None:
         self._client = client
+        # Channel names arrive as bytes or str depending on decode_responses: matched as
+        # the str subscribed, decoded with the encoding that sent them (not always UTF-8).
+        self._encoding = _encoding_of(client)
         # The private control channel stays inside the namespace, so an ACL user limited
         # to the namespace's channels may use it.
         self._control = f"{namespace}:hub:{identity.process_token()}"
@@ -324,7 +341,7 @@ class WakeHub:
     def _dispatch(self, message: Dict[str, Any]) -> None:
         raw_kind = str(message.get("type"))
         kind = _PLAIN_KIND.get(raw_kind, raw_kind)
-        channel = _text(message.get("channel"))
+        channel = _text(message.get("channel"), self._encoding)
         if kind == "message":
             if channel == self._control:
                 return  # a nudge: the loop's next _sync does the work
@@ -474,11 +491,11 @@ class ShardedWakeHub(WakeHub):
         if message.get("type") != "sunsubscribe":
             self._dispatch(message)
             return
-        channel = _text(message.get("channel"))
+        channel = _text(message.get("channel"), self._encoding)
         # Our own SUNSUBSCRIBE removed the channel from the PubSub's table; an unsolicited
         # one (its slot moved to another node) leaves it there. Then the channel must be
         # subscribed again where the slot lives now.
-        if not any(_text(c) == channel for c in pubsub.shard_channels):
+        if not any(_text(c, self._encoding) == channel for c in pubsub.shard_channels):
             return
         pubsub.sunsubscribe(channel)  # keep redis-py from re-subscribing it here
         self._refresh = True
