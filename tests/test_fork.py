@@ -435,3 +435,45 @@ def test_fork_child_repr_lists_none_of_its_parents_holds(
     assert "readers here=0 writers here=0" in seen[1], seen[1]
     assert "not held here" in seen[2] and "not held here" in seen[3], seen
     assert "held here=0" in seen[4], seen[4]
+
+
+@pytest.mark.timeout(60)
+def test_fork_child_gets_its_own_callback_thread(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # At the fork the parent's callback thread is busy in a slow on_lost. That thread does
+    # not exist in the child: the child's own losses must still reach its callbacks.
+    entered, finish = threading.Event(), threading.Event()
+
+    def slow(_lock: Any) -> None:
+        entered.set()
+        finish.wait(30)
+
+    parents = rlocks.RLock(name + "-p", client=client, ttl=0.5, namespace=NAMESPACE, on_lost=slow)
+    assert parents.acquire()
+    client.delete(parents._keys.hash)
+    assert entered.wait(10), "the parent's on_lost was never called"
+
+    def child(pipe: Pipe) -> None:
+        called = threading.Event()
+        own = rlocks.RLock(
+            name + "-c", client=client, ttl=0.5, namespace=NAMESPACE,
+            on_lost=lambda _lock: called.set(),
+        )
+        assert own.acquire()
+        client.delete(own._keys.hash)
+        pipe.send({"called": called.wait(10)})
+
+    pid, pipe = fork(child)
+    try:
+        report = checked(pipe.recv(30))
+        assert report == {"called": True}
+        assert reap(pid) == 0
+        pid = 0
+    finally:
+        finish.set()
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pipe.close()
+        client.delete(parents._keys.hash, hash_key(name + "-c"))
