@@ -279,7 +279,8 @@ def test_deleted_key_is_reported_lost_by_the_renewer(
     assert lock.acquire()
     assert client.delete(key) == 1  # the hold vanishes under a live holder
     assert called.wait(5), "on_lost was never called"
-    assert calls == [(lock, "rlocks-renewer")]
+    # Reported by the renewer, called on the callback thread (never the renewer's own).
+    assert calls == [(lock, "rlocks-callbacks")]
     assert not client.exists(key)  # the renewer did not resurrect the hold
     with pytest.raises(rlocks.LockLostError):
         lock.release()
