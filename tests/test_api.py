@@ -20,6 +20,7 @@ import redis.asyncio
 import rlocks
 import rlocks.asyncio as ra
 
+from ._servers import wait_until
 from .conftest import NAMESPACE, snapshot
 
 # -- logging: a library is silent unless the program configures logging -----------------
@@ -302,7 +303,7 @@ def test_extend_on_a_lost_hold_raises_lock_lost(client: Any, name: str, kind: st
     assert lock.owned() is True  # local truth: nobody has told this process yet
     with pytest.raises(rlocks.LockLostError):
         lock.extend()
-    assert lost == [lock]
+    wait_until(lambda: lost == [lock], 5, "on_lost (it runs on the callback thread)")
     assert lock.owned() is False
     # Known lost: refused without I/O, and release() is still owed.
     with pytest.raises(rlocks.LockLostError):
