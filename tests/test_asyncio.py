@@ -229,7 +229,12 @@ def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str
     async def main() -> None:
         c = aclient(url)
         lost = asyncio.Event()
-        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=0.3, on_lost=lambda _l: lost.set())
+        loop = asyncio.get_running_loop()
+        # A plain on_lost runs on rlocks' callback thread: it reaches the loop thread-safely.
+        lock = ra.RLock(
+            name, client=c, namespace=NAMESPACE, ttl=0.3,
+            on_lost=lambda _l: loop.call_soon_threadsafe(lost.set),
+        )
         await lock.acquire()
         end = time.monotonic() + 1.2
         while time.monotonic() < end:  # four leases long
