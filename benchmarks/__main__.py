@@ -17,7 +17,7 @@ from .adapters import all_adapters, make_client
 from .harness import Context, Params, Progress, cleanup_keys
 from .redisinfo import is_loopback_url, server_version
 from .sections import ALIASES, ORDER, SectionResult, Target, load
-from .stats import table, verdict
+from .stats import fmt_ns, table, verdict
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -28,8 +28,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="small counts, whole run under 2 minutes (CI smoke test)")
     ap.add_argument("--only", metavar="SECTION,...",
-                    help=f"run only these sections: {', '.join(ORDER)} (or 1-7); the floor "
-                         "(PING) is always measured because every ratio needs it")
+                    help=f"run only these sections: {', '.join(ORDER)} (or 1-{len(ORDER)}); "
+                         "the floor (PING) is always measured because every ratio needs it")
     ap.add_argument("--json", metavar="PATH", help="also write all figures as JSON")
     ap.add_argument("--plot", metavar="PATH", help="write the scaling curves as a PNG "
                     "(needs matplotlib and the scaling section)")
@@ -138,8 +138,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         targets: List[Target] = [t for r in results.values() for t in r.targets]
         if targets:
-            print("\n== rlocks targets (ratios to PING p50 "
-                  f"{ctx.ping_p50_ns / 1e3:.1f} µs)", file=out)
+            print("\n== rlocks targets (floors of this run: PING p50 "
+                  f"{fmt_ns(ctx.ping_p50_ns)}, EVALSHA p50 {fmt_ns(ctx.evalsha_p50_ns)}, "
+                  f"BLPOP/LPUSH hand-off p50 {fmt_ns(ctx.blpop_p50_ns)})", file=out)
             rows = [[t.what, t.measured, t.goal, verdict(t.ok)] for t in targets]
             for line in table(["target", "measured", "goal", "result"], rows, left=4):
                 print(line, file=out)
@@ -159,7 +160,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "redis_version": server_version(client),
                          "python": platform.python_version(),
                          "redis_py": _dist_version("redis"), "cpus": os.cpu_count(),
-                         "ping_p50_ns": ctx.ping_p50_ns, "seconds": round(elapsed, 1),
+                         "ping_p50_ns": ctx.ping_p50_ns,
+                         "evalsha_p50_ns": ctx.evalsha_p50_ns,
+                         "blpop_handoff_p50_ns": ctx.blpop_p50_ns,
+                         "blpop_handoff_p99_ns": ctx.blpop_p99_ns, "seconds": round(elapsed, 1),
                          "params": params.__dict__, "libraries": lib_meta},
                 "sections": {k: r.data for k, r in results.items()},
                 "targets": [t.to_json() for t in targets],

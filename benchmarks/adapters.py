@@ -135,6 +135,34 @@ class RLocksAdapter(Adapter):
         return _RLocksHandle(rlocks.RLock(name, client=client, ttl=ttl))
 
 
+class RLocksUnfairAdapter(RLocksAdapter):
+    """rlocks with ``fair=False`` (issue 12: a free lock goes to whoever asks first).  Until
+    ``rlocks.RLock`` accepts ``fair=`` it is reported as unavailable, never left out."""
+
+    key = "rlocks (fair=False)"
+    defaults = "RLock(fair=False), other options at their defaults"
+    reentrant = False  # measured in the contended section only
+
+    def _probe(self) -> None:
+        super()._probe()
+        import inspect
+
+        import rlocks
+
+        if "fair" not in inspect.signature(rlocks.RLock).parameters:
+            raise ImportError("rlocks.RLock has no fair= (issue 12)")
+
+    def unavailable_reason(self) -> Optional[str]:
+        reason = super().unavailable_reason()
+        # the row reads "unavailable: rlocks.RLock has no fair= (issue 12)", no class name
+        return reason.split(": ", 1)[-1] if reason else None
+
+    def _make(self, client: redis.Redis, name: str) -> LockHandle:
+        import rlocks
+
+        return _RLocksHandle(rlocks.RLock(name, client=client, fair=False))
+
+
 # ---------------------------------------------------------------------------------------
 # redis-py's own Lock
 # ---------------------------------------------------------------------------------------
@@ -319,6 +347,8 @@ class TokenReference(Adapter):
 
 
 _REFERENCES: List[Callable[[], Adapter]] = [TokenReference]
+#: rlocks built with other options, measured where the issue asks for them
+_VARIANTS: List[Callable[[], Adapter]] = [RLocksUnfairAdapter]
 
 _ADAPTERS: List[Callable[[], Adapter]] = [
     RLocksAdapter,
@@ -347,10 +377,19 @@ def reference_adapters() -> List[Adapter]:
     return [_CACHE[f().key] for f in _REFERENCES]
 
 
+def variant_adapters() -> List[Adapter]:
+    """rlocks with non-default options (``rlocks (fair=False)``)."""
+    for factory in _VARIANTS:
+        a = factory()
+        _CACHE.setdefault(a.key, a)
+    return [_CACHE[f().key] for f in _VARIANTS]
+
+
 def get_adapter(key: str) -> Adapter:
     if key not in _CACHE:
         all_adapters()
         reference_adapters()
+        variant_adapters()
     return _CACHE[key]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import redis
 
 from .adapters import Adapter, get_adapter
-from .stats import jain, summary
+from .stats import jain, longest_wait, summary
 from .workers import ChainConfig, chain_process, drain
 
 
@@ -25,6 +25,9 @@ class Params:
 
     floor_rounds: int = 10
     floor_batch: int = 300
+    #: the bare BLPOP/LPUSH hand-off between two processes, the floor of every hand-off ratio
+    floor_handoff_s: float = 4.0
+    floor_handoff_max: int = 150
     unc_rounds: int = 10
     unc_batch: int = 100
     #: wall-clock cap for one library's batch in the interleaved loops
@@ -47,6 +50,13 @@ class Params:
     scale_hold_ms: Tuple[float, float] = (2.0, 6.0)
     conn_threads: int = 64
     rw_duration_s: float = 4.0
+    #: live holders (distinct owners, held elsewhere) of a Semaphore and an RWLock read side
+    holders_count: int = 1000
+    #: ttl of those holds: renewal every ttl/3 must fall inside the counting window
+    holders_ttl: float = 1.5
+    #: the renewal window is this many ttl/3 periods long (a whole number of periods, so
+    #: every periodic renewal lands in it the same number of times whatever its phase)
+    holders_periods: int = 6
     rounds: int = 2
 
     @classmethod
@@ -55,9 +65,10 @@ class Params:
                    unc_batch=30,
                    batch_cap_s=0.5, handoff_max=40, handoff_duration_s=2.5,
                    contended_duration_s=1.0, many_count=1000, many_window_s=3.0,
-                   many_rlocks_ttl=2.5, many_peer_window_s=0.5, scale_procs=(4,),
+                   many_rlocks_ttl=2.5, many_peer_window_s=0.5, scale_procs=(1, 8),
                    scale_threads=(64,), scale_duration_s=0.5, scale_max_ops=200,
-                   rw_duration_s=1.0, rounds=1)
+                   rw_duration_s=1.0, floor_handoff_s=1.5, floor_handoff_max=40,
+                   holders_periods=3, rounds=1)
 
 
 class Progress:
@@ -100,6 +111,11 @@ class Context:
     adapters: List[Adapter]
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     ping_p50_ns: float = math.nan
+    #: p50 of a trivial EVALSHA (``return 1``), set by the floor section
+    evalsha_p50_ns: float = math.nan
+    #: bare BLPOP/LPUSH hand-off between two processes (floor section), p50 and p99
+    blpop_p50_ns: float = math.nan
+    blpop_p99_ns: float = math.nan
     #: keys this run created, removed at the end (the server may be the user's)
     keys: List[str] = field(default_factory=list)
 
@@ -180,6 +196,8 @@ class ChainOutcome:
     throughput: float = math.nan
     handoff_ns: List[int] = field(default_factory=list)
     per_worker: Dict[str, int] = field(default_factory=dict)
+    #: longest single acquire per worker (ns); see ``workers.ThreadResult.max_wait_ns``
+    per_worker_max_wait_ns: Dict[str, int] = field(default_factory=dict)
     timeouts: int = 0
     errors: List[str] = field(default_factory=list)
     lost_updates: Optional[int] = None
@@ -193,6 +211,9 @@ class ChainOutcome:
             "handoff_ns": {k: h[k] for k in ("n", "p50", "p99", "mean", "max")},
             "per_worker_ops": self.per_worker,
             "jain": jain(counts) if counts else math.nan,
+            "worker_ops_min": min(counts, default=None),
+            "worker_ops_max": max(counts, default=None),
+            "longest_wait_ns": longest_wait(self.per_worker_max_wait_ns.values()),
             "timeouts": self.timeouts, "errors": self.errors[:3],
             "lost_updates": self.lost_updates, "client_cpu_s": self.client_cpu_s,
         }
@@ -242,6 +263,7 @@ def run_chain(ctx: Context, cfg: ChainConfig, procs: int) -> ChainOutcome:
             outcome.timeouts += th["timeouts"]
             outcome.errors.extend(e.strip().splitlines()[-1] for e in th["errors"])
             outcome.per_worker[th["wid"]] = len(th["ops"])
+            outcome.per_worker_max_wait_ns[th["wid"]] = th.get("max_wait_ns", 0)
             rows.extend((s, a, r, th["wid"]) for s, a, r in th["ops"])
     if len(results) < procs:
         outcome.errors.append(f"only {len(results)}/{procs} workers reported")
@@ -273,6 +295,8 @@ def merge(outcomes: Sequence[ChainOutcome]) -> ChainOutcome:
             total_span += o.span_s
         m.handoff_ns.extend(o.handoff_ns)
         m.per_worker.update({f"r{i}{k}": v for k, v in o.per_worker.items()})
+        m.per_worker_max_wait_ns.update(
+            {f"r{i}{k}": v for k, v in o.per_worker_max_wait_ns.items()})
         m.timeouts += o.timeouts
         m.errors.extend(o.errors)
         if o.lost_updates is not None:

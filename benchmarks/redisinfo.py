@@ -24,6 +24,19 @@ def command_breakdown(client: redis.Redis) -> Dict[str, int]:
     return out
 
 
+def script_usec(client: redis.Redis) -> int:
+    """Server time (µs) spent in scripts so far: EVAL/EVALSHA/FCALL and their read-only
+    forms (their usec covers the commands they call, which are also counted on their own)."""
+    stats: Dict[str, Any] = client.info("commandstats")
+    total = 0
+    for k, v in stats.items():
+        name = k[len("cmdstat_"):] if k.startswith("cmdstat_") else k
+        if isinstance(v, dict) and name in ("eval", "evalsha", "eval_ro", "evalsha_ro",
+                                            "fcall", "fcall_ro"):
+            total += int(v["usec"])
+    return total
+
+
 def command_calls(client: redis.Redis) -> int:
     """Total commands the server has executed, INFO excluded."""
     return sum(command_breakdown(client).values())

@@ -7,11 +7,16 @@ import math
 import sys
 
 from .__main__ import _clean, selected_sections
-from .adapters import all_adapters
+from .adapters import all_adapters, get_adapter, variant_adapters
 from .harness import ChainOutcome, Params, merge
 from .redisinfo import breakdown_delta, is_loopback_url
-from .sections import ORDER
-from .stats import fmt_ns, fmt_ratio, jain, percentile, summary, table
+from .sections import ORDER, ratio_target
+from .sections.contended import judge, min_share
+from .sections.handoff import handoff_targets
+from .sections.holders import holders_targets, renewal_per_hold
+from .sections.rwsem import class_stats, class_target
+from .sections.scaling import scaling_targets
+from .stats import fmt_ns, fmt_ratio, jain, longest_wait, percentile, ratio, summary, table, within
 
 
 def _checks() -> None:
@@ -50,6 +55,87 @@ def _checks() -> None:
     for a in all_adapters():  # every library is either usable or says why not
         assert a.unavailable_reason() is None or a.unavailable_reason()
         assert a.defaults
+    _issue12_checks()
+
+
+def _verdicts(targets: list) -> list:
+    return [t.ok for t in targets]
+
+
+def _issue12_checks() -> None:
+    """The arithmetic and verdicts of the issue-12 targets, on made-up figures."""
+    assert abs(jain([3, 1]) - 0.8) < 1e-12 and math.isnan(jain([0, 0]))
+    assert longest_wait([5, 9, 2]) == 9 and math.isnan(longest_wait([]))
+    assert ratio(3.0, 2.0) == 1.5 and math.isnan(ratio(1.0, 0.0))
+    assert math.isnan(ratio(None, 2.0)) and math.isnan(ratio(1.0, math.nan))
+    assert within(1.0, 1.0) is True and within(1.01, 1.0) is False
+    assert within(0.9, 0.9, at_least=True) is True and within(math.nan, 1.0) is None
+    t = ratio_target("x", 1.2, 1.2, "ref")
+    assert t.ok is True and t.measured == "1.20x ref" and t.goal == "<= 1.2x ref"
+    assert ratio_target("x", math.nan, 1.0, "ref").ok is None  # never a pass on no data
+    assert ratio_target("x", 0.5, 0.9, "ref", at_least=True).ok is False
+    # m = per-worker min/max and the longest wait of one outcome
+    o = ChainOutcome(ops=4, per_worker={"a": 3, "b": 1},
+                     per_worker_max_wait_ns={"a": 10, "b": 70})
+    j = o.to_json()
+    assert j["worker_ops_min"] == 1 and j["worker_ops_max"] == 3
+    assert j["longest_wait_ns"] == 70 and abs(j["jain"] - 0.8) < 1e-12
+    m = merge([o, o])
+    assert len(m.per_worker_max_wait_ns) == 4 and m.to_json()["longest_wait_ns"] == 70
+    # target 1: hand-off ratios to the BLPOP floor
+    assert _verdicts(handoff_targets({"n": 5, "p50": 100.0, "p99": 300.0}, 100.0, 200.0)) \
+        == [True, True]
+    assert _verdicts(handoff_targets({"n": 5, "p50": 101.0, "p99": 301.0}, 100.0, 200.0)) \
+        == [False, False]
+    assert _verdicts(handoff_targets(None, 100.0, 200.0)) == [None, None]
+    # target 2: Jain, throughput vs fair peers, fair=False vs the best peer and 10 % floor
+    assert min_share([1, 9]) == 0.2 and math.isnan(min_share([]))
+
+    def lib(ops: float, j: float, share: float = 1.0) -> dict:
+        return {"ops": 10, "ops_per_s": ops, "jain_worst_round": j,
+                "min_share_worst_round": share}
+
+    data = {"rlocks": lib(2000, 0.97), "redis-py": lib(3500, 0.6),
+            "python-redis-lock": lib(1900, 0.99), "rlocks (fair=False)": lib(3600, 0.7, 0.2)}
+    assert _verdicts(judge(data)) == [True, True, True, True]
+    data["python-redis-lock"] = lib(2100, 0.99)  # a fair peer beats rlocks
+    data["rlocks (fair=False)"] = lib(3600, 0.7, 0.05)  # one worker starves
+    assert _verdicts(judge(data)) == [True, False, True, False]
+    data["rlocks"] = lib(2000, 0.80)
+    assert _verdicts(judge(data))[0] is False
+    del data["python-redis-lock"]  # no fair peer: nothing to beat
+    assert judge(data)[1].ok is True
+    un = judge(data, "rlocks.RLock has no fair= (issue 12)")
+    assert _verdicts(un)[2:] == [None, None]
+    assert un[2].measured == "unavailable: rlocks.RLock has no fair= (issue 12)"
+    assert _verdicts(judge({})) == [None, None, None, None]
+    v = variant_adapters()[0]
+    assert v.key == "rlocks (fair=False)" and get_adapter(v.key) is v
+    assert v.unavailable_reason() in (None, "rlocks.RLock has no fair= (issue 12)")
+    # target 3: 8 vs 1 waiting processes
+    pts = [{"waiters": 1, "ops_per_s": 1000.0, "handoff_p50_ns": 100.0},
+           {"waiters": 8, "ops_per_s": 900.0, "handoff_p50_ns": 120.0}]
+    assert _verdicts(scaling_targets(pts)) == [True, True]
+    pts[1] = {"waiters": 8, "ops_per_s": 360.0, "handoff_p50_ns": 121.0}
+    assert _verdicts(scaling_targets(pts)) == [False, False]
+    assert _verdicts(scaling_targets(pts[1:])) == [None, None]  # no 1-waiter point
+    # target 4: Jain within a class of worker, longest wait per class
+    st = class_stats([{"sections": 10, "max_wait_ns": 5, "timeouts": 0},
+                      {"sections": 10, "max_wait_ns": 8, "timeouts": 1}], 2.0)
+    assert st["jain"] == 1.0 and st["longest_wait_ns"] == 8 and st["sections_per_s"] == 10
+    assert class_target("w", st).ok is True
+    assert class_target("w", {"jain": 0.9}).ok is False and class_target("w", None).ok is None
+    # target 5: cost with 1,000 holders vs 1, renewal per held primitive per ttl/3
+    assert renewal_per_hold(120, 600, 2, 3.0, 0.5) == (10.0, 50.0)
+    assert all(math.isnan(x) for x in renewal_per_hold(1, 1, 0, 1.0, 1.0))
+    cyc = {"Semaphore, 1": {"p50": 100.0}, "Semaphore, 1000": {"p50": 130.0},
+           "RWLock.read_lock, 1": {"p50": 100.0}, "RWLock.read_lock, 1000": {"p50": 660.0}}
+    hd = {"holders": 1000, "cycles": cyc, "renewal_1": {"cmds_per_hold_per_period": 3.0},
+          "renewal_1000": {"cmds_per_hold_per_period": 3.0}}
+    assert _verdicts(holders_targets(hd)) == [True, False, True]
+    hd["renewal_1000"] = {"cmds_per_hold_per_period": 4.0}
+    assert _verdicts(holders_targets(hd))[2] is False
+    assert _verdicts(holders_targets({})) == [None, None, None]
 
 
 def main() -> int:

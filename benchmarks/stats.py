@@ -97,3 +97,31 @@ def verdict(ok: Optional[bool]) -> str:
     if ok is None:
         return "n/a"
     return "PASS" if ok else "MISS"
+
+
+def longest_wait(waits: Iterable[float]) -> float:
+    """The longest single wait in ``waits`` (ns), ``nan`` when there is none."""
+    vals = [float(w) for w in waits]
+    return max(vals) if vals else math.nan
+
+
+def ratio(num: Optional[float], den: Optional[float]) -> float:
+    """``num / den``, or ``nan`` when either is missing or the denominator is not positive
+    (a target judged on a missing floor must read "n/a", never pass)."""
+    if num is None or den is None or math.isnan(num) or math.isnan(den) or den <= 0:
+        return math.nan
+    return num / den
+
+
+def within(value: float, limit: float, at_least: bool = False) -> Optional[bool]:
+    """``value <= limit`` (or ``>=`` with ``at_least``); ``None`` for a missing value."""
+    if value is None or math.isnan(value):
+        return None
+    return value >= limit if at_least else value <= limit
+
+
+def fmt_x(r: Optional[float]) -> str:
+    """A ratio as ``1.23x`` (``-`` when missing)."""
+    if r is None or math.isnan(r):
+        return "-"
+    return f"{r:.2f}x"

@@ -54,6 +54,9 @@ class ThreadResult:
     ops: List[Tuple[int, int, int]] = field(default_factory=list)
     timeouts: int = 0
     errors: List[str] = field(default_factory=list)
+    #: longest single blocking acquire of this worker (ns), a timed-out one included:
+    #: starvation shows here before it moves a mean or a fairness index
+    max_wait_ns: int = 0
 
 
 def chain_process(cfg: ChainConfig, proc_index: int, seq: Any, stop: Any, barrier: Any,
@@ -85,8 +88,11 @@ def chain_process(cfg: ChainConfig, proc_index: int, seq: Any, stop: Any, barrie
                 if remaining <= 0:
                     stop.value = 1
                     break
+                t_ask = time.monotonic_ns()
                 ok = lock.acquire(timeout=min(cfg.acquire_timeout, remaining + 1.0))
                 t_acq = time.monotonic_ns()
+                if t_acq - t_ask > res.max_wait_ns:
+                    res.max_wait_ns = t_acq - t_ask
                 if not ok:
                     res.timeouts += 1
                     continue

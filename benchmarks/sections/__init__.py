@@ -21,6 +21,19 @@ class Target:
                 "result": None if self.ok is None else ("PASS" if self.ok else "MISS")}
 
 
+def ratio_target(what: str, value: float, limit: float, of: str,
+                 at_least: bool = False, note: str = "") -> Target:
+    """A target that is a ratio of two figures of this run (``value`` is already the ratio,
+    ``nan`` when either side is missing, which gives ``n/a``, never a pass)."""
+    from ..stats import fmt_x, within
+
+    sign = ">=" if at_least else "<="
+    measured = f"{fmt_x(value)} {of}" if value == value else "-"
+    if note:
+        measured += f" ({note})"
+    return Target(what, measured, f"{sign} {limit:g}x {of}", within(value, limit, at_least))
+
+
 @dataclass
 class SectionResult:
     key: str
@@ -30,9 +43,11 @@ class SectionResult:
     targets: List[Target] = field(default_factory=list)
 
 
-ORDER = ["floor", "uncontended", "handoff", "contended", "many", "scaling", "rwsem"]
+ORDER = ["floor", "uncontended", "handoff", "contended", "many", "scaling", "rwsem",
+         "holders"]
 ALIASES = {"1": "floor", "2": "uncontended", "3": "handoff", "4": "contended", "5": "many",
-           "6": "scaling", "7": "rwsem", "rw": "rwsem", "semaphore": "rwsem"}
+           "6": "scaling", "7": "rwsem", "8": "holders", "rw": "rwsem",
+           "semaphore": "rwsem"}
 
 
 def load(key: str) -> Any:

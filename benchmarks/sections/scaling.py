@@ -5,7 +5,10 @@
   again until someone else has taken the lock) and a random 2-6 ms hold make every
   acquisition a hand-off to waiters parked in ``acquire``; reported: hand-off p50.
   Throughput run: everyone loops acquire / GET+SET a counter / release with no rule;
-  reported: critical sections per second (and lost updates, which must be 0).
+  reported: critical sections per second (and lost updates, which must be 0), and the
+  longest single wait of any worker (one ``acquire``, call to return, in either run).
+  Targets (issue 12): throughput with 8 waiting processes >= 0.9x that with 1, hand-off
+  p50 with 8 <= 1.2x that with 1 (both points must be in the run: ``--quick`` runs 1 and 8).
 * vs waiting threads in one process (1..64): the same with waiters+1 threads in one process
   (rlocks shares one RLock object between them, the others build one object per thread on
   the process's shared client, as their docs require).
@@ -24,9 +27,9 @@ from typing import Any, Dict, List
 from ..adapters import make_client
 from ..harness import Context, run_chain
 from ..redisinfo import client_count, subscriber_count
-from ..stats import fmt_ns, fmt_num, fmt_ratio, jain, summary, table
+from ..stats import fmt_ns, fmt_num, fmt_ratio, jain, longest_wait, ratio, summary, table
 from ..workers import ChainConfig, drain, waiters_process
-from . import SectionResult, Target
+from . import SectionResult, Target, ratio_target
 
 KEY = "scaling"
 TITLE = "6. Scaling with waiters"
@@ -57,6 +60,8 @@ def _curve(ctx: Context, kind: str, points: List[int]) -> Dict[str, List[Dict[st
                 "waiters": w, "handoff_p50_ns": s["p50"], "handoff_p99_ns": s["p99"],
                 "handoffs": s["n"], "ops_per_s": tp.throughput,
                 "jain": jain(tp.per_worker.values()),
+                "longest_wait_ns": longest_wait(list(lat.per_worker_max_wait_ns.values())
+                                                + list(tp.per_worker_max_wait_ns.values())),
                 "lost_updates": tp.lost_updates, "timeouts": lat.timeouts + tp.timeouts,
                 "errors": sorted(set(lat.errors + tp.errors))[:3]})
     return out
@@ -124,13 +129,14 @@ def run(ctx: Context) -> SectionResult:
     notes: List[str] = []
     for kind, points in (("processes", p.scale_procs), ("threads", p.scale_threads)):
         cols = [f"{w}" for w in points]
-        rows_lat, rows_tp = [], []
+        rows_lat, rows_tp, rows_wait = [], [], []
         for a in ctx.adapters:
             pts = res.data[kind].get(a.key)
             if not pts:
                 continue
             rows_lat.append([a.key] + [_latency_cell(x, ping) for x in pts])
             rows_tp.append([a.key] + [fmt_num(x["ops_per_s"]) for x in pts])
+            rows_wait.append([a.key] + [fmt_ns(x["longest_wait_ns"]) for x in pts])
             for x in pts:
                 if x["errors"] or x["lost_updates"] or x["timeouts"]:
                     notes.append(f"  {a.key}, {x['waiters']} waiting {kind}: "
@@ -140,6 +146,8 @@ def run(ctx: Context) -> SectionResult:
         res.lines += table(["library"] + cols, rows_lat + ctx.unavailable_rows(len(cols) + 1))
         res.lines += ["", f"throughput (critical sections/s, GET+SET inside) vs waiting {kind}:"]
         res.lines += table(["library"] + cols, rows_tp)
+        res.lines += ["", f"longest single wait of any worker vs waiting {kind}:"]
+        res.lines += table(["library"] + cols, rows_wait)
         res.lines.append("")
     if notes:
         res.lines += ["notes (a blocked acquire gives up after 10 s at most):"] + notes + [""]
@@ -168,7 +176,28 @@ def run(ctx: Context) -> SectionResult:
                                   d["extra_connections"] <= 2))
     else:
         res.targets.append(Target("64 waiting threads: extra connections", "-", "<= 2", None))
+    res.targets += scaling_targets(res.data["processes"].get("rlocks") or [])
     return res
+
+
+def scaling_targets(pts: List[Dict[str, Any]], lo: int = 1, hi: int = 8) -> List[Target]:
+    """Issue 12, target 3, from rlocks' points vs waiting processes: throughput with ``hi``
+    waiting processes >= 0.9x that with ``lo``; hand-off p50 with ``hi`` <= 1.2x that with
+    ``lo``.  A missing point gives ``n/a``."""
+    by = {x["waiters"]: x for x in pts}
+    a, b = by.get(lo), by.get(hi)
+
+    def get(x: Any, k: str) -> Any:
+        return x[k] if x else None
+
+    return [
+        ratio_target(f"throughput, {hi} vs {lo} waiting process (issue 12)",
+                     ratio(get(b, "ops_per_s"), get(a, "ops_per_s")), 0.9,
+                     f"{lo} waiting", at_least=True),
+        ratio_target(f"hand-off p50, {hi} vs {lo} waiting process (issue 12)",
+                     ratio(get(b, "handoff_p50_ns"), get(a, "handoff_p50_ns")), 1.2,
+                     f"{lo} waiting"),
+    ]
 
 
 def plot(data: Dict[str, Any], path: str, ping_ns: float) -> str:
