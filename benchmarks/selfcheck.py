@@ -136,6 +136,11 @@ def _issue12_checks() -> None:
     hd["renewal_1000"] = {"cmds_per_hold_per_period": 4.0}
     assert _verdicts(holders_targets(hd))[2] is False
     assert _verdicts(holders_targets({})) == [None, None, None]
+    hd["alive_after_cycles"], hd["holds"] = [2, 1999], [2, 2000]  # one hold expired
+    assert _verdicts(holders_targets(hd))[:2] == [None, None]
+    hd["renewal_1000"] = {"cmds_per_hold_per_period": 3.0, "alive_after": 1500, "holds": 2000}
+    t = holders_targets(hd)[2]
+    assert t.ok is None and t.measured == "n/a: 500 of 2,000 holds expired meanwhile"
 
 
 def main() -> int:
