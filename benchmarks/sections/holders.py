@@ -28,8 +28,8 @@ How the holders are made: helper processes acquire each hold through the public 
 distinct owner id, by substituting ``rlocks._engine.identity``'s owner functions while it
 acquires (and releases) that hold.  To the server they are N owners, each with its lease,
 renewed by its helper's own renewer, as N processes (semaphore permits belong to a
-process) or N threads (read holds belong to a thread) would be; it costs ``holders_procs``
-processes (4), not 1,000.
+process) or N threads (read holds belong to a thread) would be; it costs
+``holders_procs`` processes (1), not 1,000.
 The holds use rlocks' default ttl of 30 s (``holders_ttl``, shown): a shorter one would
 renew 2,000 holds so often that, with today's whole-hash scripts, the server cannot keep up
 and the holds expire, which measures the machine, not the scripts.
