@@ -136,6 +136,8 @@ def _issue12_checks() -> None:
     hd["renewal_1000"] = {"cmds_per_hold_per_period": 4.0}
     assert _verdicts(holders_targets(hd))[2] is False
     assert _verdicts(holders_targets({})) == [None, None, None]
+    err = holders_targets({"cycles_error": "TimeoutError: x", "error": "RuntimeError: y"})
+    assert err[0].measured == "n/a: TimeoutError: x" and err[2].measured == "n/a: RuntimeError: y"
     hd["alive_after_cycles"], hd["holds"] = [2, 1999], [2, 2000]  # one hold expired
     assert _verdicts(holders_targets(hd))[:2] == [None, None]
     hd["renewal_1000"] = {"cmds_per_hold_per_period": 3.0, "alive_after": 1500, "holds": 2000}
