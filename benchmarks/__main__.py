@@ -26,7 +26,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         description="Benchmark rlocks against other Redis lock libraries.  Every figure is "
                     "given raw and as a ratio to a bare PING round trip (p50) of the same run.")
     ap.add_argument("--quick", action="store_true",
-                    help="small counts, whole run under 2 minutes (CI smoke test)")
+                    help="small counts, whole run about 3 minutes (CI smoke test)")
     ap.add_argument("--only", metavar="SECTION,...",
                     help=f"run only these sections: {', '.join(ORDER)} (or 1-{len(ORDER)}); "
                          "the floor (PING) is always measured because every ratio needs it")
