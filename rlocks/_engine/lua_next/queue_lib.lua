@@ -1,0 +1,578 @@
+-- queue_lib: the server-side FIFO queue and hand-over shared by every script in this
+-- folder. The loader prepends this file to each operation file (rlock_*, rw_*, sem_*), so
+-- every operation still runs as one script; on its own it does nothing.
+-- docs/design/handover.md explains the design; this header is the contract.
+--
+-- KEYS (the same six, in this order, for every script; one hash tag, so one cluster slot):
+--   KEYS[1]  H  holds hash. rlock: <owner> -> count. rw: r:<owner> / w:<owner> -> count,
+--              '#w' -> the writing owner, '#nr' -> number of reading owners.
+--              sem: <owner> (a process) -> permits, '#free', '#value', '#bounded',
+--              '#held' (permits held by live holders). Owner ids never start with '#'.
+--   KEYS[2]  L  holder lease ends, ZSET: member = H field of the hold, score = end (ms)
+--   KEYS[3]  Q  the queue, ZSET: member = entry id (a process token), score = sequence
+--   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
+--              n = holds wanted, k = 1 once woken without a grant (fair = 0)};
+--              'g:<waiter>' -> JSON {o, s, n}: a hand-over grant the waiter has not
+--              adopted yet; '#seq' -> last sequence number
+--   KEYS[5]  T  entry lease ends, ZSET: 'e:<entry>' and 'g:<waiter>' -> end (ms)
+--   KEYS[6]  the wake-up channel
+--
+-- Context ARGV (the first ARGV of every script):
+--   ARGV[1]  now, server ms; '' = read redis TIME (production always sends ''; tests send
+--            a value to drive lease expiry without sleeping)
+--   ARGV[2]  publish command: 'PUBLISH' or 'SPUBLISH' (chosen by the engine)
+--   ARGV[3]  fair: 1 = FIFO, no barging; 0 = a free primitive goes to whoever asks, a
+--            release wakes the head waiters first and hands over on their second turn
+--   ARGV[4]  entry lease, ms (>= 1): lease of a queue entry, and of a hand-over grant
+--            until its owner adopts it
+--   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
+--
+-- ONE reply shape for every script: {status, value, aux, wakes}
+--    1  OK        acquire: granted, value = the caller's holds now (on that side),
+--                 aux = the hold's lease left (ms). release: value = holds left.
+--                 leave: the entry was removed (value 0) or re-pointed (value = its
+--                 position; 0 when the next waiter was granted at once, see wakes).
+--                 renew: value = items renewed; a fifth element lists each item's status.
+--    2  ADOPTED   acquire: the caller's waiter had been handed the primitive (a wake-up
+--                 it missed); adopted now, NOTHING added; value = holds, aux = lease ms
+--    3  QUEUED    acquire: the caller's entry waits; value = its position (1 = head),
+--                 aux = ms until the earliest holder lease ends (-1: no holder)
+--    4  PASSED    leave: the waiter had been handed the primitive; those holds were given
+--                 back and passed on; value = holds given back
+--    0  BUSY      acquire with wait = 0: not granted, nothing queued; value = ms until
+--                 the earliest holder lease ends (-1: none), aux = entries queued
+--   -1  NOT_HELD  acquire re-entry refused (hold gone); release/leave: nothing held or
+--                 queued for this owner. Nothing but expired state was changed.
+--   -2  UPGRADE   rw acquire of the write side by an owner that only reads: refused
+--   -3  OVER      sem release that would lift a bounded semaphore above its value
+--   wakes: the lines published on KEYS[6] by this call, in queue order, joined by '\n'
+--   in the message: 'g <waiter>' = granted (the waiter now holds what its entry asked,
+--   with the short lease), 'w <waiter>' = woken to try again (fair = 0 only).
+--   Errors: 'RLOCKS_BAD_ARG <name>' (a malformed ARGV; nothing changed),
+--   'RLOCKS_SEM_MISMATCH <value> <bounded>' (sem made with another value or kind).
+
+if redis.replicate_commands then
+    -- Redis 6.2: allow writes after TIME (effects replication; 7.0 always does this).
+    redis.replicate_commands()
+end
+
+local H, L, Q, W, T, CHANNEL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local MAXINT = 9007199254740991
+
+-- First malformed ARGV, as an error message; checked before anything is written.
+local bad = nil
+
+local function int_arg(i, name, min, max)
+    local v = tonumber(ARGV[i])
+    if v == nil or v ~= v or v ~= math.floor(v) or v < (min or -MAXINT)
+            or v > (max or MAXINT) then
+        bad = bad or ('RLOCKS_BAD_ARG ' .. name)
+        return 0
+    end
+    return v
+end
+
+local function str_arg(i, name, allow_empty)
+    local v = ARGV[i]
+    if v == nil or (v == '' and not allow_empty) or string.sub(v, 1, 1) == '#'
+            or string.find(v, '[%s]') then
+        bad = bad or ('RLOCKS_BAD_ARG ' .. name)
+        return ''
+    end
+    return v
+end
+
+local function side_arg(i, name, kind, allow_empty)
+    local v = ARGV[i]
+    if allow_empty and v == '' then return v end
+    local ok = (kind == 'rw' and (v == 'r' or v == 'w')) or (kind == 'rlock' and v == 'x')
+        or (kind == 'sem' and v == 's')
+    if not ok then bad = bad or ('RLOCKS_BAD_ARG ' .. name) end
+    return v
+end
+
+local function fmt(n) return string.format('%d', n) end
+
+-- The context: ARGV[1..4] (sem: ..6) and the primitive's O(1) counters. Returns ctx and
+-- the index of the first operation ARGV.
+local function context(kind)
+    local ctx = {kind = kind, wakes = {}}
+    if ARGV[1] == '' then
+        local t = redis.call('TIME')
+        ctx.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    else
+        ctx.now = int_arg(1, 'now', 0)
+    end
+    ctx.publish = ARGV[2]
+    if ctx.publish ~= 'PUBLISH' and ctx.publish ~= 'SPUBLISH' then
+        bad = bad or 'RLOCKS_BAD_ARG publish'
+    end
+    ctx.fair = int_arg(3, 'fair', 0, 1)
+    ctx.elease = int_arg(4, 'entry_lease', 1)
+    if kind == 'sem' then
+        ctx.value = int_arg(5, 'value', 0)
+        ctx.bounded = int_arg(6, 'bounded', 0, 1)
+        return ctx, 7
+    end
+    return ctx, 5
+end
+
+-- Reads the counters (after every ARGV was checked). sem: nil + the stored pair when the
+-- hash was made with another (value, bounded).
+local function open(ctx)
+    if ctx.kind == 'sem' then
+        local m = redis.call('HMGET', H, '#free', '#value', '#bounded', '#held')
+        if m[2] and (tonumber(m[2]) ~= ctx.value or tonumber(m[3]) ~= ctx.bounded) then
+            return redis.error_reply('RLOCKS_SEM_MISMATCH ' .. m[2] .. ' ' .. m[3])
+        end
+        ctx.free = tonumber(m[1]) or ctx.value
+        ctx.held = tonumber(m[4]) or 0
+    elseif ctx.kind == 'rw' then
+        local m = redis.call('HMGET', H, '#w', '#nr')
+        ctx.writer = m[1] or nil
+        ctx.nr = tonumber(m[2]) or 0
+    else
+        ctx.nheld = redis.call('HLEN', H)
+    end
+    return nil
+end
+
+local function hfield(ctx, side, owner)
+    if ctx.kind == 'rw' then return side .. ':' .. owner end
+    return owner
+end
+
+-- The owner's holds on `side`, or nil.
+local function held_by(ctx, side, owner)
+    return tonumber(redis.call('HGET', H, hfield(ctx, side, owner)))
+end
+
+-- Capacity bookkeeping, shared by real grants and fair = 0 reservations. `cap` is ctx or
+-- a copy of its counters; `fresh` = the owner held nothing on that side before.
+local function fits(ctx, cap, side, owner, want)
+    if ctx.kind == 'rlock' then return cap.nheld == 0 end
+    if ctx.kind == 'sem' then return cap.free >= want end
+    if side == 'w' then return cap.writer == nil and cap.nr == 0 end
+    return cap.writer == nil or cap.writer == owner
+end
+
+local function take(ctx, cap, side, owner, want, fresh)
+    if ctx.kind == 'rlock' then
+        if fresh then cap.nheld = cap.nheld + 1 end
+    elseif ctx.kind == 'sem' then
+        cap.free = cap.free - want
+        cap.held = cap.held + want
+    elseif side == 'w' then
+        cap.writer = owner
+    elseif fresh then
+        cap.nr = cap.nr + 1
+    end
+end
+
+-- A hold of `field` ended entirely (release, expiry, revocation): counters follow.
+local function gone(ctx, field)
+    if ctx.kind == 'rlock' then
+        ctx.nheld = ctx.nheld - 1
+    elseif ctx.kind == 'rw' then
+        if string.sub(field, 1, 1) == 'w' then ctx.writer = nil else ctx.nr = ctx.nr - 1 end
+    end
+end
+
+-- Lease end of `member` in `zset` becomes at least `ends` (never shortened: a renewal or
+-- grant never cuts a live lease; ZADD GT would need 6.2 too, but compare in Lua anyway).
+local function extend(zset, member, ends)
+    local cur = tonumber(redis.call('ZSCORE', zset, member))
+    if cur == nil or cur < ends then
+        redis.call('ZADD', zset, ends, member)
+        return ends
+    end
+    return cur
+end
+
+-- Add holds; returns the owner's count on that side now and its lease end.
+local function grant(ctx, side, owner, add, ends)
+    local field = hfield(ctx, side, owner)
+    local count = redis.call('HINCRBY', H, field, add)
+    take(ctx, ctx, side, owner, add, count == add)
+    return count, extend(L, field, ends)
+end
+
+-- Remove `n` holds (nil = all) of `side` from `owner`; returns how many were removed.
+-- sem: the permits go back to #free only when `refund` (revocation); a release adds its
+-- own count to #free itself.
+local function drop(ctx, side, owner, n, refund)
+    local field = hfield(ctx, side, owner)
+    local count = tonumber(redis.call('HGET', H, field))
+    if count == nil then return 0 end
+    if n == nil or n > count then n = count end
+    if count - n > 0 then
+        redis.call('HSET', H, field, count - n)
+    else
+        redis.call('HDEL', H, field)
+        redis.call('ZREM', L, field)
+        gone(ctx, field)
+    end
+    if ctx.kind == 'sem' then
+        ctx.held = ctx.held - n
+        if refund then ctx.free = ctx.free + n end
+    end
+    return n
+end
+
+local function wake(ctx, what, waiter)
+    ctx.wakes[#ctx.wakes + 1] = what .. ' ' .. waiter
+end
+
+local function get_entry(entry)
+    local raw = redis.call('HGET', W, 'e:' .. entry)
+    if not raw then return nil end
+    return cjson.decode(raw)
+end
+
+local function remove_entry(entry)
+    redis.call('ZREM', Q, entry)
+    redis.call('HDEL', W, 'e:' .. entry)
+    redis.call('ZREM', T, 'e:' .. entry)
+end
+
+-- Put `entry` in the queue (at the tail), or re-point it keeping its place; its lease
+-- restarts. Returns its position (1 = head).
+local function enqueue(ctx, entry, e)
+    if redis.call('ZSCORE', Q, entry) == false then
+        redis.call('ZADD', Q, redis.call('HINCRBY', W, '#seq', 1), entry)
+    end
+    redis.call('HSET', W, 'e:' .. entry, cjson.encode(e))
+    redis.call('ZADD', T, ctx.now + ctx.elease, 'e:' .. entry)
+    return redis.call('ZRANK', Q, entry) + 1
+end
+
+local function clear_marker(waiter)
+    redis.call('HDEL', W, 'g:' .. waiter)
+    redis.call('ZREM', T, 'g:' .. waiter)
+end
+
+local function get_marker(waiter)
+    local raw = redis.call('HGET', W, 'g:' .. waiter)
+    if not raw then return nil end
+    return cjson.decode(raw)
+end
+
+-- Give back a hand-over grant its waiter never adopted (died, timed out): returns the
+-- holds given back (the owner may have released some already).
+local function revoke(ctx, waiter, m)
+    clear_marker(waiter)
+    return drop(ctx, m.s, m.o, m.n, true)
+end
+
+-- Everything whose lease ended by ctx.now: dead holds go (sem: permits come back, bounded
+-- as in sem_lib), expired entries leave the queue, unadopted grants are revoked.
+-- Amortised O(log n) per ended item: each is removed once.
+local function purge(ctx)
+    for _, field in ipairs(redis.call('ZRANGEBYSCORE', L, '-inf', ctx.now)) do
+        local count = tonumber(redis.call('HGET', H, field))
+        redis.call('HDEL', H, field)
+        redis.call('ZREM', L, field)
+        if count ~= nil then
+            gone(ctx, field)
+            if ctx.kind == 'sem' then
+                ctx.held = ctx.held - count
+                local free = ctx.free + count
+                if ctx.bounded == 1 then
+                    -- what comes back never lifts free + live holds above the value
+                    free = math.min(free, math.max(ctx.free, ctx.value - ctx.held))
+                end
+                ctx.free = free
+            end
+        end
+    end
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', T, '-inf', ctx.now)) do
+        local id = string.sub(member, 3)
+        if string.sub(member, 1, 2) == 'e:' then
+            remove_entry(id)
+        else
+            local m = get_marker(id)
+            if m then revoke(ctx, id, m) else clear_marker(id) end
+        end
+    end
+end
+
+-- Grant queued entries, head first, while the head fits (strict FIFO: a head that does
+-- not fit blocks those behind it, so a large request or a writer never starves).
+-- fair = 0: an entry not woken yet is woken ('w') and its share reserved instead of
+-- granted; one already woken (it lost the race once) is granted on this turn.
+-- Cost: O(log n) per entry granted or woken.
+local function handover(ctx)
+    local cap = {free = ctx.free, held = ctx.held, writer = ctx.writer, nr = ctx.nr,
+                 nheld = ctx.nheld}
+    local i = 0
+    while true do
+        local top = redis.call('ZRANGE', Q, i, i)[1]
+        if not top then return end
+        local e = get_entry(top)
+        if not fits(ctx, cap, e.s, e.o, e.n) then return end
+        local fresh = held_by(ctx, e.s, e.o) == nil
+        take(ctx, cap, e.s, e.o, e.n, fresh)
+        if ctx.fair == 1 or e.k == 1 then
+            remove_entry(top)
+            grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
+            -- merge with an unadopted grant of the same waiter (a sem process re-queued)
+            local m = get_marker(e.w)
+            local n = e.n
+            if m then n = n + m.n end
+            redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = n}))
+            redis.call('ZADD', T, ctx.now + ctx.elease, 'g:' .. e.w)
+            wake(ctx, 'g', e.w)
+        else
+            e.k = 1
+            redis.call('HSET', W, 'e:' .. top, cjson.encode(e))
+            wake(ctx, 'w', e.w)
+            i = i + 1
+        end
+    end
+end
+
+-- ms from now to the earliest holder lease end (>= 1), or -1 without holders.
+local function earliest_hold(ctx)
+    local first = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
+    if first[2] == nil then return -1 end
+    return math.max(1, tonumber(first[2]) - ctx.now)
+end
+
+local function lease_left(ctx, side, owner)
+    local ends = tonumber(redis.call('ZSCORE', L, hfield(ctx, side, owner)))
+    if ends == nil then return -1 end
+    return ends - ctx.now
+end
+
+local function expire_all(keys, ends, now)
+    for _, key in ipairs(keys) do
+        if ends == nil then
+            redis.call('DEL', key)
+        else
+            redis.call('PEXPIRE', key, ends - now)
+        end
+    end
+end
+
+-- Write the counters back, keep every key's PEXPIRE at its latest live end (so a
+-- primitive whose processes all died disappears), publish the wake-ups, build the reply.
+local function finish(ctx, status, value, aux)
+    local last = redis.call('ZRANGE', L, -1, -1, 'WITHSCORES')[2]
+    last = tonumber(last)
+    if ctx.kind == 'sem' then
+        if ctx.held == 0 and ctx.free == ctx.value then
+            redis.call('DEL', H)
+        else
+            redis.call('HSET', H, '#free', fmt(ctx.free), '#value', fmt(ctx.value),
+                '#bounded', fmt(ctx.bounded), '#held', fmt(ctx.held))
+            local after = ctx.free + ctx.held
+            if ctx.bounded == 1 and after > ctx.value then after = ctx.value end
+            -- Only while the state left once every lease ends is the initial one may the
+            -- key vanish with its last lease; otherwise it must persist.
+            if last ~= nil and after == ctx.value then
+                redis.call('PEXPIRE', H, last - ctx.now)
+            else
+                redis.call('PERSIST', H)
+            end
+        end
+    elseif ctx.kind == 'rw' then
+        if ctx.writer == nil and ctx.nr == 0 then
+            redis.call('DEL', H)
+        else
+            if ctx.writer == nil then
+                redis.call('HDEL', H, '#w')
+            else
+                redis.call('HSET', H, '#w', ctx.writer)
+            end
+            redis.call('HSET', H, '#nr', fmt(ctx.nr))
+            redis.call('PEXPIRE', H, last - ctx.now)
+        end
+    elseif last ~= nil then
+        redis.call('PEXPIRE', H, last - ctx.now)
+    end
+    expire_all({L}, last, ctx.now)
+    local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
+    expire_all({Q, W, T}, tlast, ctx.now)
+    if #ctx.wakes > 0 then
+        redis.call(ctx.publish, CHANNEL, table.concat(ctx.wakes, '\n'))
+    end
+    return {status, value, aux, ctx.wakes}
+end
+
+-- acquire, shared by every primitive. a = {owner, waiter, entry, side, ttl, add, reentry,
+-- wait}. rlock/rw: waiter == owner. See the per-script headers for the replies.
+local function op_acquire(ctx, a)
+    purge(ctx)
+    local m = get_marker(a.waiter)
+    if m ~= nil then
+        -- The waiter holds a hand-over grant: the caller has it now, so it is adopted.
+        -- Asking for the same thing without re-entry is the re-check after a missed
+        -- wake-up: answer it without counting twice. Anything else (re-entry, a writer
+        -- taking the read side) shows the caller recorded the grant: go on as usual.
+        clear_marker(a.waiter)
+        local count = held_by(ctx, m.s, m.o)
+        if a.reentry == 0 and count ~= nil and m.s == a.side then
+            extend(L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
+            handover(ctx)
+            return finish(ctx, 2, count, lease_left(ctx, m.s, m.o))
+        end
+    end
+    local mine = held_by(ctx, a.side, a.owner)
+    if a.reentry == 1 and mine == nil then
+        -- Granting it as a fresh hold would let an inner release end a hold that an outer
+        -- frame still believes it has.
+        handover(ctx)
+        return finish(ctx, -1, 0, 0)
+    end
+    if ctx.kind == 'rw' then
+        if a.side == 'w' and mine == nil and held_by(ctx, 'r', a.owner) ~= nil then
+            handover(ctx)
+            return finish(ctx, -2, 0, 0)
+        end
+        if a.side == 'r' and mine == nil and ctx.writer == a.owner then
+            mine = 0 -- downgrade: granted at once, like a re-entry
+        end
+    end
+    if ctx.kind ~= 'sem' and mine ~= nil then
+        -- Re-entry never queues: the holder is not waiting for anyone.
+        local count, ends = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
+        handover(ctx)
+        return finish(ctx, 1, count, ends - ctx.now)
+    end
+    local rank = redis.call('ZRANK', Q, a.entry)
+    local first
+    if ctx.fair == 1 then
+        -- Those ahead of the caller go first; the caller only if nobody is left ahead.
+        if rank ~= 0 then handover(ctx) end
+        rank = redis.call('ZRANK', Q, a.entry)
+        first = rank == 0 or (rank == false and redis.call('ZCARD', Q) == 0)
+    else
+        first = true
+    end
+    if first and fits(ctx, ctx, a.side, a.owner, a.add) then
+        if rank ~= false then remove_entry(a.entry) end
+        local count, ends = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
+        handover(ctx)
+        return finish(ctx, 1, count, ends - ctx.now)
+    end
+    if a.wait == 0 then
+        handover(ctx)
+        return finish(ctx, 0, earliest_hold(ctx), redis.call('ZCARD', Q))
+    end
+    local k = 0
+    local old = get_entry(a.entry)
+    if old ~= nil then k = old.k end
+    enqueue(ctx, a.entry, {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k})
+    -- fair = 1 offered the primitive to those ahead already; fair = 0 wakes them here.
+    -- The caller's own entry cannot be granted by it: it did not fit the whole capacity.
+    handover(ctx)
+    return finish(ctx, 3, redis.call('ZRANK', Q, a.entry) + 1, earliest_hold(ctx))
+end
+
+-- Adopt the hand-over grants of the waiters ARGV[first..] (the caller recorded them).
+local function adopt_list(first)
+    for i = first, #ARGV do clear_marker(ARGV[i]) end
+end
+
+-- release for rlock and rw: r = {owner, side, n, all}.
+local function op_release(ctx, r, adopt_from)
+    purge(ctx)
+    adopt_list(adopt_from)
+    local mine = held_by(ctx, r.side, r.owner)
+    if mine == nil then
+        handover(ctx)
+        return finish(ctx, -1, 0, 0)
+    end
+    -- the owner releasing it knows it holds it: its own grant counts as adopted
+    clear_marker(r.owner)
+    local n = r.n
+    if r.all == 1 then n = nil end
+    local left = mine - drop(ctx, r.side, r.owner, n, false)
+    handover(ctx)
+    return finish(ctx, 1, left, 0)
+end
+
+-- leave: l = {owner, waiter, entry, next_waiter, next_owner, next_side, next_want}.
+local function op_leave(ctx, l)
+    purge(ctx)
+    local m = get_marker(l.waiter)
+    if m ~= nil then
+        -- The hand-over raced the time-out: pass the grant on now, never leaving the
+        -- primitive held by somebody who does not know it.
+        local n = revoke(ctx, l.waiter, m)
+        handover(ctx)
+        return finish(ctx, 4, n, 0)
+    end
+    local e = get_entry(l.entry)
+    if e == nil or e.w ~= l.waiter then
+        handover(ctx)
+        return finish(ctx, -1, 0, 0)
+    end
+    if l.next_waiter ~= '' then
+        enqueue(ctx, l.entry, {w = l.next_waiter, o = l.next_owner, s = l.next_side,
+            n = l.next_want, k = e.k})
+        -- the next waiter may fit where the leaving one did not (a reader after a writer)
+        handover(ctx)
+        local rank = redis.call('ZRANK', Q, l.entry)
+        if rank == false then return finish(ctx, 1, 0, 0) end
+        return finish(ctx, 1, rank + 1, 0)
+    end
+    remove_entry(l.entry)
+    handover(ctx)
+    return finish(ctx, 1, 0, 0)
+end
+
+-- renew: items from ARGV[first] on, pairs (kind, id): 'h' = hold of owner id (rlock,
+-- sem), 'r'/'w' = rw read/write hold of owner id, 'e' = queue entry id, 'a' = adopt the
+-- hand-over grant of waiter id. Holds get now + ttl, entries now + entry lease; neither
+-- is ever shortened. Per item: 1 = renewed/adopted, -1 = not there (lost, left, expired).
+local function op_renew(ctx, ttl, first)
+    purge(ctx)
+    local results, ok = {}, 0
+    for i = first, #ARGV - 1, 2 do
+        local kind, id = ARGV[i], ARGV[i + 1]
+        local done = false
+        if kind == 'a' then
+            done = redis.call('HEXISTS', W, 'g:' .. id) == 1
+            clear_marker(id)
+        elseif kind == 'e' then
+            if redis.call('ZSCORE', Q, id) ~= false then
+                extend(T, 'e:' .. id, ctx.now + ctx.elease)
+                done = true
+            end
+        else
+            local side = kind
+            if kind == 'h' then side = 'x' end
+            local field = hfield(ctx, side, id)
+            if redis.call('HEXISTS', H, field) == 1 then
+                extend(L, field, ctx.now + ttl)
+                done = true
+            end
+        end
+        if done then
+            ok = ok + 1
+            results[#results + 1] = 1
+        else
+            results[#results + 1] = -1
+        end
+    end
+    handover(ctx)
+    local reply = finish(ctx, 1, ok, 0)
+    reply[5] = results
+    return reply
+end
+
+-- Checks renew's item list; returns the ttl.
+local function renew_args(ctx, i)
+    local ttl = int_arg(i, 'ttl', 1)
+    if (#ARGV - i) % 2 ~= 0 then bad = bad or 'RLOCKS_BAD_ARG items' end
+    for j = i + 1, #ARGV - 1, 2 do
+        local kind = ARGV[j]
+        local allowed = kind == 'e' or kind == 'a' or
+            (ctx.kind == 'rw' and (kind == 'r' or kind == 'w')) or
+            (ctx.kind ~= 'rw' and kind == 'h')
+        if not allowed then bad = bad or 'RLOCKS_BAD_ARG item kind' end
+        str_arg(j + 1, 'item id')
+    end
+    return ttl
+end

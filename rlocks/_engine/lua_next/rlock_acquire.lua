@@ -1,0 +1,26 @@
+-- rlock_acquire: take or re-enter an exclusive reentrant lock, or queue for it.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+--
+-- ARGV[5]   owner id: the thread (or task) that takes the lock; it is also the waiter
+--           named in wake-ups
+-- ARGV[6]   entry id: the caller's process token (one queue entry per process)
+-- ARGV[7]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
+-- ARGV[8]   holds to add, count (>= 1): 1 for acquire(), n for _acquire_restore()
+-- ARGV[9]   1 = the caller believes it holds the lock already (re-entry); 0 = not
+-- ARGV[10]  1 = queue if not granted (or keep the entry's place, re-pointed to this
+--           owner); 0 = a single try, nothing queued
+--
+-- Replies: 1 granted (value = holds, aux = lease ms); 2 adopted a hand-over grant to
+-- this owner it had not seen (nothing added); 3 queued (value = position, aux = ms to the
+-- holder's lease end); 0 busy (wait = 0); -1 re-entry refused (the hold is gone).
+-- Re-entry is granted at once, never queued. fair = 1: granted only when free and no
+-- other live entry is ahead of the caller's.
+local ctx, i = context('rlock')
+local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'), side = 'x',
+           ttl = int_arg(i + 2, 'ttl', 1), add = int_arg(i + 3, 'add', 1),
+           reentry = int_arg(i + 4, 'reentry', 0, 1), wait = int_arg(i + 5, 'wait', 0, 1)}
+a.waiter = a.owner
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_acquire(ctx, a)

@@ -1,0 +1,21 @@
+-- rlock_release: give back holds of an exclusive reentrant lock; when it frees the lock,
+-- hand it over in the same script to the oldest live queued waiter.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+--
+-- ARGV[5]   owner id
+-- ARGV[6]   holds to give back, count (>= 1)
+-- ARGV[7]   1 = give back every hold of this owner (_release_save); 0 = ARGV[6] holds
+-- ARGV[8..] waiter ids of this process whose hand-over grants the caller recorded
+--           locally and has not adopted yet (adopted now; usually none)
+--
+-- Replies: 1 released (value = the owner's holds left; at 0 the lock went to the head
+-- waiter, named in wakes); -1 this owner holds nothing (nothing changed but expired
+-- state). The owner's own unadopted hand-over grant counts as adopted by its release.
+local ctx, i = context('rlock')
+local r = {owner = str_arg(i, 'owner'), side = 'x', n = int_arg(i + 1, 'holds', 1),
+           all = int_arg(i + 2, 'all', 0, 1)}
+for j = i + 3, #ARGV do str_arg(j, 'adopt') end
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_release(ctx, r, i + 3)

@@ -1,0 +1,19 @@
+-- rlock_renew: extend this process's holds and queue entry on one lock, adopt hand-over
+-- grants; one call per lock per renewal pass.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+--
+-- ARGV[5]   ttl, ms (>= 1): a renewed hold's lease ends ttl from now (never shortened)
+-- ARGV[6..] pairs (kind, id): 'h' <owner> renew that owner's hold; 'e' <entry> renew the
+--           queue entry (entry lease, ARGV[4]); 'a' <waiter> adopt the hand-over grant of
+--           that waiter (send it with the 'h' of the same owner: an unadopted grant is
+--           revoked when its short lease ends, whatever its hold's lease says)
+--
+-- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there: the hold is
+-- lost / the entry left or expired / no grant to adopt)}. Dead state found on the way is
+-- recovered and handed over (wakes).
+local ctx, i = context('rlock')
+local ttl = renew_args(ctx, i)
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_renew(ctx, ttl, i + 1)

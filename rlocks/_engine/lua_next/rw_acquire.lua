@@ -1,0 +1,29 @@
+-- rw_acquire: take or re-enter one side of an RWLock, or queue for it.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+--
+-- ARGV[5]   owner id: the thread (or task); also the waiter named in wake-ups
+-- ARGV[6]   entry id: the caller's process token (one queue entry per process)
+-- ARGV[7]   side: 'r' (read) or 'w' (write)
+-- ARGV[8]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
+-- ARGV[9]   holds to add, count (>= 1)
+-- ARGV[10]  1 = the caller believes it holds that side already (re-entry); 0 = not
+-- ARGV[11]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
+--
+-- Grants: re-entry of a held side, and read by the writer (downgrade), at once, never
+-- queued. Otherwise FIFO by arrival (fair = 1): a writer when nobody holds either side,
+-- a reader when nobody writes, and only with no live entry ahead of the caller's. A
+-- release hands over to the next writer, or to every reader queued before the next one.
+-- Replies: 1 granted (value = holds on that side, aux = lease ms); 2 adopted a missed
+-- hand-over grant (nothing added); 3 queued (value = position, aux = ms to the earliest
+-- holder lease end); 0 busy (wait = 0); -1 re-entry refused; -2 upgrade refused (the
+-- owner reads but does not write: two upgraders would deadlock).
+local ctx, i = context('rw')
+local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'),
+           side = side_arg(i + 2, 'side', 'rw'), ttl = int_arg(i + 3, 'ttl', 1),
+           add = int_arg(i + 4, 'add', 1), reentry = int_arg(i + 5, 'reentry', 0, 1),
+           wait = int_arg(i + 6, 'wait', 0, 1)}
+a.waiter = a.owner
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_acquire(ctx, a)

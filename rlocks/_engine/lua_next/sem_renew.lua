@@ -1,0 +1,16 @@
+-- sem_renew: extend this process's permits lease and queue entry on one semaphore, adopt
+-- hand-over grants; one call per semaphore per renewal pass. O(items x log n).
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
+--
+-- ARGV[7]   ttl, ms (>= 1): the renewed lease ends ttl from now (never shortened)
+-- ARGV[8..] pairs (kind, id): 'h' <owner> renew the process's permits; 'e' <entry> renew
+--           the queue entry; 'a' <waiter> adopt that waiter's hand-over grant
+--
+-- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)};
+-- error RLOCKS_SEM_MISMATCH.
+local ctx, i = context('sem')
+local ttl = renew_args(ctx, i)
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_renew(ctx, ttl, i + 1)

@@ -1,0 +1,792 @@
+"""The next-generation scripts (rlocks/_engine/lua_next): FIFO queue and hand-over.
+
+Each script is called directly (EVALSHA, queue_lib.lua prepended as the loader will do).
+Most tests pass an explicit "now" (ARGV[1]) so lease expiry is driven without sleeping; a
+few use server TIME ('') with tiny leases and wait for state. The model-based tests run
+random interleavings of acquire / release / leave / renew / time passing against a plain
+Python model of the queue semantics (docs/design/handover.md) and compare every reply
+and the stored state after every step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rlocks
+
+from .conftest import NAMESPACE, snapshot
+
+LUA = Path(rlocks.__file__).parent / "_engine" / "lua_next"
+PUB = "PUBLISH"
+ELEASE = 2000
+T0 = 1_800_000_000_000  # a fixed "now" (server ms) far from real time is fine: see _Prim
+
+
+def _source(name: str) -> str:
+    return (LUA / "queue_lib.lua").read_text() + "\n" + (LUA / f"{name}.lua").read_text()
+
+
+_scripts: Dict[str, Any] = {}
+
+
+def _run(client: "redis.Redis[bytes]", name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    script = _scripts.get(name)
+    if script is None:
+        script = _scripts[name] = client.register_script(_source(name))
+    return script(keys=list(keys), args=list(args), client=client)
+
+
+def _norm(reply: Any) -> Any:
+    if isinstance(reply, bytes):
+        return reply.decode()
+    if isinstance(reply, list):
+        return [_norm(x) for x in reply]
+    return reply
+
+
+class _Prim:
+    """One primitive's six keys and script calls. ``now`` None = server TIME."""
+
+    def __init__(
+        self,
+        client: "redis.Redis[bytes]",
+        kind: str,
+        name: str,
+        fair: int = 1,
+        elease: int = ELEASE,
+        value: int = 3,
+        bounded: int = 1,
+        command: str = PUB,
+    ) -> None:
+        self.client, self.kind, self.fair, self.elease = client, kind, fair, elease
+        self.value, self.bounded, self.command = value, bounded, command
+        tag = f"{NAMESPACE}:{{{name}}}"
+        self.keys = [f"{tag}:{part}" for part in ("holds", "leases", "queue", "entries",
+                                                   "times", "wake")]
+
+    def ctx(self, now: Optional[int]) -> List[Any]:
+        head: List[Any] = ["" if now is None else now, self.command, self.fair, self.elease]
+        if self.kind == "sem":
+            head += [self.value, self.bounded]
+        return head
+
+    def call(self, op: str, now: Optional[int], *args: Any) -> Any:
+        return _norm(_run(self.client, f"{self.kind}_{op}", self.keys, self.ctx(now) + list(args)))
+
+    def holds(self) -> Dict[str, int]:
+        raw = self.client.hgetall(self.keys[0])
+        return {k.decode(): int(v) for k, v in raw.items() if not k.startswith(b"#")}
+
+    def meta(self, field: str) -> Optional[str]:
+        v = self.client.hget(self.keys[0], field)
+        return None if v is None else v.decode()
+
+    def queue(self) -> List[str]:
+        return [m.decode() for m in self.client.zrange(self.keys[2], 0, -1)]
+
+    def markers(self) -> List[str]:
+        return sorted(k.decode()[2:] for k in self.client.hkeys(self.keys[3]) if k.startswith(b"g:"))
+
+    def lease_end(self, field: str) -> Optional[float]:
+        return self.client.zscore(self.keys[1], field)
+
+
+@pytest.fixture
+def rl(client: "redis.Redis[bytes]", name: str) -> _Prim:
+    return _Prim(client, "rlock", name)
+
+
+@pytest.fixture
+def rw(client: "redis.Redis[bytes]", name: str) -> _Prim:
+    return _Prim(client, "rw", name)
+
+
+@pytest.fixture
+def sem(client: "redis.Redis[bytes]", name: str) -> _Prim:
+    return _Prim(client, "sem", name)
+
+
+# rlock acquire: owner, entry, ttl, add, reentry, wait
+def _racq(p: _Prim, now: Optional[int], owner: str, add: int = 1, reentry: int = 0,
+          wait: int = 1, ttl: int = 30000) -> Any:
+    return p.call("acquire", now, owner, owner.split(".")[0], ttl, add, reentry, wait)
+
+
+# --- RLock ---------------------------------------------------------------------------
+
+
+def test_rlock_fifo_handover_names_the_granted_waiter(
+    client: "redis.Redis[bytes]", rl: _Prim
+) -> None:
+    sub = client.pubsub()
+    sub.subscribe(rl.keys[5])
+    assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+    assert _racq(rl, T0, "p1.a") == [1, 1, 30000, []]
+    assert _racq(rl, T0, "p2.a") == [3, 1, 30000, []]
+    assert _racq(rl, T0 + 1, "p3.a") == [3, 2, 29999, []]
+    # p1 releases: the lock goes to p2 in the same script, with the short entry lease.
+    assert rl.call("release", T0 + 2, "p1.a", 1, 0) == [1, 0, 0, ["g p2.a"]]
+    assert rl.holds() == {"p2.a": 1}
+    assert rl.lease_end("p2.a") == T0 + 2 + ELEASE
+    assert rl.queue() == ["p3"]
+    assert rl.markers() == ["p2.a"]
+    message = sub.get_message(timeout=5)
+    assert message is not None and message["data"] == b"g p2.a"
+    # Only the granted process wakes: nothing else was published.
+    assert sub.get_message(timeout=0.2) is None
+    sub.close()
+    # p2's renewer adopts the grant and extends it to the full ttl.
+    assert rl.call("renew", T0 + 3, 30000, "h", "p2.a", "a", "p2.a", "e", "p3") == [
+        1, 3, 0, [], [1, 1, 1]]
+    assert rl.lease_end("p2.a") == T0 + 3 + 30000
+    assert rl.markers() == []
+
+
+def test_rlock_reentry_is_granted_at_once_and_refused_when_the_hold_is_gone(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    rl = _Prim(client, "rlock", name, elease=60000)  # p2's entry outlives p1's hold
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    # re-entry while another process waits: granted, never queued
+    assert _racq(rl, T0, "p1.a", add=2, reentry=1) == [1, 3, 30000, []]
+    # exact-count release keeps the lock
+    assert rl.call("release", T0, "p1.a", 2, 0) == [1, 1, 0, []]
+    assert rl.holds() == {"p1.a": 1}
+    # re-entry by an owner that does not hold: refused, nothing changed
+    before = snapshot(rl.client)
+    assert _racq(rl, T0, "p3.a", reentry=1) == [-1, 0, 0, []]
+    assert snapshot(rl.client) == before
+    # the hold ends unnoticed (lease over): its owner's re-entry is refused and the
+    # waiter is handed the lock on the way
+    assert _racq(rl, T0 + 30000, "p1.a", reentry=1) == [-1, 0, 0, ["g p2.a"]]
+    assert rl.holds() == {"p2.a": 1}
+
+
+def test_rlock_release_everything_and_not_owner(rl: _Prim) -> None:
+    assert _racq(rl, T0, "p1.a", add=5)[:2] == [1, 5]
+    assert rl.call("release", T0, "p2.a", 1, 0) == [-1, 0, 0, []]
+    assert rl.call("release", T0, "p1.a", 1, 1) == [1, 0, 0, []]
+    assert rl.holds() == {}
+    assert rl.client.exists(*rl.keys[:5]) == 0
+
+
+def test_rlock_try_does_not_queue_and_fair_acquirer_does_not_barge(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    rl = _Prim(client, "rlock", name, elease=60000)
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a", wait=0) == [0, 30000, 0, []]
+    assert rl.queue() == []
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    # p1's hold expires; nobody released. A fair newcomer still queues behind p2, and
+    # its call hands the lock to p2 on the way.
+    assert _racq(rl, T0 + 30000, "p3.a") == [3, 1, 60000, ["g p2.a"]]
+    assert rl.holds() == {"p2.a": 1}
+
+
+def test_rlock_expired_entries_are_skipped(rl: _Prim) -> None:
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    assert _racq(rl, T0 + 1000, "p3.a")[0] == 3
+    # p2 dies while queued: its entry is not renewed; p3 renews its own.
+    assert rl.call("renew", T0 + 1900, 30000, "e", "p3")[4] == [1]
+    assert rl.call("release", T0 + 2500, "p1.a", 1, 0) == [1, 0, 0, ["g p3.a"]]
+    assert rl.queue() == []
+
+
+def test_rlock_grant_to_a_dead_process_is_revoked_after_the_short_lease(rl: _Prim) -> None:
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    assert _racq(rl, T0, "p3.a")[0] == 3
+    assert rl.call("release", T0, "p1.a", 1, 0)[3] == ["g p2.a"]
+    # p2 died before it noticed: nothing adopts the grant. Just before the short lease
+    # ends p3 still waits; at its end p3 is handed the lock by whatever runs next.
+    assert rl.call("renew", T0 + ELEASE - 1, 30000, "e", "p3") == [1, 1, 0, [], [1]]
+    assert rl.call("renew", T0 + ELEASE, 30000, "e", "p3") == [1, 1, 0, ["g p3.a"], [1]]
+    assert rl.holds() == {"p3.a": 1}
+
+
+def test_rlock_lost_wakeup_recheck_adopts_without_counting_twice(rl: _Prim) -> None:
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    assert rl.call("release", T0, "p1.a", 1, 0)[3] == ["g p2.a"]
+    # p2's waiter missed the wake-up and asks again: it is told it holds the lock.
+    assert _racq(rl, T0 + 10, "p2.a") == [2, 1, 30000, []]
+    assert rl.holds() == {"p2.a": 1}
+    assert rl.markers() == []
+    # a second re-check is an ordinary refusal-free re-entry question: nothing handed now
+    assert _racq(rl, T0 + 10, "p2.a", reentry=1)[:2] == [1, 2]
+
+
+def test_rlock_leave(rl: _Prim) -> None:
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    assert _racq(rl, T0, "p3.a")[0] == 3
+    # p3's waiter a times out while its thread b waits too: re-point, keep the place
+    assert rl.call("leave", T0, "p3.a", "p3", "p3.b", 1) == [1, 2, 0, []]
+    assert rl.call("leave", T0, "p3.a", "p3", "") == [-1, 0, 0, []]
+    # p2 times out: leaves in one step
+    assert rl.call("leave", T0, "p2.a", "p2", "") == [1, 0, 0, []]
+    assert rl.queue() == ["p3"]
+    # the hand-over raced p3.b's time-out: its leave passes the lock on (here: freed)
+    assert rl.call("release", T0, "p1.a", 1, 0)[3] == ["g p3.b"]
+    assert _racq(rl, T0, "p4.a")[0] == 3
+    assert rl.call("leave", T0, "p3.b", "p3", "") == [4, 1, 0, ["g p4.a"]]
+    assert rl.holds() == {"p4.a": 1}
+
+
+def test_rlock_unfair_barges_but_wakes_then_hands_over(client: "redis.Redis[bytes]",
+                                                       name: str) -> None:
+    p = _Prim(client, "rlock", name, fair=0)
+    assert _racq(p, T0, "p1.a")[0] == 1
+    assert _racq(p, T0, "p2.a")[0] == 3
+    # release wakes p2 without granting; a barging p3 takes the free lock
+    assert p.call("release", T0, "p1.a", 1, 0) == [1, 0, 0, ["w p2.a"]]
+    assert _racq(p, T0, "p3.a") == [1, 1, 30000, []]
+    # p2 lost once: it is re-queued in its place and the next release hands over to it
+    assert _racq(p, T0, "p2.a") == [3, 1, 30000, []]
+    assert p.call("release", T0, "p3.a", 1, 0) == [1, 0, 0, ["g p2.a"]]
+    assert p.holds() == {"p2.a": 1}
+
+
+def test_real_server_time_and_tiny_leases(client: "redis.Redis[bytes]", name: str) -> None:
+    """ARGV[1] = '' reads redis TIME: a dead holder's tiny lease ends on the real clock."""
+    p = _Prim(client, "rlock", name, elease=5000)
+    assert _racq(p, None, "p1.a", ttl=50)[0] == 1
+    assert _racq(p, None, "p2.a")[0] == 3
+    deadline = time.monotonic() + 10
+    reply = None
+    while time.monotonic() < deadline:
+        reply = _racq(p, None, "p2.a")  # the waiter's re-check after the hinted ms
+        if reply[0] == 1:
+            break
+        assert reply[0] == 3 and 0 < reply[2] <= 50
+        time.sleep(reply[2] / 1000)
+    assert reply is not None and reply[:2] == [1, 1]
+    assert 0 < client.pttl(p.keys[0]) <= 30000
+
+
+def test_spublish_is_used_when_asked(client: "redis.Redis[bytes]", name: str) -> None:
+    p = _Prim(client, "rlock", name, command="SPUBLISH")
+    assert _racq(p, T0, "p1.a")[0] == 1
+    assert _racq(p, T0, "p2.a")[0] == 3
+    assert p.call("release", T0, "p1.a", 1, 0)[3] == ["g p2.a"]
+
+
+# --- RWLock --------------------------------------------------------------------------
+
+
+def _wacq(p: _Prim, now: int, owner: str, side: str, add: int = 1, reentry: int = 0,
+          wait: int = 1, ttl: int = 30000) -> Any:
+    return p.call("acquire", now, owner, owner.split(".")[0], side, ttl, add, reentry, wait)
+
+
+def test_rw_fifo_groups_readers_and_never_starves_a_side(rw: _Prim) -> None:
+    assert _wacq(rw, T0, "p1.a", "w")[0] == 1
+    assert _wacq(rw, T0, "p2.a", "r")[:2] == [3, 1]
+    assert _wacq(rw, T0, "p3.a", "r")[:2] == [3, 2]
+    assert _wacq(rw, T0, "p4.a", "w")[:2] == [3, 3]
+    assert _wacq(rw, T0, "p5.a", "r")[:2] == [3, 4]
+    # writer out: both readers queued before the next writer go, together
+    assert rw.call("release", T0, "p1.a", "w", 1, 0) == [1, 0, 0, ["g p2.a", "g p3.a"]]
+    # a new reader queues behind the waiting writer (no writer starvation)
+    assert _wacq(rw, T0, "p6.a", "r")[:2] == [3, 3]
+    assert rw.call("release", T0, "p2.a", "r", 1, 0) == [1, 0, 0, []]
+    assert rw.call("release", T0, "p3.a", "r", 1, 0) == [1, 0, 0, ["g p4.a"]]
+    # writer out: the readers behind it go (no reader starvation)
+    assert rw.call("release", T0, "p4.a", "w", 1, 0) == [1, 0, 0, ["g p5.a", "g p6.a"]]
+    assert rw.holds() == {"r:p5.a": 1, "r:p6.a": 1}
+    assert rw.meta("#nr") == "2" and rw.meta("#w") is None
+
+
+def test_rw_reentry_downgrade_and_upgrade(rw: _Prim) -> None:
+    assert _wacq(rw, T0, "p1.a", "r")[0] == 1
+    assert _wacq(rw, T0, "p2.a", "w")[0] == 3
+    # re-entering a held read side while a writer waits: at once
+    assert _wacq(rw, T0, "p1.a", "r", reentry=1)[:2] == [1, 2]
+    # upgrade refused, distinct reply, nothing changed
+    before = snapshot(rw.client)
+    assert _wacq(rw, T0, "p1.a", "w") == [-2, 0, 0, []]
+    assert snapshot(rw.client) == before
+    assert _wacq(rw, T0, "p1.a", "w", reentry=1) == [-1, 0, 0, []]
+    assert rw.call("release", T0, "p1.a", "r", 1, 1) == [1, 0, 0, ["g p2.a"]]
+    # downgrade: the writer takes the read side at once, though a reader is queued
+    assert _wacq(rw, T0, "p3.a", "r")[0] == 3
+    # p2 has not adopted its write grant yet: asking for the read side adopts it too
+    assert rw.markers() == ["p2.a"]
+    assert _wacq(rw, T0, "p2.a", "r")[:2] == [1, 1]
+    assert rw.markers() == []
+    assert rw.call("release", T0, "p2.a", "w", 1, 0) == [1, 0, 0, ["g p3.a"]]
+    assert rw.holds() == {"r:p2.a": 1, "r:p3.a": 1}
+
+
+def test_rw_leaving_writer_lets_readers_behind_it_in(rw: _Prim) -> None:
+    assert _wacq(rw, T0, "p1.a", "r")[0] == 1
+    assert _wacq(rw, T0, "p2.a", "w")[0] == 3
+    assert _wacq(rw, T0, "p3.a", "r")[0] == 3
+    assert rw.call("leave", T0, "p2.a", "p2", "") == [1, 0, 0, ["g p3.a"]]
+    # re-pointing a writer entry to a reader of the same process: granted at once
+    assert _wacq(rw, T0, "p4.a", "w")[0] == 3
+    assert rw.call("leave", T0, "p4.a", "p4", "p4.b", "r", 1) == [1, 0, 0, ["g p4.b"]]
+
+
+# --- Semaphore -----------------------------------------------------------------------
+
+
+def _sacq(p: _Prim, now: int, waiter: str, take: int = 1, wait: int = 1,
+          ttl: int = 30000) -> Any:
+    proc = waiter.split(".")[0]
+    return p.call("acquire", now, proc, waiter, proc, ttl, take, wait)
+
+
+def test_sem_strict_fifo_and_batch_handover(sem: _Prim) -> None:
+    assert _sacq(sem, T0, "p1.a", 3)[:2] == [1, 3]
+    assert _sacq(sem, T0, "p2.a", 2)[:2] == [3, 1]
+    assert _sacq(sem, T0, "p3.a", 1)[:2] == [3, 2]
+    assert _sacq(sem, T0, "p4.a", 1)[:2] == [3, 3]
+    # 1 back: the head wants 2, so it blocks those behind it (large requests never starve)
+    assert sem.call("release", T0, "p1", 1, 1) == [1, 2, 1, []]
+    # 2 more back: p2 (2 permits) and p3 (1) are granted in order, in this script
+    assert sem.call("release", T0, "p1", 2, 2) == [1, 0, 0, ["g p2.a", "g p3.a"]]
+    assert sem.holds() == {"p2": 2, "p3": 1}
+    assert sem.meta("#free") == "0" and sem.meta("#held") == "3"
+
+
+def test_sem_bounded_mismatch_and_not_held(client: "redis.Redis[bytes]", sem: _Prim) -> None:
+    assert _sacq(sem, T0, "p1.a", 1)[:2] == [1, 1]
+    before = snapshot(client)
+    assert sem.call("release", T0, "p1", 2, 0) == [-3, 0, 0, []]
+    assert sem.call("release", T0, "p2", 1, 1) == [-1, 0, 0, []]
+    other = _Prim(client, "sem", sem.keys[0].split("{")[1].split("}")[0], value=4)
+    with pytest.raises(redis.ResponseError, match="RLOCKS_SEM_MISMATCH 3 1"):
+        other.call("acquire", T0, "p9", "p9.a", "p9", 30000, 1, 1)
+    assert snapshot(client) == before
+
+
+def test_sem_dead_holder_recovered_by_range_and_handed_over(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    sem = _Prim(client, "sem", name, elease=60000)
+    assert _sacq(sem, T0, "p1.a", 2, ttl=10000)[:2] == [1, 2]
+    assert _sacq(sem, T0, "p2.a", 1, ttl=30000)[:2] == [1, 1]
+    assert _sacq(sem, T0, "p3.a", 2)[:2] == [3, 1]
+    assert sem.call("renew", T0 + 9000, 30000, "h", "p2", "e", "p3")[4] == [1, 1]
+    # p1 died: at its lease end the next script recovers its permits and hands over
+    assert sem.call("renew", T0 + 10000, 30000, "h", "p2", "e", "p3") == [
+        1, 2, 0, ["g p3.a"], [1, 1]]
+    assert sem.holds() == {"p2": 1, "p3": 2}
+
+
+def test_sem_unadopted_grant_to_a_live_holder_is_revoked(sem: _Prim) -> None:
+    """A process that already holds permits (long lease) and was handed more, but whose
+    waiter never adopted them, gives the handed permits back at the short lease's end."""
+    assert _sacq(sem, T0, "p1.a", 2)[:2] == [1, 2]
+    assert _sacq(sem, T0, "p2.a", 1)[:2] == [1, 1]
+    assert _sacq(sem, T0, "p2.b", 1)[:2] == [3, 1]
+    assert _sacq(sem, T0, "p3.a", 1)[:2] == [3, 2]
+    assert sem.call("release", T0, "p1", 1, 1)[3] == ["g p2.b"]
+    assert sem.holds() == {"p1": 1, "p2": 2}
+    assert sem.call("renew", T0 + ELEASE - 1, 30000, "e", "p3")[:4] == [1, 1, 0, []]
+    assert sem.call("renew", T0 + ELEASE, 30000, "h", "p2", "e", "p3")[3] == ["g p3.a"]
+    assert sem.holds() == {"p1": 1, "p2": 1, "p3": 1}
+
+
+# --- edge-case ARGV ------------------------------------------------------------------
+
+_BAD = [
+    ("rlock", "acquire", ["x", PUB, 1, ELEASE, "o", "p", 1, 1, 0, 1], "now"),
+    ("rlock", "acquire", ["", "PUB", 1, ELEASE, "o", "p", 1, 1, 0, 1], "publish"),
+    ("rlock", "acquire", ["", PUB, 2, ELEASE, "o", "p", 1, 1, 0, 1], "fair"),
+    ("rlock", "acquire", ["", PUB, 1, 0, "o", "p", 1, 1, 0, 1], "entry_lease"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "", "p", 1, 1, 0, 1], "owner"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "#o", "p", 1, 1, 0, 1], "owner"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p q", 1, 1, 0, 1], "entry"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 0, 1, 0, 1], "ttl"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1.5, 1, 0, 1], "ttl"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 0, 0, 1], "add"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 2, 1], "reentry"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 0], "wait"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "o", -1, 0], "holds"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "o", 1, 0, "bad id"], "adopt"),
+    ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "h"], "items"),
+    ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "r", "o"], "item kind"),
+    ("rlock", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", 0], "next want"),
+    ("rw", "acquire", ["", PUB, 1, ELEASE, "o", "p", "x", 1, 1, 0, 1], "side"),
+    ("rw", "release", ["", PUB, 1, ELEASE, "o", "rw", 1, 0], "side"),
+    ("rw", "renew", ["", PUB, 1, ELEASE, 1000, "h", "o"], "item kind"),
+    ("rw", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", "q", 1], "next side"),
+    ("sem", "acquire", ["", PUB, 1, ELEASE, -1, 1, "p", "p.a", "p", 1, 1, 1], "value"),
+    ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 5, "p", "p.a", "p", 1, 1, 1], "bounded"),
+    ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 1, "p", "p.a", "p", 1, 0, 1], "permits"),
+    ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, "p", 1, 2], "own"),
+    ("sem", "leave", ["", PUB, 1, ELEASE, 3, 1, "p", "p.a", "p", "p.b", "z"], "next want"),
+]
+
+
+@pytest.mark.parametrize(("kind", "op", "args", "what"), _BAD)
+def test_bad_argv_is_refused_before_any_change(
+    client: "redis.Redis[bytes]", name: str, kind: str, op: str, args: List[Any], what: str
+) -> None:
+    p = _Prim(client, kind, name)
+    # some state to leave untouched
+    if kind == "rw":
+        _wacq(p, T0, "p0.a", "r")
+    elif kind == "sem":
+        _sacq(p, T0, "p0.a", 1)
+    else:
+        _racq(p, T0, "p0.a")
+    before = snapshot(client)
+    with pytest.raises(redis.ResponseError, match=f"RLOCKS_BAD_ARG {re.escape(what)}"):
+        _run(client, f"{kind}_{op}", p.keys, args)
+    assert snapshot(client) == before
+
+
+def test_renew_never_shortens_a_lease(rl: _Prim) -> None:
+    assert _racq(rl, T0, "p1.a", ttl=30000)[0] == 1
+    assert rl.call("renew", T0 + 10, 1000, "h", "p1.a")[4] == [1]
+    assert rl.lease_end("p1.a") == T0 + 30000
+    assert _racq(rl, T0 + 10, "p1.a", reentry=1, ttl=1000)[2] == 29990
+
+
+def test_no_script_scans_a_whole_hash_or_set() -> None:
+    """The cost target: nothing in lua_next reads a whole hash or queue on a hot path."""
+    for path in LUA.glob("*.lua"):
+        code = "\n".join(line.split("--")[0] for line in path.read_text().splitlines())
+        for command in ("HGETALL", "HKEYS", "HVALS", "SMEMBERS", "KEYS", "SCAN"):
+            assert f"'{command}'" not in code, (path.name, command)
+        # ZRANGE only by a fixed index (head, one entry, last) or by score up to now
+        for match in re.finditer(r"'ZRANGE', \w+, ([^,)]+), ([^,)]+)", code):
+            assert match.group(1) in ("0", "i", "-1"), (path.name, match.group(0))
+
+
+# --- model-based ---------------------------------------------------------------------
+
+
+class Model:
+    """The queue semantics in plain Python (docs/design/handover.md), no Redis."""
+
+    def __init__(self, kind: str, fair: int, elease: int, value: int = 0,
+                 bounded: int = 0) -> None:
+        self.kind, self.fair, self.elease = kind, fair, elease
+        self.value, self.bounded = value, bounded
+        self.holds: Dict[str, List[int]] = {}  # field -> [count, end]
+        self.queue: List[str] = []  # entry ids, oldest first
+        self.entries: Dict[str, Dict[str, Any]] = {}
+        self.markers: Dict[str, Dict[str, Any]] = {}  # waiter -> unadopted grant
+        self.free, self.held = value, 0
+        self.now = 0
+        self.wakes: List[str] = []
+
+    def field(self, side: str, owner: str) -> str:
+        return f"{side}:{owner}" if self.kind == "rw" else owner
+
+    def cap(self) -> Dict[str, Any]:
+        writer = [f[2:] for f in self.holds if f.startswith("w:")]
+        return {"busy": bool(self.holds), "free": self.free,
+                "writer": writer[0] if writer else None,
+                "nr": sum(f.startswith("r:") for f in self.holds)}
+
+    def fits(self, cap: Dict[str, Any], side: str, owner: str, want: int) -> bool:
+        if self.kind == "rlock":
+            return not cap["busy"]
+        if self.kind == "sem":
+            return bool(cap["free"] >= want)
+        if side == "w":
+            return cap["writer"] is None and cap["nr"] == 0
+        return cap["writer"] in (None, owner)
+
+    def take(self, cap: Dict[str, Any], side: str, owner: str, want: int) -> None:
+        cap["busy"] = True
+        cap["free"] -= want
+        if side == "w":
+            cap["writer"] = owner
+        elif self.field(side, owner) not in self.holds:
+            cap["nr"] += 1
+
+    def grant(self, side: str, owner: str, add: int, end: int) -> Tuple[int, int]:
+        hold = self.holds.setdefault(self.field(side, owner), [0, end])
+        hold[0] += add
+        hold[1] = max(hold[1], end)
+        if self.kind == "sem":
+            self.free -= add
+            self.held += add
+        return hold[0], hold[1]
+
+    def drop(self, side: str, owner: str, n: Optional[int], refund: bool) -> int:
+        f = self.field(side, owner)
+        if f not in self.holds:
+            return 0
+        count = self.holds[f][0]
+        n = count if n is None else min(n, count)
+        if count > n:
+            self.holds[f][0] = count - n
+        else:
+            del self.holds[f]
+        if self.kind == "sem":
+            self.held -= n
+            if refund:
+                self.free += n
+        return n
+
+    def remove_entry(self, entry: str) -> None:
+        self.queue.remove(entry)
+        del self.entries[entry]
+
+    def purge(self) -> None:
+        for f, (count, end) in sorted(self.holds.items(), key=lambda kv: (kv[1][1], kv[0])):
+            if end > self.now:
+                continue
+            del self.holds[f]
+            if self.kind == "sem":
+                self.held -= count
+                free = self.free + count
+                if self.bounded:
+                    free = min(free, max(self.free, self.value - self.held))
+                self.free = free
+        timed = [(e["end"], "e:" + k) for k, e in self.entries.items()]
+        timed += [(m["end"], "g:" + w) for w, m in self.markers.items()]
+        for end, member in sorted(timed):
+            if end > self.now:
+                continue
+            if member.startswith("e:"):
+                self.remove_entry(member[2:])
+            else:
+                m = self.markers.pop(member[2:])
+                self.drop(m["s"], m["o"], m["n"], True)
+
+    def handover(self) -> None:
+        cap, i = self.cap(), 0
+        while i < len(self.queue):
+            entry = self.queue[i]
+            e = self.entries[entry]
+            if not self.fits(cap, e["s"], e["o"], e["n"]):
+                return
+            self.take(cap, e["s"], e["o"], e["n"])
+            if self.fair or e["k"]:
+                self.remove_entry(entry)
+                self.grant(e["s"], e["o"], e["n"], self.now + self.elease)
+                n = e["n"] + (self.markers[e["w"]]["n"] if e["w"] in self.markers else 0)
+                self.markers[e["w"]] = {"o": e["o"], "s": e["s"], "n": n,
+                                        "end": self.now + self.elease}
+                self.wakes.append("g " + e["w"])
+            else:
+                e["k"] = 1
+                self.wakes.append("w " + e["w"])
+                i += 1
+
+    def earliest(self) -> int:
+        if not self.holds:
+            return -1
+        return max(1, min(end for _, end in self.holds.values()) - self.now)
+
+    def done(self, status: int, value: int, aux: int) -> List[Any]:
+        self.handover()
+        return [status, value, aux, self.wakes]
+
+    def acquire(self, owner: str, waiter: str, entry: str, side: str, ttl: int, add: int,
+                reentry: int, wait: int) -> List[Any]:
+        self.wakes = []
+        self.purge()
+        m = self.markers.pop(waiter, None)
+        if m is not None:
+            f = self.field(m["s"], m["o"])
+            if not reentry and f in self.holds and m["s"] == side:
+                self.holds[f][1] = max(self.holds[f][1], self.now + ttl)
+                return self.done(2, self.holds[f][0], self.holds[f][1] - self.now)
+        mine = self.holds.get(self.field(side, owner), [None])[0]
+        if reentry and mine is None:
+            return self.done(-1, 0, 0)
+        if self.kind == "rw":
+            if side == "w" and mine is None and self.field("r", owner) in self.holds:
+                return self.done(-2, 0, 0)
+            if side == "r" and mine is None and self.cap()["writer"] == owner:
+                mine = 0
+        if self.kind != "sem" and mine is not None:
+            count, end = self.grant(side, owner, add, self.now + ttl)
+            return self.done(1, count, end - self.now)
+        if self.fair:
+            if not (self.queue and self.queue[0] == entry):
+                self.handover()
+            first = (self.queue[:1] == [entry]) or (not self.queue)
+        else:
+            first = True
+        if first and self.fits(self.cap(), side, owner, add):
+            if entry in self.entries:
+                self.remove_entry(entry)
+            count, end = self.grant(side, owner, add, self.now + ttl)
+            return self.done(1, count, end - self.now)
+        if not wait:
+            self.handover()
+            return [0, self.earliest(), len(self.queue), self.wakes]
+        k = self.entries[entry]["k"] if entry in self.entries else 0
+        if entry not in self.entries:
+            self.queue.append(entry)
+        self.entries[entry] = {"w": waiter, "o": owner, "s": side, "n": add, "k": k,
+                               "end": self.now + self.elease}
+        self.handover()
+        return [3, self.queue.index(entry) + 1, self.earliest(), self.wakes]
+
+    def release(self, owner: str, side: str, n: int, everything: int) -> List[Any]:
+        self.wakes = []
+        self.purge()
+        mine = self.holds.get(self.field(side, owner), [None])[0]
+        if mine is None:
+            return self.done(-1, 0, 0)
+        self.markers.pop(owner, None)
+        left = mine - self.drop(side, owner, None if everything else n, False)
+        return self.done(1, left, 0)
+
+    def sem_release(self, owner: str, give: int, own: int) -> List[Any]:
+        self.wakes = []
+        self.purge()
+        held = self.holds.get(owner, [0])[0]
+        if held < own:
+            return self.done(-1, 0, 0)
+        if self.bounded and self.free + give > self.value:
+            return self.done(-3, 0, 0)
+        self.free += give
+        if own:
+            self.drop("s", owner, own, False)
+        self.handover()
+        return [1, held - own, self.free, self.wakes]
+
+    def leave(self, waiter: str, entry: str) -> List[Any]:
+        self.wakes = []
+        self.purge()
+        m = self.markers.pop(waiter, None)
+        if m is not None:
+            return self.done(4, self.drop(m["s"], m["o"], m["n"], True), 0)
+        e = self.entries.get(entry)
+        if e is None or e["w"] != waiter:
+            return self.done(-1, 0, 0)
+        self.remove_entry(entry)
+        return self.done(1, 0, 0)
+
+    def renew(self, ttl: int, items: List[Tuple[str, str]]) -> List[Any]:
+        self.wakes = []
+        self.purge()
+        results = []
+        for kind, ident in items:
+            if kind == "a":
+                ok = self.markers.pop(ident, None) is not None
+            elif kind == "e":
+                ok = ident in self.entries
+                if ok:
+                    e = self.entries[ident]
+                    e["end"] = max(e["end"], self.now + self.elease)
+            else:
+                f = self.field("x" if kind == "h" else kind, ident)
+                ok = f in self.holds
+                if ok:
+                    self.holds[f][1] = max(self.holds[f][1], self.now + ttl)
+            results.append(1 if ok else -1)
+        self.handover()
+        return [1, results.count(1), 0, self.wakes, results]
+
+
+# Times are multiples of 5 s (virtual), so a live lease always has >= 5 s left and the
+# keys' real PEXPIRE (end - now) never fires while an example runs.
+UNIT = 5000
+PROCS = ["p0", "p1", "p2"]
+THREADS = ["a", "b"]
+
+_op = st.one_of(
+    st.tuples(st.just("acq"), st.sampled_from(PROCS), st.sampled_from(THREADS),
+              st.sampled_from(["r", "w"]), st.integers(1, 2), st.sampled_from([1, 1, 0]),
+              st.sampled_from([0, 0, 0, 1]), st.sampled_from([2, 6])),
+    st.tuples(st.just("rel"), st.sampled_from(PROCS), st.sampled_from(THREADS),
+              st.sampled_from(["r", "w"]), st.integers(1, 2), st.sampled_from([0, 1])),
+    st.tuples(st.just("leave"), st.sampled_from(PROCS), st.sampled_from(THREADS)),
+    st.tuples(st.just("renew"), st.sampled_from(PROCS),
+              st.lists(st.sampled_from(["h", "e", "a"]), min_size=1, max_size=3)),
+    st.tuples(st.just("adv"), st.integers(1, 4)),
+)
+
+_names = itertools.count()
+
+
+def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
+                 ops: List[Tuple[Any, ...]]) -> None:
+    elease = 2 * UNIT
+    p = _Prim(client, kind, f"{name}-{next(_names)}", fair=fair, elease=elease,
+              value=3, bounded=1)
+    m = Model(kind, fair, elease, value=3, bounded=1)
+    now = T0
+    for step, op in enumerate(ops):
+        m.now = now
+        if op[0] == "adv":
+            now += op[1] * UNIT
+            continue
+        proc, thread = op[1], op[2] if len(op) > 2 and op[0] != "renew" else "a"
+        waiter = f"{proc}.{thread}"
+        owner = proc if kind == "sem" else waiter
+        if op[0] == "acq":
+            side = op[3] if kind == "rw" else ("s" if kind == "sem" else "x")
+            add, wait, reentry, ttl = op[4], op[5], op[6], op[7] * UNIT
+            if kind == "sem":
+                got = p.call("acquire", now, owner, waiter, proc, ttl, add, wait)
+                reentry = 0
+            elif kind == "rw":
+                got = p.call("acquire", now, owner, proc, side, ttl, add, reentry, wait)
+            else:
+                got = p.call("acquire", now, owner, proc, ttl, add, reentry, wait)
+            want = m.acquire(owner, waiter, proc, side, ttl, add, reentry, wait)
+        elif op[0] == "rel":
+            if kind == "sem":
+                own = min(op[4], 1 + op[5])
+                got = p.call("release", now, owner, op[4], own)
+                want = m.sem_release(owner, op[4], own)
+            else:
+                side = op[3] if kind == "rw" else "x"
+                args: List[Any] = [owner] + ([side] if kind == "rw" else []) + [op[4], op[5]]
+                got = p.call("release", now, *args)
+                want = m.release(owner, side, op[4], op[5])
+        elif op[0] == "leave":
+            if kind == "sem":
+                got = p.call("leave", now, owner, waiter, proc, "")
+            else:
+                got = p.call("leave", now, owner, proc, "")
+            want = m.leave(waiter, proc)
+        else:
+            items: List[Tuple[str, str]] = []
+            for k in op[2]:
+                if k == "e":
+                    items.append(("e", proc))
+                elif k == "a":
+                    items.append(("a", f"{proc}.a"))
+                elif kind == "rw":
+                    items.append(("r", f"{proc}.a"))
+                else:
+                    items.append(("h", proc if kind == "sem" else f"{proc}.a"))
+            got = p.call("renew", now, 6 * UNIT, *[x for item in items for x in item])
+            want = m.renew(6 * UNIT, items)
+        assert got == want, (step, op)
+        stored = {f: c for f, c in p.holds().items()}
+        assert stored == {f: h[0] for f, h in m.holds.items()}, (step, op)
+        assert p.queue() == m.queue, (step, op)
+        assert p.markers() == sorted(m.markers), (step, op)
+        if kind == "sem" and p.meta("#free") is not None:
+            assert int(p.meta("#free") or 0) == m.free, (step, op)
+
+
+_model_settings = settings(max_examples=60, deadline=None,
+                           suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.parametrize("fair", [1, 0])
+@pytest.mark.parametrize("kind", ["rlock", "rw", "sem"])
+@_model_settings
+@given(ops=st.lists(_op, max_size=40))
+def test_scripts_match_the_model(client: "redis.Redis[bytes]", name: str, kind: str,
+                                 fair: int, ops: List[Tuple[Any, ...]]) -> None:
+    _check_model(client, name, kind, fair, ops)
