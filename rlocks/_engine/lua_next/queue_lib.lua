@@ -315,11 +315,8 @@ local function handover(ctx)
         if ctx.fair == 1 or e.k == 1 then
             remove_entry(top)
             grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
-            -- merge with an unadopted grant of the same waiter (a sem process re-queued)
-            local m = get_marker(e.w)
-            local n = e.n
-            if m then n = n + m.n end
-            redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = n}))
+            -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
+            redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = e.n}))
             redis.call('ZADD', T, ctx.now + ctx.elease, 'g:' .. e.w)
             wake(ctx, 'g', e.w)
         else
