@@ -808,3 +808,26 @@ _model_settings = settings(max_examples=100, deadline=None,
 def test_scripts_match_the_model(client: "redis.Redis[bytes]", name: str, kind: str,
                                  fair: int, data: st.DataObject) -> None:
     _check_model(client, name, kind, fair, data)
+
+
+def test_force_release_ends_every_hold_and_hands_over(client: "redis.Redis[bytes]",
+                                                       name: str) -> None:
+    p = _Prim(client, "sem", name, value=2)
+    assert _sacq(p, T0, "p1.a", 2)[:2] == [1, 2]
+    assert _sacq(p, T0, "p2.a", 1)[0] == 3
+    assert _sacq(p, T0, "p3.a", 1)[0] == 3
+    reply = _norm(_run(client, "force_release", p.keys, [T0, PUB, 1, ELEASE, "sem"]))
+    assert reply == [1, 0, 0, ["g p2.a", "g p3.a"]]
+    assert p.holds() == {"p2": 1, "p3": 1}
+    assert p.meta("#free") == "0" and p.meta("#value") == "2"
+    assert p.call("release", T0, "p1", 1, 1)[0] == -1  # p1 finds its hold gone
+    r = _Prim(client, "rlock", name + "-r")
+    assert _racq(r, T0, "p1.a")[0] == 1
+    assert _racq(r, T0, "p2.a")[0] == 3
+    assert _norm(_run(client, "force_release", r.keys, [T0, PUB, 1, ELEASE, "rlock"])) == [
+        1, 0, 0, ["g p2.a"]]
+    empty = _Prim(client, "rw", name + "-w")
+    assert _norm(_run(client, "force_release", empty.keys, [T0, PUB, 1, ELEASE, "rw"])) == [
+        -1, 0, 0, []]
+    with pytest.raises(redis.ResponseError, match="RLOCKS_BAD_ARG kind"):
+        _run(client, "force_release", empty.keys, [T0, PUB, 1, ELEASE, "lock"])
