@@ -96,7 +96,8 @@ local function fmt(n) return string.format('%d', n) end
 -- The context: ARGV[1..4] (sem: ..6) and the primitive's O(1) counters. Returns ctx and
 -- the index of the first operation ARGV.
 local function context(kind)
-    local ctx = {kind = kind, wakes = {}}
+    -- qdirty: the queue keys (Q, W, T) changed, so finish() must redo their expiry
+    local ctx = {kind = kind, wakes = {}, qdirty = false, granted = 0}
     if ARGV[1] == '' then
         local t = redis.call('TIME')
         ctx.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -194,6 +195,10 @@ local function grant(ctx, side, owner, add, ends)
     local field = hfield(ctx, side, owner)
     local count = redis.call('HINCRBY', H, field, add)
     take(ctx, ctx, side, owner, add, count == add)
+    if count == add then
+        redis.call('ZADD', L, ends, field) -- a fresh hold: no lease to compare with
+        return count, ends
+    end
     return count, extend(L, field, ends)
 end
 
@@ -229,7 +234,8 @@ local function get_entry(entry)
     return cjson.decode(raw)
 end
 
-local function remove_entry(entry)
+local function remove_entry(ctx, entry)
+    ctx.qdirty = true
     redis.call('ZREM', Q, entry)
     redis.call('HDEL', W, 'e:' .. entry)
     redis.call('ZREM', T, 'e:' .. entry)
@@ -238,6 +244,8 @@ end
 -- Put `entry` in the queue (at the tail), or re-point it keeping its place; its lease
 -- restarts. Returns its position (1 = head).
 local function enqueue(ctx, entry, e)
+    ctx.qdirty = true
+    ctx.tn = ctx.tn + 1
     if redis.call('ZSCORE', Q, entry) == false then
         redis.call('ZADD', Q, redis.call('HINCRBY', W, '#seq', 1), entry)
     end
@@ -246,9 +254,11 @@ local function enqueue(ctx, entry, e)
     return redis.call('ZRANK', Q, entry) + 1
 end
 
-local function clear_marker(waiter)
-    redis.call('HDEL', W, 'g:' .. waiter)
-    redis.call('ZREM', T, 'g:' .. waiter)
+local function clear_marker(ctx, waiter)
+    if redis.call('HDEL', W, 'g:' .. waiter) == 1 then
+        ctx.qdirty = true
+        redis.call('ZREM', T, 'g:' .. waiter)
+    end
 end
 
 local function get_marker(waiter)
@@ -260,7 +270,7 @@ end
 -- Give back a hand-over grant its waiter never adopted (died, timed out): returns the
 -- holds given back (the owner may have released some already).
 local function revoke(ctx, waiter, m)
-    clear_marker(waiter)
+    clear_marker(ctx, waiter)
     return drop(ctx, m.s, m.o, m.n, true)
 end
 
@@ -285,13 +295,18 @@ local function purge(ctx)
             end
         end
     end
+    -- tn = 0: no entry and no unadopted grant at all, so the queue work can be skipped
+    -- (the uncontended path). It is only ever raised afterwards, never trusted lower.
+    ctx.tn = redis.call('ZCARD', T)
+    if ctx.tn == 0 then return end
     for _, member in ipairs(redis.call('ZRANGEBYSCORE', T, '-inf', ctx.now)) do
+        ctx.qdirty = true
         local id = string.sub(member, 3)
         if string.sub(member, 1, 2) == 'e:' then
-            remove_entry(id)
+            remove_entry(ctx, id)
         else
             local m = get_marker(id)
-            if m then revoke(ctx, id, m) else clear_marker(id) end
+            if m then revoke(ctx, id, m) else clear_marker(ctx, id) end
         end
     end
 end
@@ -302,6 +317,7 @@ end
 -- granted; one already woken (it lost the race once) is granted on this turn.
 -- Cost: O(log n) per entry granted or woken.
 local function handover(ctx)
+    if ctx.tn == 0 then return end
     local cap = {free = ctx.free, held = ctx.held, writer = ctx.writer, nr = ctx.nr,
                  nheld = ctx.nheld}
     local i = 0
@@ -313,14 +329,16 @@ local function handover(ctx)
         local fresh = held_by(ctx, e.s, e.o) == nil
         take(ctx, cap, e.s, e.o, e.n, fresh)
         if ctx.fair == 1 or e.k == 1 then
-            remove_entry(top)
+            remove_entry(ctx, top)
             grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
             -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
             redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = e.n}))
             redis.call('ZADD', T, ctx.now + ctx.elease, 'g:' .. e.w)
+            ctx.granted = ctx.granted + 1
             wake(ctx, 'g', e.w)
         else
             e.k = 1
+            ctx.qdirty = true
             redis.call('HSET', W, 'e:' .. top, cjson.encode(e))
             wake(ctx, 'w', e.w)
             i = i + 1
@@ -342,13 +360,11 @@ local function lease_left(ctx, side, owner)
 end
 
 local function expire_all(keys, ends, now)
-    for _, key in ipairs(keys) do
-        if ends == nil then
-            redis.call('DEL', key)
-        else
-            redis.call('PEXPIRE', key, ends - now)
-        end
+    if ends == nil then
+        redis.call('DEL', unpack(keys))
+        return
     end
+    for _, key in ipairs(keys) do redis.call('PEXPIRE', key, ends - now) end
 end
 
 -- Write the counters back, keep every key's PEXPIRE at its latest live end (so a
@@ -388,8 +404,10 @@ local function finish(ctx, status, value, aux)
         redis.call('PEXPIRE', H, last - ctx.now)
     end
     expire_all({L}, last, ctx.now)
-    local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
-    expire_all({Q, W, T}, tlast, ctx.now)
+    if ctx.qdirty then
+        local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
+        expire_all({Q, W, T}, tlast, ctx.now)
+    end
     if #ctx.wakes > 0 then
         redis.call(ctx.publish, CHANNEL, table.concat(ctx.wakes, '\n'))
     end
@@ -400,13 +418,14 @@ end
 -- wait}. rlock/rw: waiter == owner. See the per-script headers for the replies.
 local function op_acquire(ctx, a)
     purge(ctx)
-    local m = get_marker(a.waiter)
+    local m = nil
+    if ctx.tn > 0 then m = get_marker(a.waiter) end
     if m ~= nil then
         -- The waiter holds a hand-over grant: the caller has it now, so it is adopted.
         -- Asking for the same thing without re-entry is the re-check after a missed
         -- wake-up: answer it without counting twice. Anything else (re-entry, a writer
         -- taking the read side) shows the caller recorded the grant: go on as usual.
-        clear_marker(a.waiter)
+        clear_marker(ctx, a.waiter)
         local count = held_by(ctx, m.s, m.o)
         if a.reentry == 0 and count ~= nil and m.s == a.side then
             extend(L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
@@ -414,7 +433,8 @@ local function op_acquire(ctx, a)
             return finish(ctx, 2, count, lease_left(ctx, m.s, m.o))
         end
     end
-    local mine = held_by(ctx, a.side, a.owner)
+    local mine = nil -- a semaphore has no re-entry: permits are counted, not owned
+    if ctx.kind ~= 'sem' then mine = held_by(ctx, a.side, a.owner) end
     if a.reentry == 1 and mine == nil then
         -- Granting it as a fresh hold would let an inner release end a hold that an outer
         -- frame still believes it has.
@@ -436,25 +456,31 @@ local function op_acquire(ctx, a)
         handover(ctx)
         return finish(ctx, 1, count, ends - ctx.now)
     end
-    local rank = redis.call('ZRANK', Q, a.entry)
+    local rank = false
+    if ctx.tn > 0 then rank = redis.call('ZRANK', Q, a.entry) end
     local first
     if ctx.fair == 1 then
         -- Those ahead of the caller go first; the caller only if nobody is left ahead.
-        if rank ~= 0 then handover(ctx) end
-        rank = redis.call('ZRANK', Q, a.entry)
-        first = rank == 0 or (rank == false and redis.call('ZCARD', Q) == 0)
+        if rank ~= 0 then
+            handover(ctx)
+            if ctx.granted > 0 then rank = redis.call('ZRANK', Q, a.entry) end
+        end
+        first = rank == 0 or
+            (rank == false and (ctx.tn == 0 or redis.call('ZCARD', Q) == 0))
     else
         first = true
     end
     if first and fits(ctx, ctx, a.side, a.owner, a.add) then
-        if rank ~= false then remove_entry(a.entry) end
+        if rank ~= false then remove_entry(ctx, a.entry) end
         local count, ends = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
         handover(ctx)
         return finish(ctx, 1, count, ends - ctx.now)
     end
     if a.wait == 0 then
         handover(ctx)
-        return finish(ctx, 0, earliest_hold(ctx), redis.call('ZCARD', Q))
+        local queued = 0
+        if ctx.tn > 0 then queued = redis.call('ZCARD', Q) end
+        return finish(ctx, 0, earliest_hold(ctx), queued)
     end
     local k = 0
     local old = get_entry(a.entry)
@@ -467,21 +493,21 @@ local function op_acquire(ctx, a)
 end
 
 -- Adopt the hand-over grants of the waiters ARGV[first..] (the caller recorded them).
-local function adopt_list(first)
-    for i = first, #ARGV do clear_marker(ARGV[i]) end
+local function adopt_list(ctx, first)
+    for i = first, #ARGV do clear_marker(ctx, ARGV[i]) end
 end
 
 -- release for rlock and rw: r = {owner, side, n, all}.
 local function op_release(ctx, r, adopt_from)
     purge(ctx)
-    adopt_list(adopt_from)
+    adopt_list(ctx, adopt_from)
     local mine = held_by(ctx, r.side, r.owner)
     if mine == nil then
         handover(ctx)
         return finish(ctx, -1, 0, 0)
     end
     -- the owner releasing it knows it holds it: its own grant counts as adopted
-    clear_marker(r.owner)
+    clear_marker(ctx, r.owner)
     local n = r.n
     if r.all == 1 then n = nil end
     local left = mine - drop(ctx, r.side, r.owner, n, false)
@@ -492,7 +518,8 @@ end
 -- leave: l = {owner, waiter, entry, next_waiter, next_owner, next_side, next_want}.
 local function op_leave(ctx, l)
     purge(ctx)
-    local m = get_marker(l.waiter)
+    local m = nil
+    if ctx.tn > 0 then m = get_marker(l.waiter) end
     if m ~= nil then
         -- The hand-over raced the time-out: pass the grant on now, never leaving the
         -- primitive held by somebody who does not know it.
@@ -514,7 +541,7 @@ local function op_leave(ctx, l)
         if rank == false then return finish(ctx, 1, 0, 0) end
         return finish(ctx, 1, rank + 1, 0)
     end
-    remove_entry(l.entry)
+    remove_entry(ctx, l.entry)
     handover(ctx)
     return finish(ctx, 1, 0, 0)
 end
@@ -531,9 +558,10 @@ local function op_renew(ctx, ttl, first)
         local done = false
         if kind == 'a' then
             done = redis.call('HEXISTS', W, 'g:' .. id) == 1
-            clear_marker(id)
+            clear_marker(ctx, id)
         elseif kind == 'e' then
             if redis.call('ZSCORE', Q, id) ~= false then
+                ctx.qdirty = true
                 extend(T, 'e:' .. id, ctx.now + ctx.elease)
                 done = true
             end

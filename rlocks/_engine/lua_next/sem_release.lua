@@ -20,7 +20,7 @@ if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end
 purge(ctx)
-adopt_list(i + 3)
+adopt_list(ctx, i + 3)
 local held = held_by(ctx, 's', owner) or 0
 if held < own then
     handover(ctx)
