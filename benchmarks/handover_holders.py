@@ -61,14 +61,14 @@ def _setup(client: "redis.Redis[bytes]", tag: str, holders: int,
     old_rw_acq = scripts.load("rw_acquire_read", "rw_lib")
     old_rw_rel = scripts.load("rw_release", "rw_lib")
     for i in range(holders):
-        sem_acq(keys=sem_keys, args=ctx_sem + [f"h{i}", f"h{i}.a", f"h{i}", TTL, 1, 0])
+        sem_acq(keys=sem_keys, args=ctx_sem + [f"h{i}.a", f"h{i}.a", f"h{i}", TTL, 1, 0])
         rw_acq(keys=rw_keys, args=ctx_rw + [f"h{i}.a", f"h{i}", "r", TTL, 1, 0, 0])
         scripts.run(client, old_sem_acq, [old_sem_key], [f"h{i}", TTL, 1, value, 1])
         scripts.run(client, old_rw_acq, [old_rw_key], [f"h{i}", TTL, 1, 0])
 
     def sem_pair() -> None:
-        sem_acq(keys=sem_keys, args=ctx_sem + ["me", "me.a", "me", TTL, 1, 0])
-        sem_rel(keys=sem_keys, args=ctx_sem + ["me", 1, 1])
+        sem_acq(keys=sem_keys, args=ctx_sem + ["me.a", "me.a", "me", TTL, 1, 0])
+        sem_rel(keys=sem_keys, args=ctx_sem + [1, "me.a", 1])
 
     def rw_pair() -> None:
         rw_acq(keys=rw_keys, args=ctx_rw + ["me.a", "me", "r", TTL, 1, 0, 0])
@@ -76,7 +76,7 @@ def _setup(client: "redis.Redis[bytes]", tag: str, holders: int,
 
     def old_sem_pair() -> None:
         scripts.run(client, old_sem_acq, [old_sem_key], ["me", TTL, 1, value, 1])
-        scripts.run(client, old_sem_rel, [old_sem_key, chan], ["me", 1, 1, value, 1, "PUBLISH"])
+        scripts.run(client, old_sem_rel, [old_sem_key, chan], [1, value, 1, "PUBLISH", "me", 1])
 
     def old_rw_pair() -> None:
         scripts.run(client, old_rw_acq, [old_rw_key], ["me", TTL, 1, 0])

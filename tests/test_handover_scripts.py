@@ -345,8 +345,8 @@ def test_rw_leaving_writer_lets_readers_behind_it_in(rw: _Prim) -> None:
 
 def _sacq(p: _Prim, now: int, waiter: str, take: int = 1, wait: int = 1,
           ttl: int = 30000) -> Any:
-    proc = waiter.split(".")[0]
-    return p.call("acquire", now, proc, waiter, proc, ttl, take, wait)
+    """Permits are the taking thread's: owner = waiter."""
+    return p.call("acquire", now, waiter, waiter, waiter.split(".")[0], ttl, take, wait)
 
 
 def test_sem_strict_fifo_and_batch_handover(sem: _Prim) -> None:
@@ -355,18 +355,19 @@ def test_sem_strict_fifo_and_batch_handover(sem: _Prim) -> None:
     assert _sacq(sem, T0, "p3.a", 1)[:2] == [3, 2]
     assert _sacq(sem, T0, "p4.a", 1)[:2] == [3, 3]
     # 1 back: the head wants 2, so it blocks those behind it (large requests never starve)
-    assert sem.call("release", T0, "p1", 1, 1) == [1, 2, 1, []]
+    assert sem.call("release", T0, 1, "p1.a", 1) == [1, 1, 0, []]
     # 2 more back: p2 (2 permits) and p3 (1) are granted in order, in this script
-    assert sem.call("release", T0, "p1", 2, 2) == [1, 0, 0, ["g p2.a", "g p3.a"]]
-    assert sem.holds() == {"p2": 2, "p3": 1}
+    assert sem.call("release", T0, 2, "p1.a", 2) == [1, 0, 0, ["g p2.a", "g p3.a"]]
+    assert sem.holds() == {"p2.a": 2, "p3.a": 1}
     assert sem.meta("#free") == "0" and sem.meta("#held") == "3"
 
 
 def test_sem_bounded_mismatch_and_not_held(client: "redis.Redis[bytes]", sem: _Prim) -> None:
     assert _sacq(sem, T0, "p1.a", 1)[:2] == [1, 1]
     before = snapshot(client)
-    assert sem.call("release", T0, "p1", 2, 0) == [-3, 0, 0, []]
-    assert sem.call("release", T0, "p2", 1, 1) == [-1, 0, 0, []]
+    # 2 released by nobody's permit: 2 free + 1 held + 2 > 3 in circulation
+    assert sem.call("release", T0, 2) == [-3, 0, 0, []]
+    assert sem.call("release", T0, 2, "p1.a", 1, "p2.a", 1) == [-1, 2, 0, []]
     other = _Prim(client, "sem", sem.keys[0].split("{")[1].split("}")[0], value=4)
     with pytest.raises(redis.ResponseError, match="RLOCKS_SEM_MISMATCH 3 1"):
         other.call("acquire", T0, "p9", "p9.a", "p9", 30000, 1, 1)
@@ -380,25 +381,26 @@ def test_sem_dead_holder_recovered_by_range_and_handed_over(
     assert _sacq(sem, T0, "p1.a", 2, ttl=10000)[:2] == [1, 2]
     assert _sacq(sem, T0, "p2.a", 1, ttl=30000)[:2] == [1, 1]
     assert _sacq(sem, T0, "p3.a", 2)[:2] == [3, 1]
-    assert sem.call("renew", T0 + 9000, 30000, "h", "p2", "e", "p3")[4] == [1, 1]
+    assert sem.call("renew", T0 + 9000, 30000, "h", "p2.a", "e", "p3")[4] == [1, 1]
     # p1 died: at its lease end the next script recovers its permits and hands over
-    assert sem.call("renew", T0 + 10000, 30000, "h", "p2", "e", "p3") == [
+    assert sem.call("renew", T0 + 10000, 30000, "h", "p2.a", "e", "p3") == [
         1, 2, 0, ["g p3.a"], [1, 1]]
-    assert sem.holds() == {"p2": 1, "p3": 2}
+    assert sem.holds() == {"p2.a": 1, "p3.a": 2}
 
 
 def test_sem_unadopted_grant_to_a_live_holder_is_revoked(sem: _Prim) -> None:
-    """A process that already holds permits (long lease) and was handed more, but whose
-    waiter never adopted them, gives the handed permits back at the short lease's end."""
+    """An owner that already holds permits (long lease) and was handed more, but whose
+    waiter never adopted them, gives the handed permits back at the short lease's end
+    (owner and waiter differ here: the scripts allow permits recorded per process)."""
     assert _sacq(sem, T0, "p1.a", 2)[:2] == [1, 2]
-    assert _sacq(sem, T0, "p2.a", 1)[:2] == [1, 1]
-    assert _sacq(sem, T0, "p2.b", 1)[:2] == [3, 1]
+    assert sem.call("acquire", T0, "p2", "p2.a", "p2", 30000, 1, 1)[:2] == [1, 1]
+    assert sem.call("acquire", T0, "p2", "p2.b", "p2", 30000, 1, 1)[:2] == [3, 1]
     assert _sacq(sem, T0, "p3.a", 1)[:2] == [3, 2]
-    assert sem.call("release", T0, "p1", 1, 1)[3] == ["g p2.b"]
-    assert sem.holds() == {"p1": 1, "p2": 2}
+    assert sem.call("release", T0, 1, "p1.a", 1)[3] == ["g p2.b"]
+    assert sem.holds() == {"p1.a": 1, "p2": 2}
     assert sem.call("renew", T0 + ELEASE - 1, 30000, "e", "p3")[:4] == [1, 1, 0, []]
     assert sem.call("renew", T0 + ELEASE, 30000, "h", "p2", "e", "p3")[3] == ["g p3.a"]
-    assert sem.holds() == {"p1": 1, "p2": 1, "p3": 1}
+    assert sem.holds() == {"p1.a": 1, "p2": 1, "p3.a": 1}
 
 
 # --- edge-case ARGV ------------------------------------------------------------------
@@ -428,7 +430,9 @@ _BAD = [
     ("sem", "acquire", ["", PUB, 1, ELEASE, -1, 1, "p", "p.a", "p", 1, 1, 1], "value"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 5, "p", "p.a", "p", 1, 1, 1], "bounded"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 1, "p", "p.a", "p", 1, 0, 1], "permits"),
-    ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, "p", 1, 2], "own"),
+    ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 1, "p", 2], "pairs"),
+    ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 1, "p"], "pairs"),
+    ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 0], "permits"),
     ("sem", "leave", ["", PUB, 1, ELEASE, 3, 1, "p", "p.a", "p", "p.b", "z"], "next want"),
 ]
 
@@ -646,19 +650,21 @@ class Model:
         left = mine - self.drop(side, owner, None if everything else n, False)
         return self.done(1, left, 0)
 
-    def sem_release(self, owner: str, give: int, own: int) -> List[Any]:
+    def sem_release(self, give: int, pairs: List[Tuple[str, int]]) -> List[Any]:
         self.wakes = []
         self.purge()
-        held = self.holds.get(owner, [0])[0]
-        if held < own:
-            return self.done(-1, 0, 0)
-        if self.bounded and self.free + give > self.value:
+        for k, (owner, n) in enumerate(pairs, 1):
+            if self.holds.get(owner, [0])[0] < n:
+                return self.done(-1, k, 0)
+        owned = sum(n for _, n in pairs)
+        if self.bounded and self.free + self.held + give - owned > self.value:
             return self.done(-3, 0, 0)
         self.free += give
-        if own:
-            self.drop("s", owner, own, False)
+        for owner, n in pairs:
+            self.markers.pop(owner, None)
+            self.drop("s", owner, n, False)
         self.handover()
-        return [1, held - own, self.free, self.wakes]
+        return [1, self.free, 0, self.wakes]
 
     def leave(self, waiter: str, entry: str) -> List[Any]:
         self.wakes = []
@@ -747,7 +753,7 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
             continue
         proc, thread = op[1], op[2] if len(op) > 2 and op[0] != "renew" else "a"
         waiter = f"{proc}.{thread}"
-        owner = proc if kind == "sem" else waiter
+        owner = waiter
         if op[0] == "acq":
             side = op[3] if kind == "rw" else ("s" if kind == "sem" else "x")
             add, wait, reentry, ttl = op[4], op[5], op[6], op[7] * UNIT
@@ -761,9 +767,9 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
             want = m.acquire(owner, waiter, proc, side, ttl, add, reentry, wait)
         elif op[0] == "rel":
             if kind == "sem":
-                own = op[4] if op[5] else 0  # 0: a release by a non-holder
-                got = p.call("release", now, owner, op[4], own)
-                want = m.sem_release(owner, op[4], own)
+                pairs = [(owner, op[4])] if op[5] else []  # none: by nobody's permit
+                got = p.call("release", now, op[4], *[x for pair in pairs for x in pair])
+                want = m.sem_release(op[4], pairs)
             else:
                 side = op[3] if kind == "rw" else "x"
                 args: List[Any] = [owner] + ([side] if kind == "rw" else []) + [op[4], op[5]]
@@ -785,7 +791,7 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
                 elif kind == "rw":
                     items.append(("r", f"{proc}.a"))
                 else:
-                    items.append(("h", proc if kind == "sem" else f"{proc}.a"))
+                    items.append(("h", f"{proc}.a"))
             got = p.call("renew", now, 6 * UNIT, *[x for item in items for x in item])
             want = m.renew(6 * UNIT, items)
         assert got == want, (step, op)
@@ -818,9 +824,9 @@ def test_force_release_ends_every_hold_and_hands_over(client: "redis.Redis[bytes
     assert _sacq(p, T0, "p3.a", 1)[0] == 3
     reply = _norm(_run(client, "force_release", p.keys, [T0, PUB, 1, ELEASE, "sem"]))
     assert reply == [1, 0, 0, ["g p2.a", "g p3.a"]]
-    assert p.holds() == {"p2": 1, "p3": 1}
+    assert p.holds() == {"p2.a": 1, "p3.a": 1}
     assert p.meta("#free") == "0" and p.meta("#value") == "2"
-    assert p.call("release", T0, "p1", 1, 1)[0] == -1  # p1 finds its hold gone
+    assert p.call("release", T0, 1, "p1.a", 1)[:2] == [-1, 1]  # p1 finds its hold gone
     r = _Prim(client, "rlock", name + "-r")
     assert _racq(r, T0, "p1.a")[0] == 1
     assert _racq(r, T0, "p2.a")[0] == 3

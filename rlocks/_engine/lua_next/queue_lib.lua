@@ -6,7 +6,7 @@
 -- KEYS (the same six, in this order, for every script; one hash tag, so one cluster slot):
 --   KEYS[1]  H  holds hash. rlock: <owner> -> count. rw: r:<owner> / w:<owner> -> count,
 --              '#w' -> the writing owner, '#nr' -> number of reading owners.
---              sem: <owner> (a process) -> permits, '#free', '#value', '#bounded',
+--              sem: <owner> (a thread or task) -> permits, '#free', '#value', '#bounded',
 --              '#held' (permits held by live holders). Owner ids never start with '#'.
 --   KEYS[2]  L  holder lease ends, ZSET: member = H field of the hold, score = end (ms)
 --   KEYS[3]  Q  the queue, ZSET: member = entry id (a process token), score = sequence

@@ -1,17 +1,18 @@
--- sem_acquire: take permits of a (Bounded)Semaphore for a process, or queue for them.
+-- sem_acquire: take permits of a (Bounded)Semaphore, or queue for them.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there;
 -- ARGV[5] initial value, ARGV[6] bounded.)
 --
--- ARGV[7]   owner id: the process (permits belong to the process)
--- ARGV[8]   waiter id: the thread (or task) that waits; named in wake-ups
+-- ARGV[7]   owner id: whose record the permits go to (the taking thread or task, as in
+--           lua/ since permits became the taking thread's)
+-- ARGV[8]   waiter id: the thread (or task) that waits; named in wake-ups (today = owner)
 -- ARGV[9]   entry id: the process token (one queue entry per process)
--- ARGV[10]  ttl, ms (>= 1): the process's lease on its permits (never shortened)
+-- ARGV[10]  ttl, ms (>= 1): the owner's lease on its permits (never shortened)
 -- ARGV[11]  permits to take, count (>= 1)
 -- ARGV[12]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
 --
 -- Strict FIFO (fair = 1): granted when enough permits are free and no live entry is ahead
 -- of the caller's; a head that wants more than is free blocks those behind it.
--- Replies: 1 granted (value = the process's permits, aux = lease ms); 2 adopted a missed
+-- Replies: 1 granted (value = the owner's permits, aux = lease ms); 2 adopted a missed
 -- hand-over grant to this waiter (nothing added); 3 queued (value = position, aux = ms to
 -- the earliest holder lease end); 0 busy (wait = 0); error RLOCKS_SEM_MISMATCH.
 local ctx, i = context('sem')

@@ -2,35 +2,50 @@
 -- script to as many queued waiters, in order, as they cover.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
 --
--- ARGV[7]   owner id (the releasing process)
--- ARGV[8]   permits released, count (>= 1): added to #free, as threading.Semaphore does
--- ARGV[9]   of those, how many to take off this process's own record, count (0..ARGV[8])
--- ARGV[10..] waiter ids of this process whose hand-over grants the caller recorded and
---           has not adopted yet (adopted now, before the release counts them)
+-- ARGV[7]    permits released, count (>= 1): added to #free, as threading.Semaphore does
+-- ARGV[8], ARGV[9], ...  pairs (owner id, count >= 1): permits taken off each owner's own
+--            record (the releasing thread's first, then other threads of its process, as
+--            the engine chose from its local books; the same rule as lua/sem_release.lua);
+--            counts sum to at most ARGV[7]. The rest is a release by nobody's permit.
+--            Releasing an owner's permits adopts that owner's unadopted hand-over grant.
 --
--- Replies: 1 released (value = permits this process still holds, aux = permits free
--- after the hand-over); -1 the process holds fewer than ARGV[9] permits here; -3 a
--- BoundedSemaphore would go above its value. Refusals change nothing but expired state.
+-- Replies (a semaphore release names no single owner, so value is the free count):
+--    1  released; value = permits free after the hand-over (grants in wakes), aux = 0
+--   -1  the owner of pair value (1-based) holds fewer permits than listed
+--   -3  a BoundedSemaphore would have more permits in circulation (free plus held by
+--       live owners) than its value
+-- Refusals change nothing but expired state.
 local ctx, i = context('sem')
-local owner = str_arg(i, 'owner')
-local give = int_arg(i + 1, 'permits', 1)
-local own = int_arg(i + 2, 'own', 0, give)
-for j = i + 3, #ARGV do str_arg(j, 'adopt') end
+local give = int_arg(i, 'permits', 1)
+local takes, owned = {}, 0
+if (#ARGV - i) % 2 ~= 0 then bad = bad or 'RLOCKS_BAD_ARG pairs' end
+for j = i + 1, #ARGV - 1, 2 do
+    local n = int_arg(j + 1, 'pair count', 1)
+    takes[#takes + 1] = {str_arg(j, 'pair owner'), n}
+    owned = owned + n
+end
+if owned > give then bad = bad or 'RLOCKS_BAD_ARG pairs' end
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end
 purge(ctx)
-adopt_list(ctx, i + 3)
-local held = held_by(ctx, 's', owner) or 0
-if held < own then
-    handover(ctx)
-    return finish(ctx, -1, 0, 0)
+for k, take in ipairs(takes) do
+    local held = held_by(ctx, 's', take[1]) or 0
+    if held < take[2] then
+        handover(ctx)
+        return finish(ctx, -1, k, 0)
+    end
 end
-if ctx.bounded == 1 and ctx.free + give > ctx.value then
+-- Permits given back by their holders only move from held to free; the rest would add
+-- permits to circulation, which a BoundedSemaphore never lets exceed its value.
+if ctx.bounded == 1 and ctx.free + ctx.held + (give - owned) > ctx.value then
     handover(ctx)
     return finish(ctx, -3, 0, 0)
 end
 ctx.free = ctx.free + give
-if own > 0 then drop(ctx, 's', owner, own, false) end
+for _, take in ipairs(takes) do
+    if ctx.tn > 0 then clear_marker(ctx, take[1]) end
+    drop(ctx, 's', take[1], take[2], false)
+end
 handover(ctx)
-return finish(ctx, 1, held - own, ctx.free)
+return finish(ctx, 1, ctx.free, 0)

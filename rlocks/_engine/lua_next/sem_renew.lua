@@ -1,9 +1,9 @@
--- sem_renew: extend this process's permits lease and queue entry on one semaphore, adopt
+-- sem_renew: extend this process's permit leases and queue entry on one semaphore, adopt
 -- hand-over grants; one call per semaphore per renewal pass. O(items x log n).
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
 --
 -- ARGV[7]   ttl, ms (>= 1): the renewed lease ends ttl from now (never shortened)
--- ARGV[8..] pairs (kind, id): 'h' <owner> renew the process's permits; 'e' <entry> renew
+-- ARGV[8..] pairs (kind, id): 'h' <owner> renew that owner's permits; 'e' <entry> renew
 --           the queue entry; 'a' <waiter> adopt that waiter's hand-over grant
 --
 -- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)};
