@@ -52,11 +52,17 @@ _KIND_NAMES = {
 
 
 class Failure(click.ClickException):
-    """An expected failure: one line on stderr, then exit with ``exit_code``."""
+    """An expected failure: one line on stderr, then exit 1."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    # A class attribute, as click declares it (a ClassVar since click 8.2): the exit code is
+    # chosen by the class raised, not set on the instance.
+    exit_code = 1
+
+
+class UsageFailure(Failure):
+    """A failure the caller's arguments caused (bad URL, option, name): exit 2."""
+
+    exit_code = 2
 
 
 @dataclass
@@ -80,7 +86,7 @@ class _Settings:
                 )
             except ValueError as exc:
                 url = redact(self.effective_url)
-                raise Failure(f"invalid Redis URL {url!r}: {exc}", 2) from None
+                raise UsageFailure(f"invalid Redis URL {url!r}: {exc}") from None
         client: "redis.Redis" = self._client
         return client
 
@@ -115,7 +121,7 @@ def _set_url(ctx: click.Context, _param: click.Parameter, value: Optional[str]) 
 def _set_namespace(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
     if value is not None:
         if not value:
-            raise Failure("--namespace must not be empty", 2)
+            raise UsageFailure("--namespace must not be empty")
         ctx.ensure_object(_Settings).namespace = value
 
 
@@ -406,15 +412,15 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
     """
     settings = _settings()
     if not force:
-        raise Failure("release needs --force: it ends holds that other processes own "
-                      "(they will get LockLostError)", 2)
+        raise UsageFailure("release needs --force: it ends holds that other processes own "
+                           "(they will get LockLostError)")
     client = settings.client()
     states = _inspect.find(client, settings.namespace, name, _kind_code(kind))
     if not states:
         raise _not_found(name, settings)
     if len(states) > 1:
         kinds = ", ".join(state.type for state in states)
-        raise Failure(f"{name!r} names several primitives ({kinds}): choose one with --kind", 2)
+        raise UsageFailure(f"{name!r} names several primitives ({kinds}): choose one with --kind")
     state = states[0]
     summary = (f"{state.type} {_quoted(name)}: {_plural(state.holds, 'hold')} of "
                f"{_plural(len(state.holders), 'owner')}")
@@ -460,8 +466,8 @@ def demo_command(processes: int, threads: int, iterations: int, pool_size: int) 
 
     settings = _settings()
     if pool_size >= processes * threads:
-        raise Failure(f"--pool-size ({pool_size}) must be less than --processes x --threads "
-                      f"({processes * threads}) so the pool is contended", 2)
+        raise UsageFailure(f"--pool-size ({pool_size}) must be less than --processes x --threads "
+                           f"({processes * threads}) so the pool is contended")
     if settings.url is not None:
         settings.client()  # a malformed URL fails here, in one line
     options = demo.Options(processes, threads, iterations, pool_size)
