@@ -154,7 +154,10 @@ class TlsFiles:
 def make_tls_files(folder: str) -> TlsFiles:
     """A CA and a server certificate for 127.0.0.1 / localhost, valid for one day.
 
-    Made with the ``cryptography`` package (no ``openssl`` binary needed).
+    Made with the ``cryptography`` package (no ``openssl`` binary needed). Both carry the
+    extensions a strict verifier requires (Python 3.13's default context sets
+    ``VERIFY_X509_STRICT``): Subject and Authority Key Identifiers, basicConstraints and
+    keyUsage fitting a CA and a server leaf.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -185,6 +188,10 @@ def make_tls_files(folder: str) -> TlsFiles:
             ),
             critical=True,
         )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
@@ -204,7 +211,19 @@ def make_tls_files(folder: str) -> TlsFiles:
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                crl_sign=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
             x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
         .sign(ca_key, hashes.SHA256())
     )

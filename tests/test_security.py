@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -218,7 +220,7 @@ def tls_server() -> Iterator[Dict[str, Any]]:
                 pytest.skip(f"this redis-server was built without TLS: {exc}")
             raise
         try:
-            yield {"url": f"rediss://127.0.0.1:{tls_port}/0", "ca": files.ca}
+            yield {"url": f"rediss://127.0.0.1:{tls_port}/0", "ca": files.ca, "port": tls_port}
         finally:
             server.stop()
 
@@ -261,6 +263,18 @@ def test_acquire_wait_release_over_tls(tls_server: Dict[str, Any]) -> None:
     with pytest.raises(redis.exceptions.ConnectionError):
         bad.ping()
     secure.close()
+
+
+@pytest.mark.timeout(30)
+def test_tls_certificates_pass_strict_verification(tls_server: Dict[str, Any]) -> None:
+    """The test CA and certificate satisfy X.509 strict mode on every Python: 3.13's default
+    context turns it on (key identifiers, CA constraints, key usage), older ones do not."""
+    context = ssl.create_default_context(cafile=tls_server["ca"])
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    with socket.create_connection(("127.0.0.1", tls_server["port"]), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"PING\r\n")
+            assert tls.recv(64) == b"+PONG\r\n"
 
 
 # -- secrets ---------------------------------------------------------------------------------
