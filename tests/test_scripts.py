@@ -82,8 +82,9 @@ def _collect(client: Any, channel: str, sharded: bool) -> Any:
 
 @pytest.mark.parametrize("command", ["PUBLISH", "SPUBLISH"])
 def test_release_publishes_exactly_once_when_freed(client: Any, key: str, command: str) -> None:
-    if command == "SPUBLISH" and int(client.info("server")["redis_version"].split(".")[0]) < 7:
-        pytest.skip("sharded pub/sub needs redis-server >= 7 (this one is older)")
+    version = client.info("server")["redis_version"]
+    if command == "SPUBLISH" and int(version.split(".")[0]) < 7:
+        pytest.skip(f"sharded pub/sub needs redis-server >= 7.0; this one is {version}")
     channel = key + ":wake"
     pubsub = _collect(client, channel, command == "SPUBLISH")
     run(client, ACQUIRE, [key], ["a", 5000, 2, 0])

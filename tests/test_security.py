@@ -217,7 +217,8 @@ def tls_server() -> Iterator[Dict[str, Any]]:
             server.start()
         except RuntimeError as exc:
             if "tls" in str(exc).lower():
-                pytest.skip(f"this redis-server was built without TLS: {exc}")
+                version = ".".join(map(str, server_version()))
+                pytest.skip(f"redis-server {version} ({server.binary}) was built without TLS")
             raise
         try:
             yield {"url": f"rediss://127.0.0.1:{tls_port}/0", "ca": files.ca, "port": tls_port}
