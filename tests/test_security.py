@@ -218,7 +218,7 @@ def tls_server() -> Iterator[Dict[str, Any]]:
         except RuntimeError as exc:
             if "tls" in str(exc).lower():
                 version = ".".join(map(str, server_version()))
-                pytest.skip(f"redis-server {version} ({server.binary}) was built without TLS")
+                pytest.skip(f"server {version} ({server.binary}) was built without TLS")
             raise
         try:
             yield {"url": f"rediss://127.0.0.1:{tls_port}/0", "ca": files.ca, "port": tls_port}
