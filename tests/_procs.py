@@ -89,6 +89,16 @@ def pool_connections(client: Any) -> int:
     return total
 
 
+def pool_in_use(client: Any) -> int:
+    """Connections of a standalone client's pool that are checked out right now (-1 for a
+    cluster client)."""
+    if hasattr(client, "get_nodes"):
+        return -1
+    pool = client.connection_pool
+    with pool._lock:
+        return len(pool._in_use_connections)
+
+
 def counter_worker(
     spec: Dict[str, Any],
     kinds: List[str],
@@ -107,7 +117,9 @@ def counter_worker(
     gauge ``{data}:gauge:{i}`` (INCR on entry, DECR on exit) whose reading must be 1.
     Reports to lists ``{data}:errors`` (tracebacks), ``{data}:done`` (sections done per
     thread), ``{data}:overlaps`` (gauge readings above 1) and a hash ``{data}:resources``
-    (pid -> "threads_mid,threads_end,conns_mid,conns_end").
+    (pid -> "threads_mid,threads_end,conns_mid,conns_end,in_use_end": threads alive and
+    pool connections open once every thread is warm and after they joined, and pool
+    connections still checked out after they joined).
     """
     client = make_client(spec)
     mutexes = [
@@ -167,7 +179,7 @@ def counter_worker(
             f"{data}:resources",
             str(os.getpid()),
             f"{mid.get('threads', -1)},{threading.active_count()},"
-            f"{mid.get('conns', -1)},{pool_connections(client)}",
+            f"{mid.get('conns', -1)},{pool_connections(client)},{pool_in_use(client)}",
         )
     except BaseException:  # noqa: BLE001
         report_error(client, f"{data}:errors")

@@ -85,15 +85,28 @@ def test_sustained_contention_loses_nothing_and_leaks_nothing(
         resources = client.hgetall(f"{data}:resources")
         assert len(resources) == PROCESSES
         for pid, text in resources.items():
-            threads_mid, threads_end, conns_mid, conns_end = (int(v) for v in text.split(b","))
+            threads_mid, threads_end, conns_mid, conns_end, in_use_end = (
+                int(v) for v in text.split(b",")
+            )
             assert threads_mid > 0 and conns_mid > 0, (pid, text)
-            # Once warm: the workers, main, hub and renewer; after the workers joined, no
-            # more than that minus the workers (nothing started per section stays).
-            assert threads_end <= threads_mid - THREADS, (pid, text)
-            # Connections: at most one per concurrently busy thread, plus hub and renewer.
-            assert conns_end <= conns_mid <= THREADS + 3, (pid, text)
+            # Once warm: the workers, main, hub and renewer; after the workers joined, main
+            # and at most one hub and one renewer (nothing started per section stays).
+            assert threads_mid <= THREADS + 3, (pid, text)
+            assert threads_end <= 3, (pid, text)
+            # The pool grows to the most connections ever busy at once, and that peak may
+            # come after the warm sample (seen: 4 workers and the hub busy together only
+            # later), so the bound is structural: one per worker, the hub's subscription,
+            # the renewer's pipeline. A connection a section failed to give back would
+            # still be checked out once the workers joined: only the hub's (and a renewal
+            # in flight) may be.
+            assert conns_mid <= THREADS + 2 and conns_end <= THREADS + 2, (pid, text)
+            assert in_use_end <= 2, (pid, text)
         assert peak_clients <= baseline + PROCESSES * (THREADS + 3)
-        # All worker connections closed with their processes.
+        # All worker connections closed with their processes (the server notices each
+        # closed socket on its next event-loop pass: wait for that, not for a time).
+        deadline = time.monotonic() + 10
+        while clients_connected(client) > baseline and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert clients_connected(client) <= baseline
 
         total = sum(done)
