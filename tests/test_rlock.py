@@ -157,20 +157,31 @@ def test_release_save_and_acquire_restore(client: Any, name: str) -> None:
 
 
 def test_condition_notifies_across_threads(client: Any, name: str) -> None:
-    cond = threading.Condition(make(name, client))
-    ready: List[int] = []
+    lock = make(name, client)
+    cond = threading.Condition(lock)
+    waiting = threading.Event()
+    seen: List[Any] = []  # the consumer's wait() result and whether it held the lock after
 
     def consumer() -> None:
-        with cond:
-            assert cond.wait_for(lambda: ready, timeout=5)
+        try:
+            with cond:
+                waiting.set()  # still holding: the notifier gets in only once wait() let go
+                # wait(), not wait_for(): wait_for returns its predicate after the timeout,
+                # so it would pass without any notify.
+                seen.append(cond.wait(timeout=30))
+                seen.append(lock._is_owned())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            seen.append(exc)
 
     t = threading.Thread(target=consumer)
     t.start()
-    with cond:
-        ready.append(1)
+    assert waiting.wait(10)
+    with cond:  # acquirable only after the consumer's wait() released it in Redis
         cond.notify()
-    t.join(5)
+    t.join(60)
     assert not t.is_alive()
+    assert seen == [True, True]  # woken by the notify (False would be the timeout)
+    assert not client.exists(hash_key(name))
 
 
 def test_repr_is_local_and_does_no_io(counting: CountingRedis, name: str) -> None:

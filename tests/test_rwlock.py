@@ -251,16 +251,25 @@ def test_lost_write_hold_is_reported(client: "redis.Redis[bytes]", name: str) ->
 def test_condition_on_write_side(client: "redis.Redis[bytes]", name: str) -> None:
     lock = make(name, client)
     cond = threading.Condition(lock.write_lock)
-    ready: List[int] = []
+    errors: List[BaseException] = []
 
     def producer() -> None:
-        with cond:
-            ready.append(1)
-            cond.notify()
+        try:
+            with cond:  # acquirable only after the main thread's wait() released it
+                cond.notify()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
 
     with cond:
-        threading.Thread(target=producer).start()
-        assert cond.wait_for(lambda: ready, timeout=10)
+        t = threading.Thread(target=producer)
+        t.start()
+        # wait(), not wait_for(): wait_for returns its predicate after the timeout, so it
+        # would pass without any notify. False here is the timeout.
+        assert cond.wait(timeout=30)
+        assert lock.write_lock._is_owned()
+    t.join(10)
+    assert not t.is_alive() and errors == []
+    assert not client.exists(key(name))
 
 
 # -- across processes ------------------------------------------------------------------------
