@@ -9,7 +9,9 @@ connection to ``127.0.0.1:target_port``, one thread per direction. Modes:
   partition in which packets vanish: the client only learns from its socket timeout);
   new connections are accepted and black-holed too;
 - ``cut()``: every open connection is closed now (a reset), and new ones are refused
-  while the mode is ``refuse``.
+  while the mode is ``refuse``;
+- ``hold_replies()``: requests pass, replies (server to client) are held, in order, until
+  ``heal()``: a command has run on the server while its client still awaits the answer.
 
 ``heal()`` goes back to ``ok``; bytes held during ``blackhole`` are dropped, as a real
 partition drops them.
@@ -42,6 +44,8 @@ class FaultyLink:
         self._listener.listen(64)
         self._listener.settimeout(0.1)
         self._closed = threading.Event()
+        self._replies = threading.Event()  # cleared while replies are held
+        self._replies.set()
         self.accepted = 0
         self._start(self._accept_loop)
 
@@ -78,9 +82,14 @@ class FaultyLink:
             except OSError:
                 pass
 
+    def hold_replies(self) -> None:
+        self._replies.clear()
+        self.mode = "hold"
+
     def heal(self) -> None:
         self.mode = "ok"
         self.delay = 0.0
+        self._replies.set()
 
     def close(self) -> None:
         self._closed.set()
@@ -117,9 +126,9 @@ class FaultyLink:
             with self._lock:
                 self._sockets.update((client, upstream))
             self._start(self._pump, client, upstream)
-            self._start(self._pump, upstream, client)
+            self._start(self._pump, upstream, client, True)
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool = False) -> None:
         source.settimeout(0.1)
         try:
             while not self._closed.is_set():
@@ -129,6 +138,9 @@ class FaultyLink:
                     continue
                 if not chunk:
                     break
+                while replies and not self._replies.wait(0.1):
+                    if self._closed.is_set():
+                        return
                 mode = self.mode
                 if mode == "blackhole":
                     continue  # the bytes vanish

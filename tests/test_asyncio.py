@@ -7,7 +7,7 @@ import math
 import re
 import threading
 import time
-from typing import Any, Awaitable, Callable, List
+from typing import Any, Awaitable, Callable, Iterator, List
 
 import pytest
 import redis
@@ -17,6 +17,7 @@ import rlocks
 import rlocks.asyncio as ra
 from rlocks._engine import identity
 
+from ._proxy import FaultyLink
 from .conftest import NAMESPACE
 
 
@@ -44,6 +45,14 @@ def url(redis_url: str) -> str:
 
 def aclient(url: str) -> "redis.asyncio.Redis[bytes]":
     return redis.asyncio.Redis.from_url(url)
+
+
+@pytest.fixture
+def link(redis_url: str) -> Iterator[FaultyLink]:
+    """A proxy to the test server, to hold replies while their commands have run."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultyLink(port) as proxy:
+        yield proxy
 
 
 # -- RLock --------------------------------------------------------------------------------
@@ -198,31 +207,36 @@ def test_cancelled_waiter_leaves_nothing_behind(url: str, name: str) -> None:
 
 
 def test_cancel_while_the_acquire_script_is_in_flight_gives_the_hold_back(
-    url: str, name: str
+    url: str, link: FaultyLink, name: str
 ) -> None:
     async def main() -> None:
-        c = aclient(url)
-        pauser = redis.Redis.from_url(url)
+        c = aclient(link.url)
+        direct = aclient(url)
         lock = ra.RLock(name, client=c, namespace=NAMESPACE)
-        await lock.acquire()  # loads the script, so the paused call is the grant itself
+        await lock.acquire()  # loads the script, so the held call is the grant itself
         await lock.release()
-        # While the server is paused the EVALSHA waits there; the task is cancelled with
-        # it in flight; when the pause ends the script runs and grants.
-        pauser.execute_command("CLIENT", "PAUSE", 400, "ALL")
+        # The grant runs on the server but its reply is held on the way back: the task is
+        # cancelled when the hold is known to exist and the task cannot know it has it.
+        link.hold_replies()
         task = asyncio.create_task(lock.acquire())
-        await asyncio.sleep(0.1)
+        assert await eventually(lambda: _present(direct, key("rlock", name)), 10)
         task.cancel()
+        link.heal()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await eventually(lambda: _absent(c, key("rlock", name)), 3)
+        # The cancelled acquire ends only after it gave the grant back.
+        assert await _absent(direct, key("rlock", name))
         assert not lock._is_owned()
-        pauser.close()
 
     run(main)
 
 
 async def _absent(c: Any, k: str) -> bool:
     return not await c.exists(k)
+
+
+async def _present(c: Any, k: str) -> bool:
+    return bool(await c.exists(k))
 
 
 def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str) -> None:
@@ -344,21 +358,33 @@ def test_a_cancel_arriving_as_the_wake_up_lands_is_not_swallowed() -> None:
     run(main)
 
 
-def test_a_writer_cancelled_in_its_first_attempt_leaves_no_claim(url: str, name: str) -> None:
+def test_a_writer_cancelled_in_its_first_attempt_leaves_no_claim(
+    url: str, link: FaultyLink, name: str
+) -> None:
     # The first attempt of a waiting writer stakes a claim; if that very attempt is
     # cancelled, the claim must be withdrawn, or new readers wait out a whole ttl.
     async def main() -> None:
-        c = aclient(url)
+        c = aclient(link.url)
+        direct = aclient(url)
         rw = ra.RWLock(name, client=c, namespace=NAMESPACE, ttl=10)
         assert await asyncio.create_task(rw.read_lock.acquire())  # a reader holds it
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(rw.write_lock.acquire(), 0.0003)
 
-        async def claims() -> bool:
-            fields = await c.hkeys(key("rw", name))
-            return not any(f.startswith(b"#c:") for f in fields)
+        async def claimed() -> bool:
+            fields = await direct.hkeys(key("rw", name))
+            return any(f.startswith(b"#c:") for f in fields)
 
-        assert await eventually(claims, 3)
-        assert await asyncio.wait_for(asyncio.create_task(rw.read_lock.acquire()), 1)
+        # The first attempt's claim is made on the server but its reply is held on the way
+        # back: the writer is cancelled in that attempt, with the claim known to exist.
+        link.hold_replies()
+        writer = asyncio.create_task(rw.write_lock.acquire())
+        assert await eventually(claimed, 10)
+        writer.cancel()
+        link.heal()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        # The cancelled acquire ends only after it withdrew the claim: a new reader gets in
+        # at once (a claim would refuse it).
+        assert not await claimed()
+        assert await asyncio.create_task(rw.read_lock.acquire(blocking=False))
 
     run(main)

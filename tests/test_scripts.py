@@ -88,12 +88,19 @@ def test_release_publishes_exactly_once_when_freed(client: Any, key: str, comman
     channel = key + ":wake"
     pubsub = _collect(client, channel, command == "SPUBLISH")
     run(client, ACQUIRE, [key], ["a", 5000, 2, 0])
+
+    def next_is_marker() -> bool:
+        # Messages reach a subscriber in the order the server handled them: if the next
+        # one is the marker published now, the script published nothing before it.
+        client.execute_command(command, channel, b"marker")
+        return bool(pubsub.get_message(timeout=5)["data"] == b"marker")
+
     assert run(client, RELEASE, [key, channel], ["a", 1, 0, command]) == Reply(GRANTED, 1)
-    assert pubsub.get_message(timeout=0.2) is None  # still held: no wake-up
+    assert next_is_marker()  # still held: no wake-up
     assert run(client, RELEASE, [key, channel], ["a", 1, 0, command]) == Reply(GRANTED, 0)
-    message = pubsub.get_message(timeout=2)
+    message = pubsub.get_message(timeout=5)
     assert message["data"] == b"1"
-    assert pubsub.get_message(timeout=0.2) is None
+    assert next_is_marker()  # exactly once
     assert not client.exists(key)
     pubsub.close()
 
@@ -122,20 +129,27 @@ def test_noscript_is_recovered(client: Any, key: str) -> None:
 
 
 def test_concurrent_acquires_grant_exactly_one(client: Any, key: str) -> None:
-    winners: List[str] = []
+    replies: List[Any] = []  # each contender's Reply, or the exception it raised
     barrier = threading.Barrier(8)
 
     def contender(owner: str) -> None:
-        barrier.wait()
-        if run(client, ACQUIRE, [key], [owner, 5000, 1]).granted:
-            winners.append(owner)
+        try:
+            barrier.wait(10)
+            replies.append((owner, run(client, ACQUIRE, [key], [owner, 5000, 1, 0])))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            replies.append((owner, exc))
 
     threads = [threading.Thread(target=contender, args=(f"o{i}",)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(30)
+    # Every contender answered (a crashed one would not be a loser), exactly one granted.
+    assert len(replies) == 8 and all(isinstance(r, Reply) for _, r in replies), replies
+    winners = [owner for owner, r in replies if r.granted]
     assert len(winners) == 1
+    assert all(r.status == BUSY for owner, r in replies if owner not in winners)
+    assert client.hgetall(key) == {winners[0].encode(): b"1"}
     client.delete(key)
 
 
