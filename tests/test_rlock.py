@@ -398,6 +398,22 @@ def test_without_auto_renew_the_lease_ends(client: Any, name: str) -> None:
         lock.release()
 
 
+def test_reentry_after_silent_expiry_raises_lock_lost(client: Any, name: str) -> None:
+    # The lease ended with nobody noticing (no renewal, no release): re-entering must not
+    # come back as a fresh hold that an inner release would then free under the outer one.
+    lock = make(name, client, ttl=0.2, auto_renew=False)
+    lock.acquire()
+    assert wait_for(lambda: not client.exists(hash_key(name)), timeout=5)
+    with pytest.raises(rlocks.LockLostError):
+        lock.acquire()
+    assert not client.exists(hash_key(name))  # nothing was granted
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    assert lock._recursion_count() == 0
+    assert lock.acquire(blocking=False)  # usable again once the loss was released
+    lock.release()
+
+
 def test_dropped_held_lock_is_no_longer_renewed(client: Any, name: str) -> None:
     lock = make(name, client, ttl=0.3)
     lock.acquire()
