@@ -395,23 +395,32 @@ def test_single_try_after_a_waiting_try_leaves_no_claim(
 def test_waiting_try_after_a_single_try_stakes_a_claim(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
+    # One owner (thread) tries once, then waits: the waiting try must not re-send the
+    # single try's cached no-claim call. (Another thread's first wait proves nothing: a
+    # new owner has nothing cached.)
     rw = make(name, client)
-    assert in_thread(lambda: rw.read_lock.acquire()) is True
-    assert rw.write_lock.acquire(blocking=False) is False
-    assert fields(client, name, "#c:") == []
-    assert rw.write_lock.acquire(timeout=0.3) is False
-    # While it waited, its claim held new readers back; on giving up it was withdrawn.
-    assert fields(client, name, "#c:") == []
-    blocked: List[bool] = []
+    assert rw.read_lock.acquire()  # this thread reads until the writer's claim is seen
+    seen: List[Any] = []
 
     def writer() -> None:
-        blocked.append(rw.write_lock.acquire(timeout=3))
+        try:
+            seen.append(rw.write_lock.acquire(blocking=False))
+            seen.append(fields(client, name, "#c:"))
+            seen.append(rw.write_lock.acquire(timeout=30))
+            rw.write_lock.release()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            seen.append(exc)
 
     t = threading.Thread(target=writer)
     t.start()
-    wait_for(lambda: fields(client, name, "#c:") != [], 3, "the writer's claim")
+    wait_for(lambda: fields(client, name, "#c:") != [] or len(seen) > 2, 10, "the claim")
+    assert seen == [False, []]  # the single try left none; the claim is the waiting try's
+    # The claim holds new readers back.
     assert in_thread(lambda: rw.read_lock.acquire(blocking=False)) is False
-    t.join(5)
+    rw.read_lock.release()
+    t.join(30)
+    assert not t.is_alive() and seen == [False, [], True]
+    assert not client.exists(key(name))
 
 
 def test_statistics_shows_readers_and_writer(client: "redis.Redis[bytes]", name: str) -> None:
