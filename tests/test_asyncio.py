@@ -188,7 +188,8 @@ def test_cancelled_waiter_leaves_nothing_behind(url: str, name: str) -> None:
         lock = ra.RLock(name, client=c, namespace=NAMESPACE)
         await lock.acquire()
         waiters = [asyncio.create_task(lock.acquire()) for _ in range(3)]
-        await asyncio.sleep(0.1)
+        # All three wait (a cancel before that would test nothing).
+        assert await eventually(lambda: _waiting(c, f"{key('rlock', name)}:wake", 3), 10)
         waiters[0].cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiters[0]
@@ -235,6 +236,18 @@ async def _absent(c: Any, k: str) -> bool:
     return not await c.exists(k)
 
 
+def _queued(c: Any, channel: str) -> int:
+    """How many tasks of the running loop wait on ``channel`` (registered with the hub)."""
+    from rlocks._engine.aio import async_hub_for
+
+    ch = async_hub_for(c, NAMESPACE)._channels.get(channel)
+    return len(ch.waiters) if ch is not None else 0
+
+
+async def _waiting(c: Any, channel: str, n: int) -> bool:
+    return _queued(c, channel) == n
+
+
 async def _present(c: Any, k: str) -> bool:
     return bool(await c.exists(k))
 
@@ -274,8 +287,14 @@ def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:
             return got
 
         waiters = [asyncio.create_task(worker()) for _ in range(30)]
-        await asyncio.sleep(0.3)
-        numsub = dict(await c.pubsub_numsub(f"{key('rlock', name)}:wake"))
+        channel = f"{key('rlock', name)}:wake"
+
+        async def all_waiting_and_subscribed() -> bool:
+            numsub = dict(await c.pubsub_numsub(channel))
+            return _queued(c, channel) == 30 and list(numsub.values()) != [0]
+
+        assert await eventually(all_waiting_and_subscribed, 10)
+        numsub = dict(await c.pubsub_numsub(channel))
         assert list(numsub.values()) == [1]
         await lock.release()
         assert await asyncio.wait_for(asyncio.gather(*waiters), 20) == [True] * 30
@@ -329,7 +348,7 @@ def test_cancelled_semaphore_waiter_takes_no_permit(url: str, name: str) -> None
         sem = ra.Semaphore(name, 1, client=c, namespace=NAMESPACE)
         await sem.acquire()
         task = asyncio.create_task(sem.acquire())
-        await asyncio.sleep(0.1)
+        assert await eventually(lambda: _waiting(c, f"{key('sem', name)}:wake", 1), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
