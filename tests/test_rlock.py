@@ -565,7 +565,7 @@ def test_log_records_acquired_waited_renewed_lost(
     client: Any, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="rlocks")
-    lock = make(name, client, ttl=0.3)
+    lock = make(name, client, ttl=1.0)  # 0.3 s left a loaded machine 0.2 s to renew
     lock.acquire()
     contender = threading.Thread(target=lambda: lock.acquire(timeout=0.2))
     contender.start()
