@@ -213,21 +213,22 @@ def test_waiters_on_every_node_are_woken(cclient: Any) -> None:
     wait_until(lambda: cluster_keys(cclient) == [], 5, "all keys to go")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_renewal_pipeline_keeps_short_leases_alive_on_every_node(cclient: Any) -> None:
     lost: List[Any] = []
     prims: List[Any] = []
     for name in names_on_every_node(cclient, "renew", 9):
-        prims.append(rlocks.RLock(name, client=cclient, ttl=1.5, namespace=NAMESPACE, on_lost=lost.append))
-        prims.append(rlocks.Semaphore(name, 1, client=cclient, ttl=1.5, namespace=NAMESPACE, on_lost=lost.append))
-        rw = rlocks.RWLock(name, client=cclient, ttl=1.5, namespace=NAMESPACE, on_lost=lost.append)
+        prims.append(rlocks.RLock(name, client=cclient, ttl=3.0, namespace=NAMESPACE, on_lost=lost.append))
+        prims.append(rlocks.Semaphore(name, 1, client=cclient, ttl=3.0, namespace=NAMESPACE, on_lost=lost.append))
+        rw = rlocks.RWLock(name, client=cclient, ttl=3.0, namespace=NAMESPACE, on_lost=lost.append)
         prims.append(rw.read_lock)
     assert len({node_of(cclient, p._keys.hash) for p in prims}) == 3
     for p in prims:
         assert p.acquire()
-    # Hold for three leases: only renewal (batched per pipeline) can keep them. (ttl 0.6
-    # lost a read hold once on a loaded machine: a renewal 0.4 s late.)
-    deadline = time.monotonic() + 4.5
+    # Hold for two leases: only renewal (batched per pipeline) can keep them. (A loaded
+    # machine lost a hold with ttl 0.6 in a full run, and with ttl 1.5 under stress-ng at
+    # load 16 on 2 cores: renewals 0.4 s and 1 s late.)
+    deadline = time.monotonic() + 6.0
     while time.monotonic() < deadline:
         assert not lost, lost
         for p in prims[::3]:
