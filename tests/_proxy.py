@@ -129,8 +129,8 @@ class FaultyLink:
             self._start(self._pump, upstream, client, True)
 
     def _pump(self, source: socket.socket, sink: socket.socket, replies: bool = False) -> None:
-        source.settimeout(0.1)
         try:
+            source.settimeout(0.1)  # in the try: cut() may have closed it already
             while not self._closed.is_set():
                 try:
                     chunk = source.recv(65536)
