@@ -368,17 +368,19 @@ def test_a_stalled_pool_does_not_delay_renewals_on_another(
     client: Any, link: FaultyLink, name: str
 ) -> None:
     # One hold through a black-holed link whose client waits 5 s per renewal attempt; one
-    # hold on a healthy pool with a 0.6 s lease. Renewal of the healthy hold must go on:
+    # hold on a healthy pool with a 2 s lease. Renewal of the healthy hold must go on:
     # with a single renewer serving both pools it would sit behind the 5 s stall and its
     # lease would run out several times over.
     stalled_client = redis.Redis.from_url(link.url, socket_timeout=5, socket_connect_timeout=5)
     stalled = rlocks.RLock(f"{name}-stalled", client=stalled_client, namespace=NAMESPACE, ttl=1.2)
-    healthy = rlocks.RLock(f"{name}-healthy", client=client, namespace=NAMESPACE, ttl=0.6)
+    healthy = rlocks.RLock(f"{name}-healthy", client=client, namespace=NAMESPACE, ttl=2.0)
     lost: List[Any] = []
     healthy._on_lost = lost.append
     assert stalled.acquire(timeout=5) and healthy.acquire()
     link.blackhole()
-    end = time.monotonic() + 3.0  # five healthy leases; the stalled pool hangs throughout
+    # Two healthy leases, shorter than one 5 s stall of the other pool (a single renewer
+    # would lose the healthy lease); 0.6 s leases were lost to load alone.
+    end = time.monotonic() + 4.0
     while time.monotonic() < end:
         assert client.exists(f"{NAMESPACE}:rlock:{{{name}-healthy}}"), "healthy lease ran out"
         time.sleep(0.05)
