@@ -31,6 +31,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import RLocksError
+from .clients import io_client
 
 __all__ = [
     "GRANTED",
@@ -43,6 +44,7 @@ __all__ = [
     "decode",
     "load",
     "run",
+    "unsent",
 ]
 
 GRANTED = 1
@@ -235,6 +237,18 @@ def _direct_pool(client: Any) -> Any:
     return pool
 
 
+_UNSENT = "_rlocks_unsent"
+
+
+def unsent(error: BaseException) -> bool:
+    """Whether ``error`` was raised by :class:`Call` before its command was sent.
+
+    Only then is it certain that the script did not run; after any other connection or
+    timeout error its reply may have been lost on the way back.
+    """
+    return bool(getattr(error, _UNSENT, False))
+
+
 class Call:
     """One script invocation with fixed KEYS/ARGV, packed into RESP once and re-sent as is.
 
@@ -267,11 +281,20 @@ class Call:
         ``interrupted`` (to give back a grant nobody will record); then the exception
         propagates. A second exception while reading abandons that: what was granted
         then ends with its lease. Only on the direct path (a plain ``redis.Redis``).
+
+        It goes through :func:`~rlocks._engine.clients.io_client` (bounded, never re-sent).
+        A connection or timeout error raised before anything was sent is marked so
+        :func:`unsent` says so: only then is it certain that the script did not run.
         """
+        client = io_client(client)
         pool = _direct_pool(client)
         if pool is None:
             return run(client, self.script, self.keys, self.args, self.wait)
-        connection = pool.get_connection()
+        try:
+            connection = pool.get_connection()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            setattr(exc, _UNSENT, True)
+            raise
         read: List[Any] = []  # the replies read so far: the script's, then WAIT's
         try:
             packed = self._packed
