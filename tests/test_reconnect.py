@@ -195,10 +195,31 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-@pytest.mark.parametrize("kind", ["rlock", "write"])
+class ObservedRLock(rlocks.RLock):
+    """An RLock whose acquire attempts the test can see start and end (real I/O)."""
+
+    in_flight = 0
+    done = 0
+
+    def _prepared(self, key: Any, script: Any, build: Any, wait: Any = None) -> Any:
+        call = super()._prepared(key, script, build, wait)
+        if key[0] != "acquire":
+            return call
+
+        def observed(client: Any) -> Any:
+            self.in_flight += 1
+            try:
+                return call(client)
+            finally:
+                self.in_flight -= 1
+                self.done += 1
+
+        return observed
+
+
 @pytest.mark.timeout(60)
 def test_a_grant_whose_reply_was_lost_is_adopted_once(
-    client: Any, redis_url: str, name: str, kind: str
+    client: Any, redis_url: str, name: str
 ) -> None:
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     records = _Records()
@@ -208,16 +229,12 @@ def test_a_grant_whose_reply_was_lost_is_adopted_once(
     engine_log.setLevel(logging.DEBUG)
     with MutingLink(port) as link:
         far = no_retry_client(link.url, 0.5)
-
-        def make(c: Any, ttl: float) -> Any:
-            if kind == "rlock":
-                return rlocks.RLock(name, client=c, namespace=NAMESPACE, ttl=ttl)
-            return rlocks.RWLock(name, client=c, namespace=NAMESPACE, ttl=ttl).write_lock
-
-        holder = make(client, 1.0)  # short lease: the waiter looks again at least every 1 s
+        # A 30 s lease: the waiter sleeps between its attempts until the test wakes it.
+        holder = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=30)
         assert holder.acquire()
-        waiter = make(far, 10.0)
+        waiter = ObservedRLock(name, client=far, namespace=NAMESPACE, ttl=10)
         owner: List[str] = []
+        state: Dict[bytes, bytes] = {}
 
         def wait() -> bool:
             owner.append(thread_owner())
@@ -227,16 +244,20 @@ def test_a_grant_whose_reply_was_lost_is_adopted_once(
                 waiter.release()
             return bool(got)
 
-        state: Dict[bytes, bytes] = {}
         thread, out = in_thread(wait)
         hub = waiting.hub_for(far, NAMESPACE)
         try:
             wait_until(lambda: hub.has_waiters(waiter._channel), 10, "the waiter to wait")
-            link.muted = True  # from now on the waiter's commands arrive, replies do not
-            holder.release()
-            field = owner[0] if kind == "rlock" else f"w:{owner[0]}"
+            ch = hub._channels[waiter._channel]
             wait_until(
-                lambda: client.hget(waiter._keys.hash, field) is not None, 10,
+                lambda: ch.confirmed.is_set() and waiter.done >= 2 and waiter.in_flight == 0,
+                10, "the waiter to be subscribed and asleep",
+            )
+            link.muted = True  # from now on the waiter's commands arrive, replies do not
+            holder.release()  # (its wake-up is muted too)
+            hub._wake_everyone()  # as the wake-up would have: the waiter attempts now
+            wait_until(
+                lambda: client.hget(waiter._keys.hash, owner[0]) is not None, 10,
                 "the waiter's attempt to be granted in Redis",
             )
             wait_until(
@@ -251,7 +272,7 @@ def test_a_grant_whose_reply_was_lost_is_adopted_once(
             engine_log.setLevel(old_level)
         assert out.get("result") is True, out
         # Granted once, not twice: one level in Redis, and the release freed the lock.
-        assert state.get(field.encode()) == b"1", state
+        assert state.get(owner[0].encode()) == b"1", state
         assert not client.exists(waiter._keys.hash)
         far.close()
 
