@@ -120,6 +120,51 @@ def test_waiter_rides_through_a_server_restart(server: TemporaryRedisServer, kin
         server.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_semaphore_waiter_rides_through_a_server_restart(server: TemporaryRedisServer) -> None:
+    # Permits belong to the process: the holder is another process. A semaphore cannot
+    # check a lost reply, but the attempts it makes while the server is away never leave
+    # (the connection is refused): those it retries.
+    import multiprocessing
+    import os
+    import signal
+
+    from . import _procs
+
+    spawn = multiprocessing.get_context("spawn")
+    held, release = spawn.Event(), spawn.Event()
+    proc = spawn.Process(
+        target=_procs.holder_worker,
+        args=({"url": server.url}, "sem", "restart-sem", NAMESPACE, 30.0, "errors", held, release),
+    )
+    proc.start()
+    restarted: List[TemporaryRedisServer] = []
+    try:
+        assert held.wait(30)
+        waiter_client = no_retry_client(server.url, 2.0)
+        sem = rlocks.Semaphore("restart-sem", 1, client=waiter_client, namespace=NAMESPACE)
+
+        def wait() -> bool:
+            got = sem.acquire(timeout=40)
+            if got:
+                sem.release()
+            return bool(got)
+
+        thread, out = in_thread(wait)
+        hub = waiting.hub_for(waiter_client, NAMESPACE)
+        wait_until(lambda: hub.has_waiters(sem._channel), 10, "the waiter to wait")
+        restarted.append(restart(server))
+        thread.join(30)
+        assert out.get("result") is True, out
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        for s in restarted:
+            s.stop()
+
+
 @pytest.mark.timeout(60)
 def test_asyncio_waiter_rides_through_a_server_restart(server: TemporaryRedisServer) -> None:
     holder_client = no_retry_client(server.url, 2.0)
