@@ -453,3 +453,25 @@ def test_the_hub_of_a_plain_client_recovers_from_a_silent_server(
     thread.join(10)
     assert out["result"] is True, out
     plain.close()
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_release_on_a_plain_client_is_bounded(
+    short_engine_timeouts: None, link: FaultyLink, name: str
+) -> None:
+    host, port = link.url.split("//")[1].split("/")[0].split(":")
+
+    async def main() -> float:
+        plain: Any = redis.asyncio.Redis(host=host, port=int(port))  # the README's asyncio line
+        lock = rlocks.asyncio.RLock(name, client=plain, namespace=NAMESPACE, ttl=30)
+        assert await lock.acquire()
+        link.blackhole()
+        began = time.monotonic()
+        with pytest.raises(redis.RedisError):
+            await lock.release()  # (the test timeout guards a hang)
+        took = time.monotonic() - began
+        link.heal()
+        return took
+
+    took = asyncio.run(main())
+    assert took <= ENGINE_TIMEOUT + 0.8, took

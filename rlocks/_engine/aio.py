@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from . import checks, identity, renewal
-from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, pool_of
+from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .primitive import Primitive
 from .renewal import Item, Renewer
@@ -113,7 +113,7 @@ class AsyncWakeHub(WakeHub):
 
     async def _anudge(self) -> None:
         try:
-            await self._client.publish(self._control, b"")
+            await self._io.publish(self._control, b"")
         except Exception:  # noqa: BLE001 - the waiter's own next attempt will report it
             log.debug("could not nudge the asyncio wake-up hub", exc_info=True)
 
@@ -125,7 +125,7 @@ class AsyncWakeHub(WakeHub):
         while True:
             pubsub = None
             try:
-                pubsub = self._client.pubsub()
+                pubsub = self._io.pubsub()
                 self._control_seen = False
                 await pubsub.subscribe(self._control)
                 while True:
@@ -279,6 +279,7 @@ class AsyncRenewer(Renewer):
 
     async def _arenew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
+        client = io_client(client)  # bounded, never re-sent (see clients.io_client)
         try:
             results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
             if any(isinstance(r, NoScriptError) for r in results):
@@ -389,7 +390,9 @@ class AsyncPrimitive(Primitive):
         task.add_done_callback(functools.partial(_log_failure, what))
 
     async def _arun_call(self, call: Call) -> Reply:
-        return await arun(self._aclient(), call.script, call.keys, call.args, call.wait)
+        # Through clients.io_client: bounded, never re-sent by redis-py.
+        client = io_client(self._aclient())
+        return await arun(client, call.script, call.keys, call.args, call.wait)
 
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -88,16 +88,35 @@ def pool_of(client: Any) -> Any:
     return getattr(client, "connection_pool", client)
 
 
-# Pools rlocks may copy settings from: redis-py's own, as they are. Sentinel-managed and
-# other custom pools choose their servers themselves and are used as given.
-_COPYABLE_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
-
 # A user's pool -> rlocks' own client for it (None: the user's client is fine as it is).
 # Weak keys: rlocks must not keep a pool alive that its program dropped; the values do not
 # refer to the user's pool.
-_io_clients: "weakref.WeakKeyDictionary[Any, Optional[redis.Redis]]" = (
-    weakref.WeakKeyDictionary()
-)
+_io_clients: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _kind(client: Any) -> Optional[Tuple[Any, Tuple[Any, ...], Any]]:
+    """(client class, pools rlocks may copy settings from, Retry class), or None.
+
+    Only redis-py's own classes, as they are: a subclass may add behaviour that a copy
+    would lose, and Sentinel-managed or other custom pools choose their servers themselves.
+    """
+    if type(client) is redis.Redis:
+        return redis.Redis, (redis.ConnectionPool, redis.BlockingConnectionPool), Retry
+    if type(client).__module__ == "redis.asyncio.client":
+        global _async_kind
+        if _async_kind is None:
+            # Imported here: programs that never use asyncio need not load redis.asyncio.
+            import redis.asyncio as aredis
+            from redis.asyncio.retry import Retry as AsyncRetry
+
+            pools = (aredis.ConnectionPool, aredis.BlockingConnectionPool)
+            _async_kind = (aredis.Redis, pools, AsyncRetry)
+        if type(client) is _async_kind[0]:
+            return _async_kind
+    return None
+
+
+_async_kind: Optional[Tuple[Any, Tuple[Any, ...], Any]] = None
 
 
 def io_client(client: Any) -> Any:
@@ -106,13 +125,15 @@ def io_client(client: Any) -> Any:
     ``client`` itself when its socket timeouts are at most :data:`SOCKET_TIMEOUT` /
     :data:`CONNECT_TIMEOUT` and it does not retry, or when rlocks cannot copy its settings
     (cluster clients, subclasses, custom or caching pools, single-connection clients: see
-    docs/operations.md); otherwise a ``redis.Redis`` on a pool of rlocks' own (made once
-    per pool, dropped with it) with the same settings, those timeouts and no retries. No I/O.
+    docs/operations.md); otherwise a client of the same kind (``redis.Redis`` or
+    ``redis.asyncio.Redis``) on a pool of rlocks' own (made once per pool, dropped with
+    it) with the same settings, those timeouts and no retries. No I/O.
     """
     pool = getattr(client, "connection_pool", None)
+    kind = _kind(client)
     if (
-        type(client) is not redis.Redis
-        or type(pool) not in _COPYABLE_POOLS
+        kind is None
+        or type(pool) not in kind[1]
         or getattr(client, "connection", None) is not None  # single_connection_client
         or getattr(pool, "cache", None) is not None
     ):
@@ -120,11 +141,11 @@ def io_client(client: Any) -> Any:
     try:
         found = _io_clients[pool]
     except KeyError:
-        found = _io_clients.setdefault(pool, _derive(pool))
+        found = _io_clients.setdefault(pool, _derive(pool, *kind))
     return client if found is None else found
 
 
-def _derive(pool: Any) -> "Optional[redis.Redis]":
+def _derive(pool: Any, client_type: Any, pool_types: Tuple[Any, ...], retry_type: Any) -> Any:
     """A client with ``pool``'s settings made safe for rlocks, or None when they are."""
     kwargs = dict(pool.connection_kwargs)
     # Keys the pool adds for itself (they refer to it): the new pool makes its own.
@@ -150,8 +171,8 @@ def _derive(pool: Any) -> "Optional[redis.Redis]":
         CONNECT_TIMEOUT if connect is None else min(connect, CONNECT_TIMEOUT)
     )
     # Not one re-send: a script whose reply was lost may have run (see scripts.Call).
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    own = redis.ConnectionPool(
+    kwargs["retry"] = retry_type(NoBackoff(), 0)
+    own = pool_types[0](
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
     )
-    return redis.Redis(connection_pool=own)
+    return client_type(connection_pool=own)
