@@ -475,3 +475,25 @@ def test_asyncio_release_on_a_plain_client_is_bounded(
 
     took = asyncio.run(main())
     assert took <= ENGINE_TIMEOUT + 0.8, took
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_refused_login_on_reconnect_raises_at_once(
+    server: TemporaryRedisServer,
+) -> None:
+    admin = no_retry_client(server.url, 2.0)
+    holder = rlocks.RLock("login", client=admin, namespace=NAMESPACE, ttl=30)
+    assert holder.acquire()
+    waiter_client = no_retry_client(server.url, 2.0)
+    waiter = rlocks.RLock("login", client=waiter_client, namespace=NAMESPACE, ttl=30)
+    thread, out = in_thread(lambda: waiter.acquire(timeout=30))
+    hub = waiting.hub_for(waiter_client, NAMESPACE)
+    wait_until(lambda: hub.has_waiters(waiter._channel), 10, "the waiter to wait")
+    # The password changes and connections are dropped: the waiter's reconnect is refused.
+    admin.config_set("requirepass", "changed")
+    admin.client_kill_filter(_type="normal", skipme=True)
+    changed = time.monotonic()
+    thread.join(20)
+    assert isinstance(out.get("result"), redis.AuthenticationError), out
+    assert time.monotonic() - changed < 10  # not after its 30 s deadline
+    admin.config_set("requirepass", "")

@@ -581,6 +581,8 @@ def _pause(reply: Reply, subscribed: bool) -> float:
 #: Errors after which a waiter with time left reconnects and waits on: the link broke or
 #: timed out (a restarting server answers LOADING, a ConnectionError, until it is ready).
 LINK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: ConnectionErrors that waiting longer does not cure: they are raised at once.
+_NOT_TRANSIENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 
 
 class WaitPlan:
@@ -627,7 +629,9 @@ class WaitPlan:
     def failed(self, error: BaseException, checkable: bool) -> Optional[float]:
         """After an attempt or check raised a link error: seconds to back off before the
         next step, ``None`` to raise ``error`` (no time left, or a lost reply that the
-        primitive cannot check)."""
+        primitive cannot check, or a refused login)."""
+        if isinstance(error, _NOT_TRANSIENT):
+            return None
         if not unsent(error):
             if not checkable:
                 return None
