@@ -94,6 +94,9 @@ def pool_of(client: Any) -> Any:
 _io_clients: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
+_async_kind: Optional[Tuple[Any, Tuple[Any, ...], Any]] = None  # made on first use
+
+
 def _kind(client: Any) -> Optional[Tuple[Any, Tuple[Any, ...], Any]]:
     """(client class, pools rlocks may copy settings from, Retry class), or None.
 
@@ -115,8 +118,6 @@ def _kind(client: Any) -> Optional[Tuple[Any, Tuple[Any, ...], Any]]:
             return _async_kind
     return None
 
-
-_async_kind: Optional[Tuple[Any, Tuple[Any, ...], Any]] = None
 
 
 def io_client(client: Any) -> Any:

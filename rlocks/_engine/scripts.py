@@ -258,7 +258,7 @@ class Call:
     copy may have run could give back one level too many.
     """
 
-    __slots__ = ("script", "keys", "args", "wait", "_packed")
+    __slots__ = ("script", "keys", "args", "wait", "_packed", "_route")
 
     def __init__(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
@@ -268,6 +268,9 @@ class Call:
         self.args = tuple(args)
         self.wait = wait
         self._packed: Any = None
+        # (client given, client to send through, its pool or None): a primitive passes
+        # one client, so the lookups are made once per Call, not once per round trip.
+        self._route: Tuple[Any, Any, Any] = (None, None, None)
 
     def __call__(
         self, client: Any, interrupted: Optional[Callable[[Reply], None]] = None
@@ -286,8 +289,12 @@ class Call:
         A connection or timeout error raised before anything was sent is marked so
         :func:`unsent` says so: only then is it certain that the script did not run.
         """
-        client = io_client(client)
-        pool = _direct_pool(client)
+        given, sender, pool = self._route
+        if given is not client:
+            sender = io_client(client)
+            pool = _direct_pool(sender)
+            self._route = (client, sender, pool)
+        client = sender
         if pool is None:
             return run(client, self.script, self.keys, self.args, self.wait)
         try:
