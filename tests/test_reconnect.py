@@ -123,7 +123,7 @@ def test_waiter_rides_through_a_server_restart(server: TemporaryRedisServer, kin
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_semaphore_waiter_rides_through_a_server_restart(server: TemporaryRedisServer) -> None:
-    # Permits belong to the process: the holder is another process. A semaphore cannot
+    # The holder is another process, as a separate user would be. A semaphore cannot
     # check a lost reply, but the attempts it makes while the server is away never leave
     # (the connection is refused): those it retries.
     import multiprocessing
