@@ -24,10 +24,10 @@ instead of being kept alive forever by the renewer.
 Lifetime
 --------
 A renewer's thread exits once it has had no lease for ``IDLE_EXIT`` seconds, and the
-registry refers to renewers weakly: an idle renewer then goes away with its thread, so a
-program that makes many short-lived clients does not keep a renewer (or anything of their
-pools) per client. Renewals go through ``clients.io_client``: bounded round trips that
-redis-py never re-sends, whatever the client's own timeouts and retries.
+registry refers to pools weakly: a renewer is forgotten with its pool and its thread
+ends once idle, so a program that makes many short-lived clients does not keep a renewer
+(or anything of their pools) per client. Renewals go through ``clients.io_client``:
+bounded round trips that redis-py never re-sends, whatever the client's own settings.
 
 Lost holds
 ----------
@@ -277,9 +277,10 @@ class Renewer:
             lease.due = now + min(RETRY, lease.period)
 
 
-# Weak values: a renewer lives while its thread runs (or a caller holds it), no longer.
-# Keyed by pool id: two live pools never share an id, and the registry keeps no pool alive.
-_renewers: "weakref.WeakValueDictionary[int, Renewer]" = weakref.WeakValueDictionary()
+# Keyed by the pool itself, weakly: the registry keeps no pool alive and forgets a
+# renewer with its pool (a pool's id may be reused by a later pool, the pool may not).
+# The renewer refers to no pool; its thread winds down on its own (see "Lifetime").
+_renewers: "weakref.WeakKeyDictionary[Any, Renewer]" = weakref.WeakKeyDictionary()
 _renewers_mutex = threading.Lock()
 
 
@@ -297,7 +298,7 @@ if hasattr(os, "register_at_fork"):
 
 def renewer_for(client: Any) -> Renewer:
     """The renewer of ``client``'s connection pool (created on first use; see "Lifetime")."""
-    key = id(pool_of(client))
+    key = pool_of(client)
     found = _renewers.get(key)
     if found is None:
         with _renewers_mutex:
