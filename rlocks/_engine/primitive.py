@@ -462,7 +462,13 @@ class Primitive:
             return reply
 
         probe = self._lost_reply_check(owner) if waiting else None
-        check = None if probe is None else (lambda: probe(client))
+
+        def check() -> Reply:
+            assert probe is not None
+            # A grant adopted from a lost reply is undone, as any other, if interrupted.
+            reply = last[0] = probe(client)
+            return reply
+
         hub = hub_for(client, self._namespace) if waiting else None
         try:
             if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
@@ -473,7 +479,9 @@ class Primitive:
                 reply = attempt()
             if reply.busy and hub is not None:
                 deadline = None if wait is None else first + wait
-                reply = wait_until_granted(hub, self._channel, attempt, deadline, check)
+                reply = wait_until_granted(
+                    hub, self._channel, attempt, deadline, None if probe is None else check
+                )
                 self._log_wait(owner, first, reply)
         except BaseException as exc:
             # Interrupted after a grant came back (leaving the wait): nobody will record it.
