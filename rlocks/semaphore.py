@@ -141,6 +141,13 @@ class _SemaphoreCore(Primitive):
         lease = lease_ms or self._ttl_ms
         return (self._keys.hash,), (owner, lease, self._value, self._bounded)
 
+    def _lost_reply_check(self, owner: str) -> Optional[Call]:
+        # An owner may already hold permits when it waits for more (acquire is counted,
+        # not nested), and the renew script answers its total: a lost grant could only be
+        # told apart by comparing counts, which the engine does not do yet. So a waiter
+        # does not retry after a lost reply (see docs/operations.md).
+        return None
+
     def _begin_release(self, owner: str, n: int) -> Optional["_Release"]:
         """The I/O-free start of a release by ``owner``: the first call to make, or None
         when nothing needs to be sent (every permit it gives back was lost already).

@@ -31,13 +31,13 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from . import checks, identity
-from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, pool_of
+from . import checks, identity, renewal
+from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .primitive import Primitive
-from .renewal import IDLE_EXIT, Item, Renewer
+from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
-from .waiting import QUEUED, RECONNECT_BACKOFF, TICK, Waiter, WaitPlan, WakeHub
+from .waiting import LINK_ERRORS, QUEUED, RECONNECT_BACKOFF, TICK, Waiter, WaitPlan, WakeHub
 
 __all__ = ["AsyncPrimitive", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -113,7 +113,7 @@ class AsyncWakeHub(WakeHub):
 
     async def _anudge(self) -> None:
         try:
-            await self._client.publish(self._control, b"")
+            await self._io.publish(self._control, b"")
         except Exception:  # noqa: BLE001 - the waiter's own next attempt will report it
             log.debug("could not nudge the asyncio wake-up hub", exc_info=True)
 
@@ -125,7 +125,7 @@ class AsyncWakeHub(WakeHub):
         while True:
             pubsub = None
             try:
-                pubsub = self._client.pubsub()
+                pubsub = self._io.pubsub()
                 self._control_seen = False
                 await pubsub.subscribe(self._control)
                 while True:
@@ -156,15 +156,20 @@ class AsyncWakeHub(WakeHub):
                         pass
 
 
-_HubTable = Dict[Tuple[int, str], AsyncWakeHub]
-_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _HubTable]" = (
+# Weak values, as for the threading hubs (see "Lifetime" in waiting.py): an idle hub's task
+# ends and the hub, with its client, is forgotten.
+_hubs: """weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakValueDictionary[Tuple[int, str], AsyncWakeHub]
+]""" = (
     weakref.WeakKeyDictionary()
 )
 
 
 def async_hub_for(client: Any, namespace: str) -> AsyncWakeHub:
     """The running loop's hub for ``client``'s pool and ``namespace``."""
-    per_loop = _hubs.setdefault(_loop(), {})
+    per_loop = _hubs.get(_loop())
+    if per_loop is None:
+        per_loop = _hubs[_loop()] = weakref.WeakValueDictionary()
     key = (id(pool_of(client)), namespace)
     hub = per_loop.get(key)
     if hub is None:
@@ -177,6 +182,7 @@ async def wait_until_granted(
     channel: str,
     attempt: Callable[[], Awaitable[Reply]],
     deadline: Optional[float],
+    check: Optional[Callable[[], Awaitable[Reply]]] = None,
 ) -> Reply:
     """:func:`rlocks._engine.waiting.wait_until_granted`, awaited (same :class:`WaitPlan`)."""
     plan = WaitPlan(deadline)
@@ -187,7 +193,16 @@ async def wait_until_granted(
         while True:
             waiter.event.clear()
             if hub.is_head(waiter):
-                reply = await attempt()
+                try:
+                    reply = await _astep(plan, attempt, check)
+                except LINK_ERRORS as exc:
+                    pause = plan.failed(exc, check is not None)
+                    if pause is None:
+                        raise
+                    log.debug("waiter lost its link to Redis, retrying: %s", exc)
+                    await _wait_event(waiter.event, pause)
+                    subscribed = waiter.subscribed
+                    continue
                 pause = plan.after(reply, subscribed)
             else:
                 pause = plan.idle()
@@ -197,6 +212,20 @@ async def wait_until_granted(
             subscribed = waiter.subscribed
     finally:
         hub.unregister(waiter)
+
+
+async def _astep(
+    plan: WaitPlan,
+    attempt: Callable[[], Awaitable[Reply]],
+    check: Optional[Callable[[], Awaitable[Reply]]],
+) -> Reply:
+    """:func:`rlocks._engine.waiting._step`, awaited."""
+    if plan.unsure and check is not None:
+        found = await check()
+        plan.unsure = False
+        if found.granted:
+            return found
+    return await attempt()
 
 
 # -- renewal ------------------------------------------------------------------------------
@@ -231,10 +260,10 @@ class AsyncRenewer(Renewer):
                     idle_since = None
                 elif not self._leases:
                     idle_since = now if idle_since is None else idle_since
-                    if now - idle_since >= IDLE_EXIT:
+                    if now - idle_since >= renewal.IDLE_EXIT:
                         self._thread = None
                         return
-                    self._next_wake = now + IDLE_EXIT
+                    self._next_wake = now + renewal.IDLE_EXIT
                 else:
                     idle_since = None
                     self._next_wake = next_due
@@ -250,6 +279,7 @@ class AsyncRenewer(Renewer):
 
     async def _arenew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
+        client = io_client(client)  # bounded, never re-sent (see clients.io_client)
         try:
             results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
             if any(isinstance(r, NoScriptError) for r in results):
@@ -360,7 +390,9 @@ class AsyncPrimitive(Primitive):
         task.add_done_callback(functools.partial(_log_failure, what))
 
     async def _arun_call(self, call: Call) -> Reply:
-        return await arun(self._aclient(), call.script, call.keys, call.args, call.wait)
+        # Through clients.io_client: bounded, never re-sent by redis-py.
+        client = io_client(self._aclient())
+        return await arun(client, call.script, call.keys, call.args, call.wait)
 
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
@@ -372,6 +404,12 @@ class AsyncPrimitive(Primitive):
             started[0] = monotonic()
             return await self._shielded(call, owner, count)
 
+        probe = self._lost_reply_check(owner) if waiting else None
+
+        async def check() -> Reply:
+            assert probe is not None
+            return await self._arun_call(probe)
+
         hub = async_hub_for(self._aclient(), self._namespace) if waiting else None
         try:
             if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
@@ -380,7 +418,9 @@ class AsyncPrimitive(Primitive):
                 reply = await attempt()
             if reply.busy and hub is not None:
                 deadline = None if wait is None else first + wait
-                reply = await wait_until_granted(hub, self._channel, attempt, deadline)
+                reply = await wait_until_granted(
+                    hub, self._channel, attempt, deadline, None if probe is None else check
+                )
                 self._log_wait(owner, first, reply)
         except BaseException as exc:
             # Undo what even a first attempt may have left (a writer's claim).
@@ -415,8 +455,8 @@ class AsyncPrimitive(Primitive):
 
     async def _agave_up(self, owner: str, error: Optional[BaseException]) -> None:
         call = self._gave_up_call(owner)
-        if call is None:
-            return
+        if call is None or isinstance(error, LINK_ERRORS):
+            return  # see Primitive._gave_up_sync
         try:
             await self._arun_call(call)
         except Exception:

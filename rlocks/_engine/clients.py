@@ -9,23 +9,34 @@ call on a dead link must fail after a bounded time (one socket timeout), not han
 or for ``retries x socket timeout`` (redis-py 8 retries a failed command up to 10 times by
 default, which would also stall the one renewal thread for minutes). Pass your own
 client to choose others.
+
+A client you pass is used as given for your own commands, but rlocks' own round trips
+(acquire and release scripts, renewals, the wake-up hub) must keep those bounds whatever
+the client says: a plain ``redis.Redis.from_url(url)`` has no socket timeout (a frozen
+server would block a release or the renewer forever) and retries failed commands (a
+release whose reply was lost would be sent again and give back one level too many).
+:func:`io_client` therefore gives rlocks a client of its own for such a client: a second
+pool with the same connection settings (address, credentials, TLS, database, encoding)
+but with at most these socket timeouts and no retries. A client that already has them
+is used as it is.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict
+import weakref
+from typing import Any, Dict, Optional, Tuple
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_URL", "default_client", "is_cluster", "pool_of"]
+__all__ = ["DEFAULT_URL", "default_client", "io_client", "is_cluster", "pool_of"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
-SOCKET_TIMEOUT = 10.0
-CONNECT_TIMEOUT = 5.0
+SOCKET_TIMEOUT = 10.0  # s, the longest any one of rlocks' own round trips may block
+CONNECT_TIMEOUT = 5.0  # s, the longest opening a connection for rlocks may take
 
 _clients: Dict[str, "redis.Redis"] = {}
 _mutex = threading.Lock()
@@ -75,3 +86,94 @@ def pool_of(client: Any) -> Any:
     Two ``Redis`` objects built on one pool share the wake-up hub and renewal batches.
     """
     return getattr(client, "connection_pool", client)
+
+
+# A user's pool -> rlocks' own client for it (None: the user's client is fine as it is).
+# Weak keys: rlocks must not keep a pool alive that its program dropped; the values do not
+# refer to the user's pool.
+_io_clients: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+_async_kind: Optional[Tuple[Any, Tuple[Any, ...], Any]] = None  # made on first use
+
+
+def _kind(client: Any) -> Optional[Tuple[Any, Tuple[Any, ...], Any]]:
+    """(client class, pools rlocks may copy settings from, Retry class), or None.
+
+    Only redis-py's own classes, as they are: a subclass may add behaviour that a copy
+    would lose, and Sentinel-managed or other custom pools choose their servers themselves.
+    """
+    if type(client) is redis.Redis:
+        return redis.Redis, (redis.ConnectionPool, redis.BlockingConnectionPool), Retry
+    if type(client).__module__ == "redis.asyncio.client":
+        global _async_kind
+        if _async_kind is None:
+            # Imported here: programs that never use asyncio need not load redis.asyncio.
+            import redis.asyncio as aredis
+            from redis.asyncio.retry import Retry as AsyncRetry
+
+            pools = (aredis.ConnectionPool, aredis.BlockingConnectionPool)
+            _async_kind = (aredis.Redis, pools, AsyncRetry)
+        if type(client) is _async_kind[0]:
+            return _async_kind
+    return None
+
+
+
+def io_client(client: Any) -> Any:
+    """The client rlocks sends its own commands through on behalf of ``client``.
+
+    ``client`` itself when its socket timeouts are at most :data:`SOCKET_TIMEOUT` /
+    :data:`CONNECT_TIMEOUT` and it does not retry, or when rlocks cannot copy its settings
+    (cluster clients, subclasses, custom or caching pools, single-connection clients: see
+    docs/operations.md); otherwise a client of the same kind (``redis.Redis`` or
+    ``redis.asyncio.Redis``) on a pool of rlocks' own (made once per pool, dropped with
+    it) with the same settings, those timeouts and no retries. No I/O.
+    """
+    pool = getattr(client, "connection_pool", None)
+    kind = _kind(client)
+    if (
+        kind is None
+        or type(pool) not in kind[1]
+        or getattr(client, "connection", None) is not None  # single_connection_client
+        or getattr(pool, "cache", None) is not None
+    ):
+        return client
+    try:
+        found = _io_clients[pool]
+    except KeyError:
+        found = _io_clients.setdefault(pool, _derive(pool, *kind))
+    return client if found is None else found
+
+
+def _derive(pool: Any, client_type: Any, pool_types: Tuple[Any, ...], retry_type: Any) -> Any:
+    """A client with ``pool``'s settings made safe for rlocks, or None when they are."""
+    kwargs = dict(pool.connection_kwargs)
+    # Keys the pool adds for itself (they refer to it): the new pool makes its own.
+    for key in ("maint_notifications_pool_handler", "orig_host_address",
+                "orig_socket_timeout", "orig_socket_connect_timeout"):
+        kwargs.pop(key, None)
+    # The values a connection of this pool really gets: missing keys mean the connection
+    # class's defaults, which differ between redis-py versions. Building one does no I/O.
+    sample = pool.connection_class(**kwargs)
+    timeout = sample.socket_timeout
+    connect = sample.socket_connect_timeout
+    retries = sample.retry.get_retries() if getattr(sample, "retry", None) is not None else 0
+    if (
+        timeout is not None
+        and timeout <= SOCKET_TIMEOUT
+        and connect is not None
+        and connect <= CONNECT_TIMEOUT
+        and retries == 0
+    ):
+        return None
+    kwargs["socket_timeout"] = SOCKET_TIMEOUT if timeout is None else min(timeout, SOCKET_TIMEOUT)
+    kwargs["socket_connect_timeout"] = (
+        CONNECT_TIMEOUT if connect is None else min(connect, CONNECT_TIMEOUT)
+    )
+    # Not one re-send: a script whose reply was lost may have run (see scripts.Call).
+    kwargs["retry"] = retry_type(NoBackoff(), 0)
+    own = pool_types[0](
+        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+    )
+    return client_type(connection_pool=own)

@@ -29,7 +29,7 @@ from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, Renewer, renewer_for
 from .scripts import Arg, Call, Reply, Script, Wait
-from .waiting import QUEUED, hub_for, wait_until_granted
+from .waiting import LINK_ERRORS, QUEUED, hub_for, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
 
@@ -268,6 +268,20 @@ class Primitive:
     def _hold_key(self, owner: str) -> Tuple[int, str, str]:
         return (id(pool_of(self._client)), self._keys.hash, owner)
 
+    def _lost_reply_check(self, owner: str) -> Optional[Call]:
+        """A call that tells whether ``owner`` holds this primitive, for a waiter whose
+        attempt's reply was lost (it may have been granted); ``None``: cannot tell.
+
+        Its granted reply is adopted as the lost attempt's grant. That is exact when the
+        owner held nothing here before it waited, which is true of exclusive owners (an
+        owner that holds is granted re-entry at its first attempt and never waits): the
+        renewal script, which answers the owner's count or not-owner (and renews a lease
+        that was just granted, harmlessly).
+        """
+        return self._prepared(
+            ("check", owner), self._renew_script, lambda: self._renew_arguments(owner)
+        )
+
     def _gave_up_call(self, owner: str) -> Optional[Call]:
         """A script call to make after a waiting acquire ended without a grant, if any.
 
@@ -447,6 +461,14 @@ class Primitive:
             reply = last[0] = call(client, undo)
             return reply
 
+        probe = self._lost_reply_check(owner) if waiting else None
+
+        def check() -> Reply:
+            assert probe is not None
+            # A grant adopted from a lost reply is undone, as any other, if interrupted.
+            reply = last[0] = probe(client)
+            return reply
+
         hub = hub_for(client, self._namespace) if waiting else None
         try:
             if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
@@ -457,7 +479,9 @@ class Primitive:
                 reply = attempt()
             if reply.busy and hub is not None:
                 deadline = None if wait is None else first + wait
-                reply = wait_until_granted(hub, self._channel, attempt, deadline)
+                reply = wait_until_granted(
+                    hub, self._channel, attempt, deadline, None if probe is None else check
+                )
                 self._log_wait(owner, first, reply)
         except BaseException as exc:
             # Interrupted after a grant came back (leaving the wait): nobody will record it.
@@ -525,7 +549,9 @@ class Primitive:
 
     def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
         call = self._gave_up_call(owner)
-        if call is None:
+        if call is None or isinstance(error, LINK_ERRORS):
+            # After a broken link or timeout the clean-up would most likely wait a whole
+            # socket timeout more for nothing; what it undoes (a claim) ends by itself.
             return
         try:
             call(self._client)

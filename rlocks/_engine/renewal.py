@@ -21,6 +21,14 @@ A lease refers to its primitive weakly. A held lock that the program dropped (no
 reference left) is no longer renewed and its hold expires at the end of its lease,
 instead of being kept alive forever by the renewer.
 
+Lifetime
+--------
+A renewer's thread exits once it has had no lease for ``IDLE_EXIT`` seconds, and the
+registry refers to pools weakly: a renewer is forgotten with its pool and its thread
+ends once idle, so a program that makes many short-lived clients does not keep a renewer
+(or anything of their pools) per client. Renewals go through ``clients.io_client``:
+bounded round trips that redis-py never re-sends, whatever the client's own settings.
+
 Lost holds
 ----------
 A renewal that finds the owner's hold gone (expired during a stall, deleted by
@@ -39,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from .clients import pool_of
+from .clients import io_client, pool_of
 from .clock import monotonic
 from .scripts import Script, decode
 
@@ -186,6 +194,7 @@ class Renewer:
 
     def _renew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
+        client = io_client(client)
         try:
             results = self._pipeline(client, items)
             if any(isinstance(r, NoScriptError) for r in results):
@@ -268,7 +277,10 @@ class Renewer:
             lease.due = now + min(RETRY, lease.period)
 
 
-_renewers: Dict[int, Renewer] = {}
+# Keyed by the pool itself, weakly: the registry keeps no pool alive and forgets a
+# renewer with its pool (a pool's id may be reused by a later pool, the pool may not).
+# The renewer refers to no pool; its thread winds down on its own (see "Lifetime").
+_renewers: "weakref.WeakKeyDictionary[Any, Renewer]" = weakref.WeakKeyDictionary()
 _renewers_mutex = threading.Lock()
 
 
@@ -285,8 +297,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def renewer_for(client: Any) -> Renewer:
-    """The renewer of ``client``'s connection pool (created on first use)."""
-    key = id(pool_of(client))
+    """The renewer of ``client``'s connection pool (created on first use; see "Lifetime")."""
+    key = pool_of(client)
     found = _renewers.get(key)
     if found is None:
         with _renewers_mutex:

@@ -31,6 +31,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import RLocksError
+from .clients import io_client
 
 __all__ = [
     "GRANTED",
@@ -43,6 +44,7 @@ __all__ = [
     "decode",
     "load",
     "run",
+    "unsent",
 ]
 
 GRANTED = 1
@@ -235,6 +237,18 @@ def _direct_pool(client: Any) -> Any:
     return pool
 
 
+_UNSENT = "_rlocks_unsent"
+
+
+def unsent(error: BaseException) -> bool:
+    """Whether ``error`` was raised by :class:`Call` before its command was sent.
+
+    Only then is it certain that the script did not run; after any other connection or
+    timeout error its reply may have been lost on the way back.
+    """
+    return bool(getattr(error, _UNSENT, False))
+
+
 class Call:
     """One script invocation with fixed KEYS/ARGV, packed into RESP once and re-sent as is.
 
@@ -244,7 +258,7 @@ class Call:
     copy may have run could give back one level too many.
     """
 
-    __slots__ = ("script", "keys", "args", "wait", "_packed")
+    __slots__ = ("script", "keys", "args", "wait", "_packed", "_route")
 
     def __init__(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
@@ -254,6 +268,9 @@ class Call:
         self.args = tuple(args)
         self.wait = wait
         self._packed: Any = None
+        # (client given, client to send through, its pool or None): a primitive passes
+        # one client, so the lookups are made once per Call, not once per round trip.
+        self._route: Tuple[Any, Any, Any] = (None, None, None)
 
     def __call__(
         self, client: Any, interrupted: Optional[Callable[[Reply], None]] = None
@@ -267,11 +284,24 @@ class Call:
         ``interrupted`` (to give back a grant nobody will record); then the exception
         propagates. A second exception while reading abandons that: what was granted
         then ends with its lease. Only on the direct path (a plain ``redis.Redis``).
+
+        It goes through :func:`~rlocks._engine.clients.io_client` (bounded, never re-sent).
+        A connection or timeout error raised before anything was sent is marked so
+        :func:`unsent` says so: only then is it certain that the script did not run.
         """
-        pool = _direct_pool(client)
+        given, sender, pool = self._route
+        if given is not client:
+            sender = io_client(client)
+            pool = _direct_pool(sender)
+            self._route = (client, sender, pool)
+        client = sender
         if pool is None:
             return run(client, self.script, self.keys, self.args, self.wait)
-        connection = pool.get_connection()
+        try:
+            connection = pool.get_connection()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            setattr(exc, _UNSENT, True)
+            raise
         read: List[Any] = []  # the replies read so far: the script's, then WAIT's
         try:
             packed = self._packed

@@ -41,6 +41,15 @@ own. When a node answers MOVED, or unsubscribes a channel because its slot moved
 refreshes the client's slot map and subscribes again where the slot lives now, waking
 every waiter of that channel in case a message was missed in between.
 
+Lifetime
+--------
+A hub's thread exits once its table has been empty for ``IDLE_EXIT`` seconds, and the
+registry of hubs refers to them weakly, so an idle hub goes away with its thread (a
+waiting thread holds its hub while it waits). The hub holds its client, so nothing else
+of a client the program dropped outlives its last waiter by more than ``IDLE_EXIT``. The
+hub talks to Redis through ``clients.io_client``: its connections have bounded socket
+timeouts whatever the client's own, so a frozen server cannot hold it in a read forever.
+
 Lost wake-ups inside the process are prevented by two rules: a waiter clears its event
 *before* each attempt (a wake-up that lands during the attempt causes one more attempt),
 and a waiter that leaves with an unconsumed wake-up passes it on to the next waiter.
@@ -53,15 +62,19 @@ import os
 import select
 import socket
 import threading
+import weakref
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+import redis.exceptions
+
 from . import identity
-from .clients import is_cluster, pool_of
+from .clients import io_client, is_cluster, pool_of
 from .clock import monotonic
-from .scripts import BUSY, Reply
+from .scripts import BUSY, Reply, unsent
 
 __all__ = [
+    "LINK_ERRORS",
     "QUEUED",
     "ShardedWakeHub",
     "WaitPlan",
@@ -162,6 +175,7 @@ class WakeHub:
         # Channel names arrive as bytes or str depending on decode_responses: matched as
         # the str subscribed, decoded with the encoding that sent them (not always UTF-8).
         self._encoding = _encoding_of(client)
+        self._io = io_client(client)  # what the hub sends and subscribes through
         # The private control channel stays inside the namespace, so an ACL user limited
         # to the namespace's channels may use it.
         self._control = f"{namespace}:hub:{identity.process_token()}"
@@ -239,7 +253,7 @@ class WakeHub:
     def _nudge(self) -> None:
         # Wakes the hub thread out of its blocking read so it sends the new SUBSCRIBE now.
         try:
-            self._client.publish(self._control, b"")
+            self._io.publish(self._control, b"")
         except Exception:  # noqa: BLE001 - the waiter's own next attempt will report it
             log.debug("could not nudge the wake-up hub", exc_info=True)
 
@@ -266,7 +280,7 @@ class WakeHub:
         while True:
             pubsub = None
             try:
-                pubsub = self._client.pubsub()
+                pubsub = self._io.pubsub()
                 self._control_seen = False
                 pubsub.subscribe(self._control)
                 while True:
@@ -388,6 +402,8 @@ class ShardedWakeHub(WakeHub):
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
         self._bell_w.setblocking(False)
+        # Hubs are forgotten when idle (see "Lifetime"): close the pair with the hub.
+        weakref.finalize(self, _close_sockets, self._bell_r, self._bell_w)
 
     def _nudge(self) -> None:
         try:
@@ -509,11 +525,18 @@ class ShardedWakeHub(WakeHub):
         raise _SlotMoved(channel)
 
 
+def _close_sockets(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        sock.close()
+
+
 class _SlotMoved(Exception):
     """A channel's slot moved: restart the hub loop so the slot map is refreshed first."""
 
 
-_hubs: Dict[Tuple[int, str], WakeHub] = {}
+# Weak values (see "Lifetime"): keyed by pool id, which no two live pools share; a hub
+# holds its client, so its pool's id cannot be reused while the hub is in the table.
+_hubs: "weakref.WeakValueDictionary[Tuple[int, str], WakeHub]" = weakref.WeakValueDictionary()
 _hubs_mutex = threading.Lock()
 
 
@@ -532,9 +555,9 @@ if hasattr(os, "register_at_fork"):
 def hub_for(client: Any, namespace: str) -> WakeHub:
     """The process's hub for ``client``'s connection pool and ``namespace``.
 
-    Hubs live as long as the process (their thread exits when idle); one exists per pool
-    and namespace in use, so share clients between primitives rather than making a pool
-    per lock.
+    One exists per pool and namespace in use, so share clients between primitives rather
+    than making a pool per lock. An idle hub's thread exits and the hub is forgotten
+    (see "Lifetime" in the module doc); a later wait makes a new one.
     """
     key = (id(pool_of(client)), namespace)
     hub = _hubs.get(key)
@@ -555,18 +578,35 @@ def _pause(reply: Reply, subscribed: bool) -> float:
     return pause if subscribed else min(pause, DEGRADED_POLL)
 
 
+#: Errors after which a waiter with time left reconnects and waits on: the link broke or
+#: timed out (a restarting server answers LOADING, a ConnectionError, until it is ready).
+LINK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: ConnectionErrors that waiting longer does not cure: they are raised at once.
+_NOT_TRANSIENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
 class WaitPlan:
     """The deadline loop's decisions, without I/O; drivers attempt and sleep as told.
 
     A waiter registers, waits at most ``subscribe_bound()`` for its SUBSCRIBE, then
     repeats: clear its event, attempt, ask ``after(reply)`` how long to sleep (``None``:
     stop and return the reply), sleep on its event that long.
+
+    Riding through a broken link: when an attempt raises one of :data:`LINK_ERRORS`, the
+    driver asks ``failed()`` how long to back off (``None``: raise it). An attempt whose
+    command may have reached Redis may have been granted although its reply was lost,
+    so the next step is then not another attempt (it would count the grant twice) but
+    the primitive's *check* (``unsure`` is set): whether this owner already holds it,
+    which is adopted as the grant. A primitive without a check cannot tell, and such an
+    error is raised as before.
     """
 
-    __slots__ = ("deadline",)
+    __slots__ = ("deadline", "backoff", "unsure")
 
     def __init__(self, deadline: Optional[float]) -> None:
         self.deadline = deadline
+        self.backoff = RECONNECT_BACKOFF[0]
+        self.unsure = False  # the last attempt's reply was lost: check before attempting
 
     def subscribe_bound(self) -> float:
         if self.deadline is None:
@@ -575,12 +615,32 @@ class WaitPlan:
 
     def after(self, reply: Reply, subscribed: bool) -> Optional[float]:
         """For the head, after an attempt: seconds to sleep, ``None`` to stop."""
+        self.backoff = RECONNECT_BACKOFF[0]
         if not reply.busy:
             return None
         now = monotonic()
         if self.deadline is not None and now >= self.deadline:
             return None
         pause = _pause(reply, subscribed)
+        if self.deadline is not None:
+            pause = min(pause, self.deadline - now)
+        return pause
+
+    def failed(self, error: BaseException, checkable: bool) -> Optional[float]:
+        """After an attempt or check raised a link error: seconds to back off before the
+        next step, ``None`` to raise ``error`` (no time left, or a lost reply that the
+        primitive cannot check, or a refused login)."""
+        if isinstance(error, _NOT_TRANSIENT):
+            return None
+        if not unsent(error):
+            if not checkable:
+                return None
+            self.unsure = True
+        now = monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            return None
+        pause = self.backoff
+        self.backoff = min(self.backoff * 2, RECONNECT_BACKOFF[1])
         if self.deadline is not None:
             pause = min(pause, self.deadline - now)
         return pause
@@ -598,11 +658,17 @@ def wait_until_granted(
     channel: str,
     attempt: Callable[[], Reply],
     deadline: Optional[float],
+    check: Optional[Callable[[], Reply]] = None,
 ) -> Reply:
     """Attempt until granted or ``deadline`` (monotonic s; ``None``: never) passes.
 
     Called after a first attempt came back busy. Returns the last reply: granted, or busy
-    when the deadline passed. Redis errors from ``attempt`` propagate at once.
+    when the deadline passed. A broken link or timeout (:data:`LINK_ERRORS`) does not end
+    the wait while time is left: the waiter backs off and tries again, and after a lost
+    reply first runs ``check`` (granted: this owner holds it, the lost attempt's grant is
+    adopted; otherwise it attempts again). Such an error propagates when the deadline has
+    passed, or when the reply of an attempt was lost and there is no ``check``; other
+    Redis errors propagate at once.
     """
     plan = WaitPlan(deadline)
     waiter = hub.register(channel)
@@ -612,7 +678,16 @@ def wait_until_granted(
         while True:
             waiter.event.clear()
             if hub.is_head(waiter):
-                reply = attempt()
+                try:
+                    reply = _step(plan, attempt, check)
+                except LINK_ERRORS as exc:
+                    pause = plan.failed(exc, check is not None)
+                    if pause is None:
+                        raise
+                    log.debug("waiter lost its link to Redis, retrying: %s", exc)
+                    waiter.event.wait(pause)
+                    subscribed = waiter.subscribed
+                    continue
                 pause = plan.after(reply, subscribed)
             else:
                 pause = plan.idle()
@@ -622,3 +697,15 @@ def wait_until_granted(
             subscribed = waiter.subscribed
     finally:
         hub.unregister(waiter)
+
+
+def _step(
+    plan: WaitPlan, attempt: Callable[[], Reply], check: Optional[Callable[[], Reply]]
+) -> Reply:
+    """One attempt; after a lost reply, the check first (its grant is adopted as is)."""
+    if plan.unsure and check is not None:
+        found = check()
+        plan.unsure = False
+        if found.granted:
+            return found
+    return attempt()

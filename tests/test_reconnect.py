@@ -1,0 +1,515 @@
+"""Waiting through a broken link, and rlocks' own I/O on a plain redis-py client.
+
+- a waiter rides through a redis-server restart (same port) and acquires before its
+  deadline, threading and asyncio;
+- a waiter whose granted attempt lost its reply adopts that grant exactly once;
+- an RWLock writer's ``acquire(timeout=t)`` over a black-holed link raises within ``t``
+  plus one socket timeout (no second one for withdrawing its claim);
+- on a client built as redis-py builds one by default (long or no socket timeout,
+  retries), a release, a renewal and the wake-up hub stay bounded by rlocks' own timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import rlocks
+import rlocks.asyncio
+from rlocks._engine import clients, waiting
+from rlocks._engine.identity import thread_owner
+from rlocks.server import TemporaryRedisServer
+
+from ._proxy import FaultyLink
+from ._servers import wait_until
+from .conftest import NAMESPACE
+
+
+def no_retry_client(url: str, socket_timeout: float) -> "redis.Redis[bytes]":
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def in_thread(target: Any) -> "tuple[threading.Thread, Dict[str, Any]]":
+    """Run ``target`` in a thread; its result or exception lands in the returned dict."""
+    out: Dict[str, Any] = {}
+
+    def run() -> None:
+        began = time.monotonic()
+        try:
+            out["result"] = target()
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            out["result"] = exc
+        out["took"] = time.monotonic() - began
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+# -- a redis-server restart ----------------------------------------------------------------
+
+
+@pytest.fixture
+def server() -> Iterator[TemporaryRedisServer]:
+    s = TemporaryRedisServer().start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def restart(server: TemporaryRedisServer) -> TemporaryRedisServer:
+    server.stop()
+    return TemporaryRedisServer(port=server.port).start()  # same port, empty
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+@pytest.mark.timeout(60)
+def test_waiter_rides_through_a_server_restart(server: TemporaryRedisServer, kind: str) -> None:
+    holder_client = no_retry_client(server.url, 2.0)
+    waiter_client = no_retry_client(server.url, 2.0)
+
+    def make(client: Any) -> Any:
+        if kind == "rlock":
+            return rlocks.RLock("restart", client=client, namespace=NAMESPACE, ttl=30)
+        return rlocks.RWLock("restart", client=client, namespace=NAMESPACE, ttl=30).write_lock
+
+    holder = make(holder_client)
+    assert holder.acquire()  # 30 s lease: only the restart can end it in time
+    waiter = make(waiter_client)
+    owner: List[str] = []
+
+    def wait() -> bool:
+        owner.append(thread_owner())
+        got = waiter.acquire(timeout=40)
+        if got:
+            # What Redis holds for the waiter now: exactly its one level.
+            key = waiter._keys.hash
+            field = owner[0] if kind == "rlock" else f"w:{owner[0]}"
+            counts.append(int(waiter_client.hget(key, field) or 0))
+            waiter.release()
+        return bool(got)
+
+    counts: List[int] = []
+    thread, out = in_thread(wait)
+    hub = waiting.hub_for(waiter_client, NAMESPACE)
+    wait_until(lambda: hub.has_waiters(waiter._channel), 10, "the waiter to wait")
+    server = restart(server)
+    restarted = time.monotonic()
+    try:
+        thread.join(30)
+        assert out.get("result") is True, out
+        assert time.monotonic() - restarted < 15
+        assert counts == [1]
+        with pytest.raises(rlocks.LockLostError):
+            holder.release()
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_semaphore_waiter_rides_through_a_server_restart(server: TemporaryRedisServer) -> None:
+    # The holder is another process, as a separate user would be. A semaphore cannot
+    # check a lost reply, but the attempts it makes while the server is away never leave
+    # (the connection is refused): those it retries.
+    import multiprocessing
+    import os
+    import signal
+
+    from . import _procs
+
+    spawn = multiprocessing.get_context("spawn")
+    held, release = spawn.Event(), spawn.Event()
+    proc = spawn.Process(
+        target=_procs.holder_worker,
+        args=({"url": server.url}, "sem", "restart-sem", NAMESPACE, 30.0, "errors", held, release),
+    )
+    proc.start()
+    restarted: List[TemporaryRedisServer] = []
+    try:
+        assert held.wait(30)
+        waiter_client = redis.Redis.from_url(
+            server.url, socket_timeout=2, socket_connect_timeout=2,
+            retry=Retry(NoBackoff(), 0), client_name="sem-waiter",
+        )
+        sem = rlocks.Semaphore("restart-sem", 1, client=waiter_client, namespace=NAMESPACE)
+
+        def wait() -> bool:
+            got = sem.acquire(timeout=40)
+            if got:
+                sem.release()
+            return bool(got)
+
+        thread, out = in_thread(wait)
+        hub = waiting.hub_for(waiter_client, NAMESPACE)
+        wait_until(lambda: hub.has_waiters(sem._channel), 10, "the waiter to wait")
+        # Its idle command connection is closed first (the waiter sleeps on): otherwise a
+        # wake-up as the server shuts down could send an attempt into the closing
+        # connection, whose lost reply a semaphore cannot check (docs/operations.md).
+        admin = redis.Redis(port=server.port, socket_timeout=5)
+        for entry in admin.client_list():
+            if entry.get("name") == "sem-waiter" and "P" not in entry.get("flags", ""):
+                admin.client_kill_filter(_id=entry["id"])
+        admin.close()
+        restarted.append(restart(server))
+        thread.join(30)
+        assert out.get("result") is True, out
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        for s in restarted:
+            s.stop()
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_waiter_rides_through_a_server_restart(server: TemporaryRedisServer) -> None:
+    holder_client = no_retry_client(server.url, 2.0)
+    holder = rlocks.RLock("restart-aio", client=holder_client, namespace=NAMESPACE, ttl=30)
+    assert holder.acquire()
+    restarted: List[TemporaryRedisServer] = []
+
+    async def main() -> Any:
+        client: Any = redis.asyncio.Redis.from_url(
+            server.url, socket_timeout=2, socket_connect_timeout=2,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+        )
+        lock = rlocks.asyncio.RLock("restart-aio", client=client, namespace=NAMESPACE, ttl=30)
+        async def waiter() -> Any:
+            got = await lock.acquire(timeout=40)
+            count = await client.hget(lock._keys.hash, next(iter(lock._holds)))
+            await lock.release()
+            return got, count
+
+        task = asyncio.ensure_future(waiter())
+        from rlocks._engine import aio
+
+        hub = aio.async_hub_for(client, NAMESPACE)
+        while not hub.has_waiters(lock._channel):
+            await asyncio.sleep(0.01)
+        # In a thread: the loop (hub, waiter) must run while the server is away.
+        restarted.append(await asyncio.get_running_loop().run_in_executor(None, restart, server))
+        return await asyncio.wait_for(task, 30)
+
+    try:
+        got, count = asyncio.run(main())
+        assert got is True
+        assert count == b"1"
+        with pytest.raises(rlocks.LockLostError):
+            holder.release()
+    finally:
+        for s in restarted:
+            s.stop()
+
+
+# -- a lost reply -------------------------------------------------------------------------
+
+
+class MutingLink(FaultyLink):
+    """A FaultyLink that can also drop only the server's replies (``mute``)."""
+
+    muted = False
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        from_server = source.getpeername()[1] == self.target_port
+        if not from_server:
+            super()._pump(source, sink)
+            return
+        original = sink.sendall
+
+        class _Sink:
+            def __getattr__(_self, name: str) -> Any:
+                return getattr(sink, name)
+
+            def sendall(_self, data: bytes) -> None:
+                if not self.muted:
+                    original(data)
+
+        super()._pump(source, _Sink())  # type: ignore[arg-type]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class ObservedRLock(rlocks.RLock):
+    """An RLock whose acquire attempts the test can see start and end (real I/O)."""
+
+    in_flight = 0
+    done = 0
+
+    def _prepared(self, key: Any, script: Any, build: Any, wait: Any = None) -> Any:
+        call = super()._prepared(key, script, build, wait)
+        if key[0] != "acquire":
+            return call
+
+        def observed(client: Any, *rest: Any) -> Any:
+            self.in_flight += 1
+            try:
+                return call(client, *rest)
+            finally:
+                self.in_flight -= 1
+                self.done += 1
+
+        return observed
+
+
+@pytest.mark.timeout(60)
+def test_a_grant_whose_reply_was_lost_is_adopted_once(
+    client: Any, redis_url: str, name: str
+) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    records = _Records()
+    engine_log = logging.getLogger("rlocks._engine.waiting")
+    engine_log.addHandler(records)
+    old_level = engine_log.level
+    engine_log.setLevel(logging.DEBUG)
+    with MutingLink(port) as link:
+        far = no_retry_client(link.url, 2.0)  # not shorter: a loaded machine is slow
+        # A 30 s lease: the waiter sleeps between its attempts until the test wakes it.
+        holder = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=30)
+        assert holder.acquire()
+        waiter = ObservedRLock(name, client=far, namespace=NAMESPACE, ttl=10)
+        owner: List[str] = []
+        state: Dict[bytes, bytes] = {}
+
+        def wait() -> bool:
+            owner.append(thread_owner())
+            got = waiter.acquire(timeout=30)
+            if got:
+                state.update(client.hgetall(waiter._keys.hash))
+                waiter.release()
+            return bool(got)
+
+        thread, out = in_thread(wait)
+        hub = waiting.hub_for(far, NAMESPACE)
+        try:
+            wait_until(lambda: hub.has_waiters(waiter._channel) or out, 10, "the waiter")
+            assert not out, out  # (its first attempt must not have failed)
+            ch = hub._channels[waiter._channel]
+            wait_until(
+                lambda: ch.confirmed.is_set() and waiter.done >= 2 and waiter.in_flight == 0,
+                10, "the waiter to be subscribed and asleep",
+            )
+            link.muted = True  # from now on the waiter's commands arrive, replies do not
+            holder.release()  # (its wake-up is muted too)
+            hub._wake_everyone()  # as the wake-up would have: the waiter attempts now
+            wait_until(
+                lambda: client.hget(waiter._keys.hash, owner[0]) is not None, 10,
+                "the waiter's attempt to be granted in Redis",
+            )
+            wait_until(
+                lambda: any("lost its link" in m for m in records.messages), 10,
+                "the waiter to notice the lost reply",
+            )
+            link.muted = False
+            thread.join(20)
+        finally:
+            link.muted = False
+            engine_log.removeHandler(records)
+            engine_log.setLevel(old_level)
+        assert out.get("result") is True, out
+        # Granted once, not twice: one level in Redis, and the release freed the lock.
+        assert state.get(owner[0].encode()) == b"1", state
+        assert not client.exists(waiter._keys.hash)
+        far.close()
+
+
+# -- an RWLock writer giving up over a black-holed link ------------------------------------
+
+
+@pytest.fixture
+def link(redis_url: str) -> Iterator[FaultyLink]:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultyLink(port) as proxy:
+        yield proxy
+
+
+@pytest.mark.timeout(60)
+def test_writer_gives_up_within_timeout_plus_one_socket_timeout(
+    client: Any, link: FaultyLink, name: str
+) -> None:
+    socket_timeout, t = 2.0, 1.0
+    # The reader renews (directly) a 0.6 s lease, so the writer looks again well within t.
+    reader = rlocks.RWLock(name, client=client, namespace=NAMESPACE, ttl=0.6).read_lock
+    assert reader.acquire()
+    far = no_retry_client(link.url, socket_timeout)
+    writer = rlocks.RWLock(name, client=far, namespace=NAMESPACE, ttl=10).write_lock
+    thread, out = in_thread(lambda: writer.acquire(timeout=t))
+    # Its claim is in Redis: it waits. Then the link goes silent under its next attempt.
+    wait_until(
+        lambda: any(k.startswith(b"#c:") for k in client.hgetall(writer._keys.hash)), 5,
+        "the writer's claim",
+    )
+    link.blackhole()
+    thread.join(t + 3 * socket_timeout + 5)
+    assert not thread.is_alive()
+    assert isinstance(out["result"], redis.RedisError) or out["result"] is False, out
+    assert out["took"] <= t + socket_timeout + 0.8, out
+    assert not writer._is_owned()
+    link.heal()
+    reader.release()
+    client.delete(writer._keys.hash)  # the claim left to its 10 s lease
+    far.close()
+
+
+# -- a plain client: rlocks' own I/O stays bounded -----------------------------------------
+
+ENGINE_TIMEOUT = 0.5
+
+
+@pytest.fixture
+def short_engine_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rlocks' own bounds, lowered so the test is quick; the clients below are made after.
+    monkeypatch.setattr(clients, "SOCKET_TIMEOUT", ENGINE_TIMEOUT)
+    monkeypatch.setattr(clients, "CONNECT_TIMEOUT", ENGINE_TIMEOUT)
+
+
+def plain_client(how: str, url: str) -> "redis.Redis[bytes]":
+    if how == "from_url":
+        return redis.Redis.from_url(url)  # the README's Quick start
+    if how == "no_timeout":  # redis-py before 8 had no default socket timeout
+        return redis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=None)
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    return redis.Redis(host=host, port=int(port))  # redis-py's retries, with back-off
+
+
+@pytest.mark.parametrize("how", ["from_url", "constructor", "no_timeout"])
+@pytest.mark.timeout(60)
+def test_release_and_renewal_on_a_plain_client_are_bounded(
+    short_engine_timeouts: None, client: Any, link: FaultyLink, name: str, how: str
+) -> None:
+    plain = plain_client(how, link.url)
+    lost = threading.Event()
+    renewed = rlocks.RLock(
+        f"{name}-renewed", client=plain, namespace=NAMESPACE, ttl=1.0,
+        on_lost=lambda _lock: lost.set(),
+    )
+    released = rlocks.RLock(f"{name}-released", client=plain, namespace=NAMESPACE, ttl=30)
+    assert renewed.acquire() and released.acquire()
+    link.blackhole()
+    cut = time.monotonic()
+    began = time.monotonic()
+    with pytest.raises(redis.RedisError):
+        released.release()
+    assert time.monotonic() - began <= ENGINE_TIMEOUT + 0.8
+    # The renewer is not stuck in one endless read: the hold is reported lost about
+    # when its lease ends.
+    assert lost.wait(1.0 + 2 * ENGINE_TIMEOUT + 3.0)
+    assert time.monotonic() - cut <= 1.0 + 2 * ENGINE_TIMEOUT + 2.0
+    link.heal()
+    with pytest.raises(rlocks.LockLostError):
+        renewed.release()
+    client.delete(released._keys.hash)  # its failed release left it to its 30 s lease
+    plain.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_hub_of_a_plain_client_recovers_from_a_silent_server(
+    short_engine_timeouts: None, client: Any, link: FaultyLink, name: str
+) -> None:
+    plain = plain_client("no_timeout", link.url)
+    holder = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=30)
+    assert holder.acquire()
+    waiter = rlocks.RLock(name, client=plain, namespace=NAMESPACE, ttl=30)
+    hub = waiting.hub_for(plain, NAMESPACE)
+    thread, out = in_thread(lambda: waiter.acquire(timeout=0.2))
+    thread.join(10)
+    assert out["result"] is False
+    # The hub's connection breaks and every new one is silent (a frozen server): the hub
+    # must not sit in its reconnect forever.
+    accepted = link.accepted
+    link.cut(refuse=False)
+    link.blackhole()
+    wait_until(lambda: link.accepted > accepted, 10, "the hub to reconnect into the silence")
+    link.heal()
+
+    def first_try() -> bool:  # in another thread: the main thread is the holder
+        thread, out = in_thread(lambda: waiter.acquire(blocking=False))
+        thread.join(10)
+        # A ConnectionError: the pooled connection the cut broke; the next try reconnects.
+        return out.get("result") is False
+
+    wait_until(first_try, 10, "the waiter's own connection to work again")
+
+    def woken() -> Any:
+        got = waiter.acquire(timeout=20)
+        if got:
+            waiter.release()
+        return got
+
+    thread, out = in_thread(woken)
+    wait_until(lambda: hub.has_waiters(waiter._channel) or out, 10, "the waiter")
+    assert not out, out
+    ch = hub._channels[waiter._channel]
+    # Subscribed again within a few of rlocks' socket timeouts (and the reconnect back-off).
+    wait_until(lambda: ch.confirmed.is_set(), 4 * ENGINE_TIMEOUT + 3.0, "the subscription")
+    holder.release()
+    thread.join(10)
+    assert out["result"] is True, out
+    plain.close()
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_release_on_a_plain_client_is_bounded(
+    short_engine_timeouts: None, client: Any, link: FaultyLink, name: str
+) -> None:
+    host, port = link.url.split("//")[1].split("/")[0].split(":")
+
+    async def main() -> float:
+        plain: Any = redis.asyncio.Redis(host=host, port=int(port))  # the README's asyncio line
+        lock = rlocks.asyncio.RLock(name, client=plain, namespace=NAMESPACE, ttl=30)
+        assert await lock.acquire()
+        link.blackhole()
+        began = time.monotonic()
+        with pytest.raises(redis.RedisError):
+            await lock.release()  # (the test timeout guards a hang)
+        took = time.monotonic() - began
+        link.heal()
+        return took
+
+    took = asyncio.run(main())
+    # The failed release left its hold to its 30 s lease: do not leave it to other tests.
+    client.delete(f"{NAMESPACE}:rlock:{{{name}}}")
+    assert took <= ENGINE_TIMEOUT + 0.8, took
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_refused_login_on_reconnect_raises_at_once(
+    server: TemporaryRedisServer,
+) -> None:
+    admin = no_retry_client(server.url, 2.0)
+    # A 1 s lease: the waiter looks again within 1 s whether or not the hub wakes it.
+    holder = rlocks.RLock("login", client=admin, namespace=NAMESPACE, ttl=1)
+    assert holder.acquire()
+    waiter_client = no_retry_client(server.url, 2.0)
+    waiter = rlocks.RLock("login", client=waiter_client, namespace=NAMESPACE, ttl=30)
+    thread, out = in_thread(lambda: waiter.acquire(timeout=30))
+    hub = waiting.hub_for(waiter_client, NAMESPACE)
+    wait_until(lambda: hub.has_waiters(waiter._channel), 10, "the waiter to wait")
+    # The password changes and connections are dropped: the waiter's reconnect is refused.
+    admin.config_set("requirepass", "changed")
+    admin.client_kill_filter(_type="normal", skipme=True)
+    changed = time.monotonic()
+    thread.join(20)
+    assert isinstance(out.get("result"), redis.AuthenticationError), out
+    assert time.monotonic() - changed < 10  # not after its 30 s deadline
