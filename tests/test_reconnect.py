@@ -224,9 +224,9 @@ class MutingLink(FaultyLink):
 
     muted = False
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        from_server = source.getpeername()[1] == self.target_port
-        if not from_server:
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool = False) -> None:
+        # FaultyLink tells its server-to-client pumps apart by ``replies``.
+        if not replies:
             super()._pump(source, sink)
             return
         original = sink.sendall
@@ -239,7 +239,7 @@ class MutingLink(FaultyLink):
                 if not self.muted:
                     original(data)
 
-        super()._pump(source, _Sink())  # type: ignore[arg-type]
+        super()._pump(source, _Sink(), True)  # type: ignore[arg-type]
 
 
 class _Records(logging.Handler):
