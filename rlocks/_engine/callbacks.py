@@ -36,8 +36,8 @@ _thread: Optional[threading.Thread] = None
 def dispatch(callback: Callable[[Any], object], argument: Any, what: str) -> None:
     """Call ``callback(argument)`` soon on the dispatch thread; returns at once, no I/O.
 
-    ``what`` names the call in the log if it raises (an exception is logged, never raised:
-    a callback cannot break the machinery that reported the loss).
+    ``what`` names the call in the log if it raises (any exception, SystemExit too, is
+    logged, never raised: a callback cannot break the machinery that reported the loss).
     """
     global _thread
     with _mutex:
@@ -61,7 +61,9 @@ def _run() -> None:
             callback, argument, what = _queue.popleft()
         try:
             callback(argument)
-        except Exception:  # noqa: BLE001 - one callback must not stop the others
+        except BaseException:  # noqa: BLE001 - one callback must not stop the others
+            # Not only Exception: a SystemExit (sys.exit() in a clean-up) would end this
+            # thread while _thread still names it, and every later loss would go unreported.
             log.exception("%s raised", what)
         del callback, argument  # let the primitive go while the thread idles
 
