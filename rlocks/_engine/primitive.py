@@ -14,11 +14,12 @@ whose owner ids are new anyway (see :mod:`.identity`).
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import os
 import threading
-from typing import Any, Callable, ClassVar, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError
 from . import callbacks, checks, identity
@@ -40,6 +41,11 @@ _bookkeeping = threading.Lock()
 # (two objects with one name are one lock): (pool id, hash key, owner) -> levels. Changed
 # with every object's own table, under _bookkeeping.
 _process_holds: Dict[Tuple[int, str, str], int] = {}
+# Holds of objects collected while holding ((key, levels) pairs), still counted in
+# _process_holds. __del__ may run inside a `with _bookkeeping:` block of the same thread
+# (a collection triggered by an allocation there), so it must not take that lock: it
+# appends here (deque.append needs no lock) and the next user of the table subtracts them.
+_orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -47,6 +53,18 @@ def _reset_after_fork() -> None:
     global _bookkeeping
     _bookkeeping = threading.Lock()
     _process_holds.clear()  # a child holds nothing: its owner ids are new
+    _orphans.clear()
+
+
+def _forget_orphans_locked() -> None:
+    """Take the holds of collected objects off ``_process_holds``; under _bookkeeping."""
+    while _orphans:
+        key, count = _orphans.popleft()
+        left = _process_holds.get(key, 0) - count
+        if left > 0:
+            _process_holds[key] = left
+        else:
+            _process_holds.pop(key, None)
 
 
 if hasattr(os, "register_at_fork"):
@@ -263,7 +281,7 @@ class Primitive:
         name make one object each): its re-entry is granted at once by the script, and
         queueing it behind threads that wait for *it* would deadlock.
         """
-        return _process_holds.get(self._hold_key(owner), 0) == 0
+        return self._held_by_all_objects(owner) == 0
 
     def _hold_key(self, owner: str) -> Tuple[int, str, str]:
         return (id(pool_of(self._client)), self._keys.hash, owner)
@@ -350,11 +368,28 @@ class Primitive:
 
     def _held_by_all_objects(self, owner: str) -> int:
         """Holds ``owner`` has on this primitive through every object of its name here."""
+        if _orphans:
+            with _bookkeeping:
+                _forget_orphans_locked()
         return _process_holds.get(self._hold_key(owner), 0)
+
+    def __del__(self) -> None:
+        # An object dropped while it holds: its renewal stops (the lease only refers to it
+        # weakly) and the hold ends with the lease, so it must not stay counted for the
+        # other objects of its name (a semaphore would refuse every later grant to that
+        # owner as "after a loss"). Runs at any point: no lock, no I/O (see _orphans).
+        try:
+            holds = self._holds
+        except AttributeError:  # __init__ did not get that far
+            return
+        for owner, hold in list(holds.items()):
+            if hold.count > 0:
+                _orphans.append((self._hold_key(owner), hold.count))
 
     def _record_grant(self, owner: str, count: int, since: float) -> None:
         key = self._hold_key(owner)
         with _bookkeeping:
+            _forget_orphans_locked()
             hold = self._holds.get(owner)
             if hold is None:
                 hold = self._holds[owner] = Hold()
@@ -384,6 +419,7 @@ class Primitive:
         lease = None
         key = self._hold_key(owner)
         with _bookkeeping:
+            _forget_orphans_locked()
             hold = self._holds.get(owner)
             if hold is None:
                 return 0, False
