@@ -163,3 +163,35 @@ def test_asyncio_twin_runs_a_slow_sync_on_lost_without_blocking_the_loop(
     finally:
         finish.set()
 
+
+@pytest.mark.timeout(60)
+def test_on_lost_that_exits_its_thread_does_not_silence_later_callbacks(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """A callback that raises a BaseException (``sys.exit()`` in a clean-up, a
+    ``KeyboardInterrupt`` re-raised) must not stop every later ``on_lost`` of the process.
+
+    Found: the callback thread catches only Exception; SystemExit ends the thread quietly
+    while ``callbacks._thread`` still names it, so later losses are queued behind a dead
+    thread and never reported, for the life of the process.
+    """
+    called: List[str] = []
+
+    def exits(lock: Any) -> None:
+        called.append("a")
+        raise SystemExit(1)
+
+    a = rlocks.RLock(name + "-a", client=client, ttl=1.0, namespace=NAMESPACE, on_lost=exits)
+    b = rlocks.RLock(
+        name + "-b", client=client, ttl=1.0, namespace=NAMESPACE,
+        on_lost=lambda lock: called.append("b"),
+    )
+    try:
+        assert a.acquire()
+        client.delete(a._keys.hash)  # lost; the renewer finds it within ttl/3
+        wait_until(lambda: called == ["a"], 10, "on_lost of A")
+        assert b.acquire()
+        client.delete(b._keys.hash)
+        wait_until(lambda: "b" in called, 10, "on_lost of B after A's callback exited")
+    finally:
+        client.delete(a._keys.hash, b._keys.hash)

@@ -19,6 +19,7 @@ from rlocks._engine import identity
 from rlocks.errors import LockLostError
 from rlocks.semaphore import BoundedSemaphore, Semaphore
 
+from ._servers import wait_until
 from .conftest import NAMESPACE, snapshot
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -585,3 +586,35 @@ def test_a_cancelled_asyncio_release_still_gives_the_permit_back(
         await aclient.aclose()
 
     asyncio.run(main())
+
+@pytest.mark.timeout(60)
+def test_semaphore_dropped_while_held_does_not_refuse_the_threads_later_grants(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """A semaphore object dropped while it holds a permit (a handler that raised before
+    its release(), with no ``with``) stops being renewed and its permit comes back when the
+    lease ends, as documented. That thread must still be able to take the semaphore later.
+
+    Found: the dropped object's count stays in primitive._process_holds for the life of
+    the process (nothing removes an object's holds when it is collected), so every later
+    grant to that thread, through any new object of the name, looks like "a grant after a
+    loss" to _grant_refusal: the permit is given back and acquire() raises LockLostError
+    ("release the lost ones first"), with no object left that could release them.
+    """
+    import gc
+
+    def forgets_to_release() -> bytes:
+        sem = Semaphore(name, 2, client=client, ttl=1.0, namespace=NAMESPACE)
+        assert sem.acquire()
+        return sem._keys.hash.encode()
+
+    key = forgets_to_release()
+    gc.collect()
+    # Its lease is no longer renewed: the permit goes back to the pool within ttl.
+    wait_until(lambda: not client.exists(key), 10, "the dropped object's lease to end")
+    sem = Semaphore(name, 2, client=client, ttl=1.0, namespace=NAMESPACE)
+    try:
+        assert sem.acquire(timeout=5)
+        sem.release()
+    finally:
+        client.delete(key)
