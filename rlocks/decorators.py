@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, List, Optional, TypeVar, cast
+from typing import Any, Callable, Dict, List, Optional, TypeVar, cast
 
 from ._engine.constructors import keyword_hint, unexpected_keyword
 from .rlock import RLock
@@ -27,8 +27,8 @@ __all__ = ["limited", "synchronized"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _DECORATOR_HINTS = {
-    "blocking_timeout": "how long a call waits is synchronized(timeout=...)",
-    "blocking": "a call always waits; synchronized(timeout=...) bounds the wait",
+    "blocking_timeout": "how long a call waits is {decorator}(timeout=...)",
+    "blocking": "a call always waits; {decorator}(timeout=...) bounds the wait",
 }
 
 
@@ -60,43 +60,56 @@ def synchronized(
     its constructor does not take, or a coroutine, generator or async generator function
     (the hold would not cover what runs after the first suspension).
     """
+    return _decorator("synchronized", name, kind, timeout, options)
+
+
+def _decorator(
+    decorator: str,
+    name: str,
+    kind: Callable[..., Any],
+    timeout: Optional[float],
+    options: Dict[str, Any],
+) -> Callable[[F], F]:
+    """Validate and build ``synchronized``/``limited``; ``decorator`` names the public
+    call in every error, so a ``limited()`` mistake is reported as ``limited(...)``."""
     if isinstance(kind, type) and issubclass(kind, RWLock):
         raise TypeError(
-            "synchronized(): an RWLock has two sides; use `with rwlock.read_lock:` or "
+            f"{decorator}(): an RWLock has two sides; use `with rwlock.read_lock:` or "
             "`with rwlock.write_lock:` instead"
         )
     if not (isinstance(kind, type) and issubclass(kind, (RLock, Semaphore))):
         raise TypeError(
-            "synchronized(): kind must be rlocks.RLock, rlocks.Semaphore or "
+            f"{decorator}(): kind must be rlocks.RLock, rlocks.Semaphore or "
             f"rlocks.BoundedSemaphore, not {kind!r}"
         )
     if "name" in options:
-        raise TypeError("synchronized(): the name is the first argument, not an option")
+        raise TypeError(f"{decorator}(): the name is the first argument, not an option")
     try:
         inspect.signature(kind).bind(name, **options)
     except TypeError as exc:
         label = getattr(kind, "_label", kind.__name__)
-        message = f"synchronized({name!r}): {label} options: {exc}"
+        message = f"{decorator}({name!r}): {label} options: {exc}"
         keyword = unexpected_keyword(exc)
         # Here timeout= is the decorator's own (how long a call waits for the primitive).
-        hint = _DECORATOR_HINTS.get(keyword or "") or keyword_hint(keyword or "")
+        own = _DECORATOR_HINTS.get(keyword or "")
+        hint = own.format(decorator=decorator) if own else keyword_hint(keyword or "")
         if hint is not None:
             message += f"; {hint}"
         raise TypeError(message) from None
     if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
-        raise ValueError(f"synchronized({name!r}): timeout must be None or >= 0 seconds")
+        raise ValueError(f"{decorator}({name!r}): timeout must be None or >= 0 seconds")
     acquire_kwargs = {} if timeout is None else {"timeout": timeout}
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise TypeError(
-                f"synchronized({name!r}) decorates a function, not {type(func).__name__} "
+                f"{decorator}({name!r}) decorates a function, not {type(func).__name__} "
                 "(put @classmethod / @staticmethod above it)"
             )
         if (inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func)
                 or inspect.isasyncgenfunction(func)):
             raise TypeError(
-                f"synchronized({name!r}) cannot wrap {func.__qualname__}: its body runs "
+                f"{decorator}({name!r}) cannot wrap {func.__qualname__}: its body runs "
                 "after the call returns, outside the hold"
             )
         made: List[Any] = []  # the primitive, once made
@@ -134,6 +147,7 @@ def limited(
     """At most ``value`` calls at once, across every process using ``name``.
 
     Shorthand for ``synchronized(name, kind=BoundedSemaphore, value=value, ...)``: each
-    call holds one permit of the bounded semaphore ``name`` while it runs.
+    call holds one permit of the bounded semaphore ``name`` while it runs. Blocks and raises
+    as ``synchronized`` does; its errors name ``limited(...)``.
     """
-    return synchronized(name, kind=BoundedSemaphore, timeout=timeout, value=value, **options)
+    return _decorator("limited", name, BoundedSemaphore, timeout, {"value": value, **options})

@@ -142,17 +142,19 @@ def test_validation_errors_inside_the_constructor_pass_unchanged(label: str) -> 
 
 
 @pytest.mark.parametrize(
-    "decorate",
+    ("public", "decorate"),
     [
-        lambda **kw: rlocks.synchronized("x", **kw),
-        lambda **kw: rlocks.limited("x", 2, **kw),
+        ("synchronized", lambda **kw: rlocks.synchronized("x", **kw)),
+        ("limited", lambda **kw: rlocks.limited("x", 2, **kw)),
     ],
     ids=["synchronized", "limited"],
 )
-def test_decorators_point_peer_keywords_to_theirs(decorate: Callable[..., Any]) -> None:
+def test_decorators_point_peer_keywords_to_theirs(
+    public: str, decorate: Callable[..., Any]
+) -> None:
     with pytest.raises(TypeError) as wait:
         decorate(blocking_timeout=5)
-    assert "synchronized(timeout=" in str(wait.value)
+    assert f"{public}(timeout=" in str(wait.value)
     with pytest.raises(TypeError) as lease:
         decorate(expire=5)
     assert "ttl=" in str(lease.value) and "rlocks." in str(lease.value)

@@ -234,3 +234,21 @@ def test_functions_whose_body_outlives_the_call_are_refused(name: str) -> None:
             synchronized(name)(func)
     with pytest.raises(TypeError):
         synchronized(name)(classmethod(lambda cls: None))  # type: ignore[arg-type]
+
+
+def test_limited_errors_name_limited_not_synchronized(name: str) -> None:
+    """A mistake in ``@limited(...)`` is reported as the call the user wrote."""
+    with pytest.raises(TypeError, match=r"^limited\('.*'\): .*tll"):
+        limited(name, 2, tll=3)
+    with pytest.raises(TypeError, match=r"limited\(timeout=\.\.\.\)"):
+        limited(name, 2, blocking_timeout=1)
+    with pytest.raises(ValueError, match=r"^limited\("):
+        limited(name, 2, timeout=-1)
+    with pytest.raises(TypeError, match=r"^limited\(.*outside the hold"):
+        limited(name, 2)(coroutine_function)
+    with pytest.raises(TypeError, match=r"^synchronized\(.*synchronized\(timeout=\.\.\.\)"):
+        synchronized(name, blocking_timeout=1)
+
+
+async def coroutine_function() -> None:
+    pass
