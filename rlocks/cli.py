@@ -1,7 +1,7 @@
 """The ``rlocks`` command line (also ``python -m rlocks``).
 
 ``rlocks [--url URL] [--namespace NS] [--json] COMMAND``, where COMMAND is ``list``,
-``inspect``, ``watch``, ``release --force`` or ``demo``. The global options may also be
+``inspect``, ``watch``, ``top``, ``release --force`` or ``demo``. The global options may also be
 given after the command (``rlocks list --json``).
 
 Built on click, which is a dependency of rlocks itself rather than of an extra: the
@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 import redis
 
-from . import __version__
+from . import __version__, top
 from ._engine import inspect as _inspect
 from ._engine.clients import DEFAULT_URL
 
@@ -394,6 +394,54 @@ def watch_command(name: str, kind: Optional[str], interval: float, count: Option
     except KeyboardInterrupt:
         # Ctrl-C is how a watch ends: no traceback, no "Aborted!".
         click.echo()
+
+
+@cli.command("top")
+@click.argument("pattern", default="*")
+@_kind_option
+@click.option("-n", "--interval", type=click.FloatRange(min=0.1), default=1.0,
+              show_default=True, help="seconds between refreshes")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="stop after this many refreshes [default: until Ctrl-C]")
+@_global_options
+def top_command(pattern: str, kind: Optional[str], interval: float, count: Optional[int]
+                ) -> None:
+    """A live view of the namespace: contended primitives first.
+
+    One row per primitive whose name matches the glob PATTERN (default: all): holders,
+    how long the longest hold has been seen held, lease left, waiters and the oldest
+    waiter's age; refreshed every --interval seconds until Ctrl-C. Primitives with
+    waiters come first, then the longest holds. With --json, one snapshot and exit.
+    The live view needs rich (pip install 'rlocks[top]'); --json does not.
+    """
+    settings = _settings()
+    if settings.json and count is not None:
+        raise UsageFailure("--count has no effect with --json, which prints one snapshot")
+    if not settings.json:
+        try:
+            top.require_rich()
+        except top.RichMissing as exc:
+            raise Failure(str(exc)) from None
+    client = settings.client()
+    code = _kind_code(kind)
+
+    def read() -> List[_inspect.PrimitiveState]:
+        return _inspect.list_primitives(client, settings.namespace, pattern,
+                                        kinds=None if code is None else [code])
+
+    if settings.json:
+        _emit_json(top.snapshot(read(), settings.namespace))
+        return
+
+    where = f"namespace {settings.namespace!r} at {redact(settings.effective_url)}"
+
+    def title(rows: Sequence[top.Row]) -> str:
+        contended = sum(1 for row in rows if row.waiters)
+        return (f"rlocks top  {time.strftime('%H:%M:%S')}  {where}  "
+                f"{_plural(len(rows), 'primitive')}, {contended} with waiters  "
+                f"(every {interval:g}s, Ctrl-C to stop)")
+
+    top.run_live(read, title, interval, count)
 
 
 @cli.command("release")

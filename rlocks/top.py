@@ -1,0 +1,396 @@
+"""What ``rlocks top`` shows: a namespace's primitives, the contended ones first.
+
+The command (:mod:`rlocks.cli`) reads the namespace with
+:func:`rlocks._engine.inspect.list_primitives` every ``--interval`` seconds; this module
+turns those states into rows, orders them, renders them (rich's ``Table`` inside a
+``Live`` display) and builds the ``--json`` snapshot. Apart from :func:`run_live`, which
+draws on the terminal, everything here is free of I/O, so the view is tested on
+hand-built states.
+
+What is known, and what is not
+------------------------------
+- **Holders and lease left** come from Redis (the lease as the server counts it).
+- **Hold age**: the scripts record when a hold ends (its lease), not when it began. The
+  live view therefore ages a hold from the refresh at which it first saw it
+  (:class:`HoldClock`): a hold that appeared while top ran is aged to within one
+  interval; one that was there at the first refresh is shown as a lower bound (``>=``).
+  A hold released and taken again by the same owner between two refreshes looks like one
+  hold. The one-shot ``--json`` snapshot has seen nothing before, so its
+  ``hold_age_ms`` is null.
+- **Waiters**: when the state carries a ``queue`` (the waiters in queue order, each with
+  ``waiter``, ``side``, ``wanted``, ``lease_left_ms`` and ``age_ms``), its length and its
+  oldest age are shown. Otherwise the only count Redis has is the processes subscribed to
+  the primitive's wake-up channels (see :mod:`rlocks._engine.inspect`): shown as
+  ``N proc``, and the oldest waiter's age is unknown (``?``). OLDEST is the oldest waiter's age.
+
+Order
+-----
+Primitives with waiters first (the oldest waiter first, then the longest queue), then
+held ones by hold age, longest first, then the rest; ties by name. The screen crops at
+the terminal's height, so what matters most is what stays visible.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ._engine.inspect import Holder, PrimitiveState
+
+if TYPE_CHECKING:  # rich is an optional dependency (the ``top`` extra)
+    from rich.console import Console
+    from rich.table import Table
+
+__all__ = [
+    "HoldClock",
+    "RichMissing",
+    "Row",
+    "caption",
+    "cells",
+    "format_ms",
+    "require_rich",
+    "rows_for",
+    "run_live",
+    "short_owner",
+    "snapshot",
+    "table",
+]
+
+# The fields of one queue entry, in the order the JSON snapshot and docs give them.
+QUEUE_FIELDS = ("waiter", "side", "wanted", "lease_left_ms", "age_ms")
+
+
+class RichMissing(RuntimeError):
+    """The live view needs rich, which is not installed."""
+
+
+def require_rich() -> None:
+    """Raise :class:`RichMissing` (with the install command) unless rich imports."""
+    try:
+        import rich.live  # noqa: F401
+        import rich.table  # noqa: F401
+    except ImportError as exc:
+        raise RichMissing(
+            f"rlocks top needs the 'rich' package ({exc}): pip install 'rlocks[top]' "
+            "(or use --json, which does not)"
+        ) from None
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+
+def _entry_field(entry: Any, name: str) -> Any:
+    if isinstance(entry, Mapping):
+        return entry.get(name)
+    return getattr(entry, name, None)
+
+
+def _entry_dict(entry: Any) -> Dict[str, Any]:
+    to_dict = getattr(entry, "to_dict", None)
+    if callable(to_dict):
+        data: Dict[str, Any] = to_dict()
+        return data
+    return {name: _entry_field(entry, name) for name in QUEUE_FIELDS}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One primitive as top shows it."""
+
+    state: PrimitiveState
+    # ms since the longest current hold began, as far as known (see the module docstring);
+    # None: not known. ``hold_age_floor``: the hold was older than top's first look.
+    hold_age_ms: Optional[int]
+    hold_age_floor: bool
+    # The state's queue (entries in queue order) when it has one; None: not recorded.
+    queue: Optional[Tuple[Any, ...]]
+
+    @property
+    def lease_left_ms(self) -> Optional[int]:
+        """The soonest end of a current hold's lease (None: nobody holds, or no expiry)."""
+        leases = [h.lease_ms for h in self.state.holders if h.lease_ms is not None]
+        if leases:
+            return min(leases)
+        return self.state.lease_ms if self.state.holders else None
+
+    @property
+    def waiters(self) -> Optional[int]:
+        """Queue length, else processes subscribed to wake-ups; None when not read."""
+        if self.queue is not None:
+            return len(self.queue)
+        return self.state.waiting_total
+
+    @property
+    def oldest_wait_ms(self) -> Optional[int]:
+        """The oldest queued waiter's age; None without a queue (or an empty one)."""
+        if not self.queue:
+            return None
+        ages = [_entry_field(entry, "age_ms") for entry in self.queue]
+        known = [int(age) for age in ages if age is not None]
+        return max(known) if known else None
+
+    def sort_key(self) -> Tuple[Any, ...]:
+        waiters = self.waiters or 0
+        return (
+            waiters == 0,
+            -(self.oldest_wait_ms or 0),
+            -waiters,
+            not self.state.holders,
+            -(self.hold_age_ms or 0),
+            self.state.name,
+            self.state.kind,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The state's ``to_dict()`` plus what top adds (the ``--json`` schema)."""
+        data = self.state.to_dict()
+        data["hold_age_ms"] = self.hold_age_ms
+        data["lease_left_ms"] = self.lease_left_ms
+        data["queue"] = None if self.queue is None else [_entry_dict(e) for e in self.queue]
+        data["queue_length"] = self.waiters
+        data["queue_source"] = "queue" if self.queue is not None else "subscribers"
+        data["oldest_wait_ms"] = self.oldest_wait_ms
+        return data
+
+
+_HoldKey = Tuple[str, str, str, str]  # kind, name, owner, side
+
+
+def _hold_keys(state: PrimitiveState) -> List[Tuple[_HoldKey, Holder]]:
+    return [((state.kind, state.name, h.owner, h.side), h) for h in state.holders]
+
+
+class HoldClock:
+    """When the live view first saw each hold: the only hold ages it can know.
+
+    ``observe`` is called once per refresh with that refresh's states; a hold is known
+    by (kind, name, owner, side) and forgotten as soon as a refresh does not show it.
+    Not thread-safe: one refresh loop owns it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._seen: Dict[_HoldKey, Tuple[float, bool]] = {}  # -> (first seen, floor)
+        self._first = True
+
+    def observe(self, states: Sequence[PrimitiveState]) -> Dict[_HoldKey, Tuple[int, bool]]:
+        """(age ms, whether it is a lower bound) of every hold in ``states``."""
+        now = self._clock()
+        seen: Dict[_HoldKey, Tuple[float, bool]] = {}
+        for state in states:
+            for key, _holder in _hold_keys(state):
+                # Holds present at the first look began at some unknown earlier time.
+                seen[key] = self._seen.get(key, (now, self._first))
+        self._seen = seen
+        self._first = False
+        return {key: (int((now - since) * 1000), floor) for key, (since, floor) in seen.items()}
+
+
+def rows_for(
+    states: Sequence[PrimitiveState],
+    ages: Optional[Mapping[_HoldKey, Tuple[int, bool]]] = None,
+) -> List[Row]:
+    """``states`` as rows in top's order; ``ages`` from :meth:`HoldClock.observe`."""
+    rows = []
+    for state in states:
+        age: Optional[int] = None
+        floor = False
+        for key, _holder in _hold_keys(state):
+            if ages is not None and key in ages:
+                held, is_floor = ages[key]
+                if age is None or held > age:
+                    age, floor = held, is_floor
+        queue = getattr(state, "queue", None)
+        rows.append(Row(state, age, floor, None if queue is None else tuple(queue)))
+    rows.sort(key=Row.sort_key)
+    return rows
+
+
+def snapshot(states: Sequence[PrimitiveState], namespace: str) -> Dict[str, Any]:
+    """The ``--json`` document: one snapshot, primitives in top's order."""
+    return {
+        "time": time.time(),
+        "namespace": namespace,
+        "primitives": [row.to_dict() for row in rows_for(states)],
+    }
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def format_ms(ms: Optional[int]) -> str:
+    """A duration for a cell: ``0.4s``, ``12s``, ``3m05s``, ``2h01m``; ``-`` for None."""
+    if ms is None:
+        return "-"
+    seconds = max(ms, 0) / 1000.0
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{int(seconds)}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _holders_cell(state: PrimitiveState) -> str:
+    if not state.holders:
+        count = "0"
+    elif state.kind == "rw":
+        writers = sum(1 for h in state.holders if h.side == "write")
+        readers = len(state.holders) - writers
+        count = " ".join(part for part in (f"{writers}w" if writers else "",
+                                          f"{readers}r" if readers else "") if part)
+    else:
+        count = str(len(state.holders))
+    if state.kind == "sem":
+        count += f" ({state.free}/{state.value} free)"
+    return count
+
+
+def short_owner(owner: str) -> str:
+    """``host:pid:thread`` of an owner id (``host:pid:nonce:thread``), for a narrow cell.
+
+    The nonce only tells a process from an earlier one with the same pid; ``--json``
+    keeps the whole id.
+    """
+    host, sep, rest = owner.partition(":")
+    pid, _, tail = rest.partition(":")
+    _nonce, _, thread = tail.partition(":")
+    return f"{host}:{pid}:{thread}" if sep and thread else owner
+
+
+def _owner_cell(state: PrimitiveState) -> str:
+    if not state.holders:
+        return "-"
+    more = len(state.holders) - 1
+    return short_owner(state.holders[0].owner) + (f" +{more}" if more else "")
+
+
+def _queue_cell(row: Row) -> str:
+    waiters = row.waiters
+    if waiters is None:
+        return "?"
+    if not waiters:
+        return "-"
+    return str(waiters) if row.queue is not None else f"{waiters} proc"
+
+
+def _oldest_cell(row: Row) -> str:
+    if not row.waiters:
+        return "-"
+    return format_ms(row.oldest_wait_ms) if row.queue is not None else "?"
+
+
+def _hold_age_cell(row: Row) -> str:
+    if not row.state.holders:
+        return "-"
+    if row.hold_age_ms is None:
+        return "?"
+    return (">=" if row.hold_age_floor else "") + format_ms(row.hold_age_ms)
+
+
+COLUMNS = ("TYPE", "NAME", "HOLDERS", "OWNER", "HELD", "LEASE", "QUEUE", "OLDEST")
+_NUMERIC = ("HELD", "LEASE", "QUEUE", "OLDEST")
+
+
+def caption(rows: Sequence[Row]) -> str:
+    """The legend under the table: what HELD and QUEUE mean for these rows."""
+    text = "HELD: since top first saw the hold (>=: held before top started)"
+    if any(row.queue is None and row.waiters for row in rows):
+        text += "; N proc: processes subscribed to wake-ups (Redis has no queue); ?: unknown"
+    return text
+
+
+def cells(row: Row) -> Tuple[str, ...]:
+    """The text of one row, in :data:`COLUMNS` order."""
+    state = row.state
+    return (
+        state.type,
+        state.name,
+        _holders_cell(state),
+        _owner_cell(state),
+        _hold_age_cell(row),
+        format_ms(row.lease_left_ms),
+        _queue_cell(row),
+        _oldest_cell(row),
+    )
+
+
+def table(rows: Sequence[Row], title: str) -> "Table":
+    """The rows as a rich ``Table`` (rich must be installed: :func:`require_rich`)."""
+    from rich import box
+    from rich.table import Table
+
+    view = Table(title=title, title_justify="left", caption=caption(rows),
+                 caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    longest = max((len(row.state.name) for row in rows), default=4)
+    for column in COLUMNS:
+        # On a narrow terminal the owner and type give way first: names and numbers stay.
+        width = len(column)
+        if column == "NAME":
+            width = min(max(longest, 4), 32)
+        elif column in ("TYPE", "OWNER"):
+            width = 5
+        view.add_column(column, justify="right" if column in _NUMERIC else "left",
+                        no_wrap=True, overflow="ellipsis", min_width=width)
+    for row in rows:
+        # Contended rows stand out; the rest are plain. Colour only, never layout.
+        style = "bold red" if row.waiters else None
+        view.add_row(*cells(row), style=style)
+    if not rows:
+        view.add_row("(no primitives)", *[""] * (len(COLUMNS) - 1))
+    return view
+
+
+def run_live(
+    read: Callable[[], Sequence[PrimitiveState]],
+    title: Callable[[Sequence[Row]], str],
+    interval: float,
+    count: Optional[int] = None,
+    console: Optional["Console"] = None,
+) -> None:
+    """Redraw the table every ``interval`` s until Ctrl-C (or ``count`` refreshes).
+
+    ``read`` returns the states of one refresh (its errors propagate, ending the view);
+    ``title`` makes the table's title from the rows. On a terminal the table is redrawn
+    in place (rich ``Live``, cropped to the screen's height); otherwise each refresh is
+    printed after the last. Blocks; returns after ``count`` refreshes or on Ctrl-C.
+    """
+    require_rich()
+    from rich.console import Console
+    from rich.live import Live
+
+    screen = console or Console()
+    clock = HoldClock()
+
+    def frame() -> "Table":
+        states = read()
+        rows = rows_for(states, clock.observe(states))
+        return table(rows, title(rows))
+
+    frames = 0
+    next_at = time.monotonic()
+    try:
+        if not screen.is_terminal:
+            while count is None or frames < count:
+                if frames:
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+                screen.print(frame())
+                frames += 1
+                next_at += interval
+            return
+        # auto_refresh off: the table changes only when Redis is read again, so one
+        # redraw per refresh is all there is to draw.
+        with Live(frame(), console=screen, auto_refresh=False,
+                  vertical_overflow="ellipsis") as live:
+            frames = 1
+            while count is None or frames < count:
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+                live.update(frame(), refresh=True)
+                frames += 1
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how a live view ends: no traceback
