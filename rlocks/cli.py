@@ -437,9 +437,10 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
 
     def title(rows: Sequence[top.Row]) -> str:
         contended = sum(1 for row in rows if row.waiters)
-        return (f"rlocks top  {time.strftime('%H:%M:%S')}  {where}  "
+        # Most telling first: a narrow terminal cuts the end of the line.
+        return (f"rlocks top  {time.strftime('%H:%M:%S')}  "
                 f"{_plural(len(rows), 'primitive')}, {contended} with waiters  "
-                f"(every {interval:g}s, Ctrl-C to stop)")
+                f"{where}  every {interval:g}s, Ctrl-C to stop")
 
     top.run_live(read, title, interval, count)
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 from ._engine.inspect import Holder, PrimitiveState
 
 if TYPE_CHECKING:  # rich is an optional dependency (the ``top`` extra)
-    from rich.console import Console
+    from rich.console import Console, RenderableType
     from rich.table import Table
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "require_rich",
     "rows_for",
     "run_live",
+    "screen",
     "short_owner",
     "snapshot",
     "table",
@@ -319,12 +320,23 @@ def cells(row: Row) -> Tuple[str, ...]:
     )
 
 
-def table(rows: Sequence[Row], title: str) -> "Table":
+def screen(rows: Sequence[Row], title: str) -> "RenderableType":
+    """One frame: ``title`` on a line of its own (cut at the width), then :func:`table`."""
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(Text(title, no_wrap=True, overflow="ellipsis"), table(rows))
+
+
+def table(rows: Sequence[Row]) -> "Table":
     """The rows as a rich ``Table`` (rich must be installed: :func:`require_rich`)."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    view = Table(title=title, title_justify="left", caption=caption(rows),
+    # Every string goes in as Text: a str would be read as rich markup and emoji codes,
+    # and names, namespaces and owner ids (host names) are anyone's text: "[b]" or ":100:".
+    view = Table(caption=Text(caption(rows)),
                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     longest = max((len(row.state.name) for row in rows), default=4)
     for column in COLUMNS:
@@ -334,14 +346,14 @@ def table(rows: Sequence[Row], title: str) -> "Table":
             width = min(max(longest, 4), 32)
         elif column in ("TYPE", "OWNER"):
             width = 5
-        view.add_column(column, justify="right" if column in _NUMERIC else "left",
+        view.add_column(Text(column), justify="right" if column in _NUMERIC else "left",
                         no_wrap=True, overflow="ellipsis", min_width=width)
     for row in rows:
         # Contended rows stand out; the rest are plain. Colour only, never layout.
         style = "bold red" if row.waiters else None
-        view.add_row(*cells(row), style=style)
+        view.add_row(*map(Text, cells(row)), style=style)
     if not rows:
-        view.add_row("(no primitives)", *[""] * (len(COLUMNS) - 1))
+        view.add_row(Text("(no primitives)"), *[Text()] * (len(COLUMNS) - 1))
     return view
 
 
@@ -363,28 +375,28 @@ def run_live(
     from rich.console import Console
     from rich.live import Live
 
-    screen = console or Console()
+    out = console or Console()
     clock = HoldClock()
 
-    def frame() -> "Table":
+    def frame() -> "RenderableType":
         states = read()
         rows = rows_for(states, clock.observe(states))
-        return table(rows, title(rows))
+        return screen(rows, title(rows))
 
     frames = 0
     next_at = time.monotonic()
     try:
-        if not screen.is_terminal:
+        if not out.is_terminal:
             while count is None or frames < count:
                 if frames:
                     time.sleep(max(0.0, next_at - time.monotonic()))
-                screen.print(frame())
+                out.print(frame())
                 frames += 1
                 next_at += interval
             return
         # auto_refresh off: the table changes only when Redis is read again, so one
         # redraw per refresh is all there is to draw.
-        with Live(frame(), console=screen, auto_refresh=False,
+        with Live(frame(), console=out, auto_refresh=False,
                   vertical_overflow="ellipsis") as live:
             frames = 1
             while count is None or frames < count:
