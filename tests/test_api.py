@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -570,7 +571,7 @@ def test_readme_acl_lines_library_and_command_line(
         # A waiter (another thread) subscribes to the namespace's wake-up channel.
         assert in_thread(lambda: lock.acquire(timeout=0.2)) is False
 
-        # The command line under the operator's line: list, inspect, watch, release.
+        # The command line under the operator's line: list, inspect, watch, top, release.
         url = f"redis://{cli_user}:pw-{cli_user}@{redis_url.split('//', 1)[1]}"
         runner = CliRunner()
 
@@ -583,6 +584,8 @@ def test_readme_acl_lines_library_and_command_line(
         assert "RLock" in listed and "RWLock" in listed and "BoundedSemaphore" in listed
         assert "r" in run("inspect", "r").output
         run("watch", "r", "--count", "1")
+        assert "RLock" in run("top", "--count", "1").output
+        assert json.loads(run("top", "--json").output)["primitives"]
         run("release", "--force", "r", "--yes", "--kind", "rlock")
         assert lib.exists(lock._keys.hash) == 0
         # ... and the library line alone is not enough for it (why there are two lines).
