@@ -364,12 +364,13 @@ def run_live(
     count: Optional[int] = None,
     console: Optional["Console"] = None,
 ) -> None:
-    """Redraw the table every ``interval`` s until Ctrl-C (or ``count`` refreshes).
+    """Redraw the view every ``interval`` s until Ctrl-C (or ``count`` refreshes).
 
     ``read`` returns the states of one refresh (its errors propagate, ending the view);
-    ``title`` makes the table's title from the rows. On a terminal the table is redrawn
-    in place (rich ``Live``, cropped to the screen's height); otherwise each refresh is
-    printed after the last. Blocks; returns after ``count`` refreshes or on Ctrl-C.
+    ``title`` makes the line above the table from the rows. On a terminal the view is
+    redrawn in place (rich ``Live``, cropped to the screen's height, the last frame left
+    on the screen); otherwise each refresh is printed after the last. Blocks; returns
+    after ``count`` refreshes or on Ctrl-C.
     """
     require_rich()
     from rich.console import Console
@@ -378,31 +379,26 @@ def run_live(
     out = console or Console()
     clock = HoldClock()
 
-    def frame() -> "RenderableType":
-        states = read()
-        rows = rows_for(states, clock.observe(states))
-        return screen(rows, title(rows))
+    def refreshes(show: Callable[["RenderableType"], None]) -> None:
+        frames = 0
+        next_at = time.monotonic()
+        while count is None or frames < count:
+            if frames:
+                time.sleep(max(0.0, next_at - time.monotonic()))
+            states = read()
+            rows = rows_for(states, clock.observe(states))
+            show(screen(rows, title(rows)))
+            frames += 1
+            # A slow read delays the next refresh rather than bunching the ones after it.
+            next_at = max(next_at + interval, time.monotonic())
 
-    frames = 0
-    next_at = time.monotonic()
     try:
         if not out.is_terminal:
-            while count is None or frames < count:
-                if frames:
-                    time.sleep(max(0.0, next_at - time.monotonic()))
-                out.print(frame())
-                frames += 1
-                next_at += interval
+            refreshes(out.print)
             return
-        # auto_refresh off: the table changes only when Redis is read again, so one
-        # redraw per refresh is all there is to draw.
-        with Live(frame(), console=out, auto_refresh=False,
-                  vertical_overflow="ellipsis") as live:
-            frames = 1
-            while count is None or frames < count:
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.monotonic()))
-                live.update(frame(), refresh=True)
-                frames += 1
+        # auto_refresh off: the view changes only when Redis is read again, so one redraw
+        # per refresh is all there is to draw.
+        with Live(console=out, auto_refresh=False, vertical_overflow="ellipsis") as live:
+            refreshes(lambda view: live.update(view, refresh=True))
     except KeyboardInterrupt:
         return  # Ctrl-C is how a live view ends: no traceback

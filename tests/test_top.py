@@ -411,13 +411,17 @@ class Tmux:
     def screen(self) -> List[str]:
         return self._tmux("capture-pane", "-p", "-t", "top").splitlines()
 
-    def wait_for(self, predicate: Callable[[List[str]], Any], what: str) -> List[str]:
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "top", *keys)
+
+    def wait_for(self, predicate: Callable[[List[str]], Any], what: str,
+                 may_exit: bool = False) -> List[str]:
         last: List[str] = []
 
         def check() -> Any:
             nonlocal last
             last = self.screen()
-            if any(line.startswith("EXITED") for line in last):
+            if not may_exit and any(line.startswith("EXITED") for line in last):
                 raise AssertionError("rlocks top exited:\n" + "\n".join(last))
             return predicate(last)
 
@@ -479,5 +483,12 @@ def test_top_in_a_real_terminal(
         lines = tmux.wait_for(lambda lines: hot_row(lines) is None
                               and row_line(lines, "cold") is not None, "'hot' to go")
         assert any("1 primitive, 0 with waiters" in line for line in lines), lines
+
+        # Ctrl-C ends it quietly: status 0, the last frame left on the screen.
+        tmux.keys("C-c")
+        lines = tmux.wait_for(lambda lines: "EXITED 0" in lines, "exit status 0 after Ctrl-C",
+                              may_exit=True)
+        assert row_line(lines, "cold") is not None, lines
+        assert not any("Traceback" in line or "Aborted" in line for line in lines), lines
     finally:
         tmux.close()
