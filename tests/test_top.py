@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import pytest
@@ -396,16 +397,18 @@ def test_without_rich_the_screen_says_what_to_install_and_json_still_works(
 
 
 class Tmux:
-    """A tmux server of our own (its own socket), one detached session running ``command``."""
+    """A tmux server of our own (its socket in ``folder``), one detached session running
+    ``command``."""
 
-    def __init__(self, command: List[str], width: int = 150, height: int = 30) -> None:
-        self.socket = f"rlocks-top-{uuid.uuid4().hex[:8]}"
+    def __init__(self, folder: Path, command: List[str], width: int = 150, height: int = 30
+                 ) -> None:
+        self.socket = str(folder / "tmux.sock")
         # The shell stays after the command so a crash is on the screen, not a lost pane.
         line = f"{shlex.join(command)}; echo EXITED $?; sleep 120"
         self._tmux("new-session", "-d", "-s", "top", "-x", str(width), "-y", str(height), line)
 
     def _tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True,
+        return subprocess.run(["tmux", "-S", self.socket, *args], check=True,
                               capture_output=True, text=True, timeout=30).stdout
 
     def screen(self) -> List[str]:
@@ -432,15 +435,16 @@ class Tmux:
         return last
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True,
                        timeout=30)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_top_in_a_real_terminal(
-    client: "redis.Redis[bytes]", redis_url: str, ns: str, contention: Contention
+    client: "redis.Redis[bytes]", redis_url: str, ns: str, contention: Contention,
+    tmp_path: Path,
 ) -> None:
-    tmux = Tmux([sys.executable, "-m", "rlocks", "--url", redis_url, "--namespace", ns,
+    tmux = Tmux(tmp_path, [sys.executable, "-m", "rlocks", "--url", redis_url, "--namespace", ns,
                  "top", "--interval", "0.2"])
     try:
         def hot_row(lines: List[str]) -> Optional[List[str]]:
