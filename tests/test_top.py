@@ -365,8 +365,9 @@ def one_line_error(result: Result) -> str:
     (["--namespace", ""], "--namespace must not be empty"),
     (["--url", "foo://localhost"], "invalid Redis URL"),
 ])
-def test_bad_options_are_one_line_usage_errors(args: List[str], message: str) -> None:
-    # An unreachable URL: a usage error must come before any attempt to connect.
+def test_bad_options_are_usage_errors_before_any_connection(args: List[str], message: str) -> None:
+    # An unreachable URL: a usage error (exit 2) must come before any attempt to connect
+    # (which would fail with exit 1).
     url = f"redis://127.0.0.1:{free_port()}/0"
     result = CliRunner().invoke(cli.cli, ["--url", url, "top", *args])
     assert result.exit_code == 2, result.output
