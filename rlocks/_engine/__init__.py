@@ -3,6 +3,9 @@
 Modules, lowest first (each imports only the ones above it):
 
 - ``clock``: the monotonic clock every deadline is read from.
+- ``metrics``: optional OpenTelemetry metrics and spans (acquire and hold durations,
+  waiters, losses, renewals, hand-overs); nothing recorded without the API, and no cost
+  to speak of when no provider is configured.
 - ``identity``: owner ids (host, pid, per-process nonce renewed at fork, per-thread serial).
 - ``keys``: Redis key and channel names, with the hash tag that keeps one primitive in one
   cluster slot.

@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from . import checks, identity, renewal
+from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .primitive import Primitive
@@ -394,6 +394,7 @@ class AsyncPrimitive(Primitive):
         client = io_client(self._aclient())
         return await arun(client, call.script, call.keys, call.args, call.wait)
 
+    @metrics.measure_async_acquire
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
         call, waiting = self._begin_take(owner, count, wait)
@@ -418,6 +419,7 @@ class AsyncPrimitive(Primitive):
                 reply = await attempt()
             if reply.busy and hub is not None:
                 deadline = None if wait is None else first + wait
+                metrics.wait_began(self, first)
                 reply = await wait_until_granted(
                     hub, self._channel, attempt, deadline, None if probe is None else check
                 )

@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, ClassVar, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError
-from . import callbacks, checks, identity
+from . import callbacks, checks, identity, metrics
 from .clients import default_client, is_cluster, pool_of
 from .clock import monotonic
 from .constructors import public_init
@@ -74,12 +74,13 @@ if hasattr(os, "register_at_fork"):
 class Hold:
     """What one owner of this process holds on one primitive (local view)."""
 
-    __slots__ = ("count", "lease", "lost")
+    __slots__ = ("count", "lease", "lost", "granted")
 
     def __init__(self) -> None:
         self.count = 0
         self.lease: Optional[Lease] = None
         self.lost = False
+        self.granted = monotonic()  # when its first level was granted (hold duration)
 
 
 class Primitive:
@@ -436,6 +437,8 @@ class Primitive:
                 lease, hold.lease = hold.lease, None
         if lease is not None:
             self._renewer().cancel(lease)
+        if hold.count <= 0 and not lost:  # a lost hold's duration ended at the loss
+            metrics.hold_ended(self, hold.granted, "released")
         return dropped, lost
 
     def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
@@ -461,6 +464,7 @@ class Primitive:
         sure). Returns at once: the callback runs elsewhere (see ``_call_on_lost``).
         """
         log.warning("%s lost by %s: %s", self._describe(), owner, reason)
+        metrics.lost(self, getattr(self._holds.get(owner), "granted", None))
         if self._on_lost is not None:
             self._call_on_lost(self._on_lost)
 
@@ -472,6 +476,7 @@ class Primitive:
 
     # -- the shared operations -----------------------------------------------------------
 
+    @metrics.measure_acquire
     def _take(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """Acquire ``count`` holds for ``owner``; wait ``wait`` s (``None``: forever, 0: no).
 
@@ -515,6 +520,7 @@ class Primitive:
                 reply = attempt()
             if reply.busy and hub is not None:
                 deadline = None if wait is None else first + wait
+                metrics.wait_began(self, first)
                 reply = wait_until_granted(
                     hub, self._channel, attempt, deadline, None if probe is None else check
                 )
@@ -537,6 +543,7 @@ class Primitive:
         return self._finish_take(owner, count, reply, started[0])
 
     def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
+        metrics.wait_over(reply.granted)  # where a waiter learns it was granted
         if log.isEnabledFor(logging.DEBUG):
             outcome = "granted" if reply.granted else "gave up"
             log.debug(

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from . import metrics
 from .clients import io_client, pool_of
 from .clock import monotonic
 from .scripts import Script, decode
@@ -231,6 +232,7 @@ class Renewer:
             if reply.granted:
                 lease.expires = sent + lease.ttl
                 lease.due = sent + lease.period
+                metrics.renewed(primitive)
             else:
                 self.cancel(lease)
                 primitive._hold_lost(lease.owner, "its lease was gone when renewal came", lease)
