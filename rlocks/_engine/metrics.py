@@ -231,7 +231,7 @@ def _base(primitive: Any) -> Dict[str, Any]:
 
 def _attrs(primitive: Any, *extra: Tuple[str, Any]) -> Dict[str, Any]:
     """``primitive``'s attributes plus ``extra`` pairs: cached, never to be mutated."""
-    key = (type(primitive), primitive._name if _include_name else None, *extra)
+    key = (type(primitive), primitive._name if _include_name else None, extra)
     found = _attributes.get(key)
     if found is None:
         found = _base(primitive)
@@ -240,6 +240,11 @@ def _attrs(primitive: Any, *extra: Tuple[str, Any]) -> Dict[str, Any]:
             _attributes.clear()
         _attributes[key] = found
     return found
+
+
+# The extra attributes of the common values, built once (the hot path passes these).
+_ACQUIRED = (("outcome", "acquired"), ("waited", False))
+_RELEASED = (("end", "released"),)
 
 
 # -- acquire ------------------------------------------------------------------------------
@@ -342,6 +347,8 @@ def _acquired(
             ("waited", wait is not None),
             ("error.type", type(error).__name__),
         )
+    elif granted and wait is None:
+        attributes = _attrs(primitive, *_ACQUIRED)
     else:
         outcome = "acquired" if granted else "timed_out"
         attributes = _attrs(primitive, ("outcome", outcome), ("waited", wait is not None))
@@ -404,7 +411,8 @@ def hold_ended(primitive: Any, granted: float, end: str) -> None:
     instruments = _instruments if _resolved else _resolve()
     if instruments is None:
         return
-    instruments.hold.record(monotonic() - granted, _attrs(primitive, ("end", end)))
+    extra = _RELEASED if end == "released" else (("end", end),)
+    instruments.hold.record(monotonic() - granted, _attrs(primitive, *extra))
 
 
 def lost(primitive: Any, granted: Optional[float]) -> None:
