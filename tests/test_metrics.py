@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 import redis
