@@ -242,6 +242,32 @@ def test_known_loss_renewals_and_error(otel: Telemetry, client: Any, name: str) 
     assert otel.total("rlocks.lost", name=name) == 1
 
 
+def test_waiters_queued_in_one_process(otel: Telemetry, client: Any, name: str) -> None:
+    # Two writers of one process wait on readers: the second queues behind the first
+    # without asking Redis (QUEUED), and both count as waiting, with the write side.
+    rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    rw.read_lock.acquire()
+
+    def write() -> bool:
+        granted = rw.write_lock.acquire(timeout=60)
+        rw.write_lock.release()
+        return granted
+
+    writers = [in_thread(write) for _ in range(2)]
+    wait_for(
+        lambda: otel.total("rlocks.waiting", name=name, kind="rwlock", side="write") == 2,
+        "both writers to wait",
+    )
+    rw.read_lock.release()
+    assert [joined(*w) for w in writers] == [True, True]
+    assert otel.total("rlocks.handovers", name=name, side="write") == 2
+    assert otel.total("rlocks.waiting", name=name) == 0
+    assert otel.histogram(
+        "rlocks.acquire.duration", name=name, side="write", outcome="acquired", waited=True
+    ).count == 2
+    assert len(otel.spans(name)) == 2
+
+
 def test_kinds_and_sides(otel: Telemetry, client: Any, name: str) -> None:
     rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
     with rw.write_lock:
