@@ -338,6 +338,51 @@ def test_asyncio_wait(otel: Telemetry, redis_url: str, name: str) -> None:
     assert otel.histogram("rlocks.hold.duration", name=name).count == 2
 
 
+def test_tasks_started_during_a_wait_inherit_nothing(
+    otel: Telemetry, redis_url: str, name: str
+) -> None:
+    # The loop's renewer task is started by the first grant that needs renewal: here, a
+    # grant after waiting, so the renewer's context is a copy taken inside that wait. An
+    # async on_lost runs as a task started by the renewer; an acquire made there is its
+    # own, uncontended: it must not be taken for the earlier waiter (waited=true, waiting
+    # counted out a second time).
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        inside: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+
+        async def on_lost(_: Any) -> None:
+            try:
+                async with ra.RLock(name + "-other", client=client, namespace=NAMESPACE):
+                    pass
+                inside.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+                inside.set_exception(exc)
+
+        holder = ra.RLock(name, client=client, namespace=NAMESPACE, auto_renew=False)
+        waiter = ra.RLock(name, client=client, namespace=NAMESPACE, ttl=1.5, on_lost=on_lost)
+        assert await holder.acquire()
+        task = asyncio.ensure_future(waiter.acquire())
+        deadline = time.monotonic() + 15
+        while otel.total("rlocks.waiting", name=name) != 1:
+            assert time.monotonic() < deadline, "the waiting task never counted in"
+            await asyncio.sleep(0.005)
+        await holder.release()
+        assert await task
+        sync_client = redis.Redis.from_url(redis_url)
+        assert engine_inspect.force_release(sync_client, NAMESPACE, "rlock", name)
+        await asyncio.wait_for(inside, 15)
+        sync_client.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert otel.histogram(
+        "rlocks.acquire.duration", name=name + "-other", outcome="acquired", waited=False
+    ).count == 1
+    assert otel.points("rlocks.acquire.duration", name=name + "-other", waited=True) == []
+    assert otel.total("rlocks.waiting", name=name) == 0
+    assert [s.attributes["outcome"] for s in otel.spans(name)] == ["acquired"]
+
+
 def _child(code: str, redis_url: str) -> str:
     env = dict(os.environ, RLOCKS_URL=redis_url)
     done = subprocess.run(

@@ -25,10 +25,12 @@ side, ``-`` otherwise), and with ``configure(include_name=True)`` also ``name`` 
 ``namespace``. Names are off by default: each name is a series of its own in every
 backend, and programs that make a lock per user, per job or per row have unbounded names.
 
-An acquire that waits also makes an ``rlocks.acquire`` span, from the call to its return,
-current while it waits (so the Redis calls of the wait, if instrumented, are its
-children). An acquire that is granted at once makes none: spans cost an allocation and an
-export each, and the uncontended acquire is the one that must stay cheap.
+An acquire that waits also makes an ``rlocks.acquire`` span, from the call to its return.
+An acquire that is granted at once makes none: spans cost an allocation and an export
+each, and the uncontended acquire is the one that must stay cheap. The span is not made
+the current span while it waits: asyncio copies the current context into every task
+created meanwhile, and the engine creates long-lived ones there (the wake-up hub, the
+renewer), which would then carry, and parent their work to, one acquire's span.
 
 Why it costs nothing when unused
 --------------------------------
@@ -52,7 +54,9 @@ wait returned; :func:`hold_ended` when a hold's last level is dropped; :func:`lo
 every loss is reported; :func:`renewed` for each renewed lease. A wait in progress is
 remembered in a ``ContextVar`` (per thread, and per asyncio task), which the acquire
 wrapper reads when the acquire returns: it closes the span, counts the waiter out and
-records ``waited=true``.
+records ``waited=true``. The record holds no primitive (a task created during the wait
+keeps a copy of the context, and must not keep the primitive and its client alive), and
+is marked ended, so a copy found later by another acquire is ignored.
 """
 
 from __future__ import annotations
@@ -253,14 +257,13 @@ _RELEASED = (("end", "released"),)
 class _Wait:
     """One acquire's wait in progress (contended path only)."""
 
-    __slots__ = ("instruments", "primitive", "span", "token", "granted")
+    __slots__ = ("instruments", "attributes", "span", "ended")
 
-    def __init__(self, instruments: _Instruments, primitive: Any) -> None:
+    def __init__(self, instruments: _Instruments, attributes: Dict[str, Any]) -> None:
         self.instruments = instruments
-        self.primitive = primitive
+        self.attributes = attributes  # the primitive's, without outcome
         self.span: Any = None
-        self.token: Any = None
-        self.granted = False
+        self.ended = False
 
 
 # The wait of the acquire running in this thread or task, if it waits (set by wait_began,
@@ -278,17 +281,14 @@ def wait_began(primitive: Any, since: float) -> None:
     instruments = _instruments if _resolved else _resolve()
     if instruments is None:
         return
-    wait = _Wait(instruments, primitive)
     base = _attrs(primitive)
+    wait = _Wait(instruments, base)
     instruments.waiting.add(1, base)
     try:
-        from opentelemetry import context, trace
-
         start_ns = time.time_ns() - int((monotonic() - since) * 1e9)
         wait.span = instruments.tracer.start_span(
             "rlocks.acquire", start_time=start_ns, attributes=base
         )
-        wait.token = context.attach(trace.set_span_in_context(wait.span))
     except Exception:  # noqa: BLE001 - a failing tracer must not fail the acquire
         log.debug("rlocks.acquire span not started", exc_info=True)
     _current.set(wait)
@@ -301,26 +301,23 @@ def wait_over(granted: bool) -> None:
     hand-over) is counted.
     """
     wait = _current.get()
-    if wait is None:
+    if wait is None or wait.ended:
         return
-    wait.granted = granted
     if granted:
-        wait.instruments.handovers.add(1, _attrs(wait.primitive))
+        wait.instruments.handovers.add(1, wait.attributes)
 
 
 def _end_wait(wait: _Wait, attributes: Dict[str, Any], error: Optional[BaseException]) -> None:
     """Close the wait the acquire wrapper found: count the waiter out, end the span."""
     _current.set(None)
-    wait.instruments.waiting.add(-1, _attrs(wait.primitive))
+    wait.ended = True
+    wait.instruments.waiting.add(-1, wait.attributes)
     span = wait.span
     if span is None:
         return
     try:
-        from opentelemetry import context
         from opentelemetry.trace import Status, StatusCode
 
-        if wait.token is not None:
-            context.detach(wait.token)
         span.set_attributes(attributes)
         if error is not None:
             span.record_exception(error)
@@ -340,6 +337,8 @@ def _acquired(
     """Record one acquire that returned (``granted``) or raised (``error``)."""
     elapsed = monotonic() - since
     wait = _current.get()
+    if wait is not None and wait.ended:
+        wait = None  # a copy of an earlier acquire's context (a task created meanwhile)
     if error is not None:
         attributes = _attrs(
             primitive,
