@@ -7,9 +7,11 @@ tests exactly the floors the package promises. Read from setup.cfg at run time, 
 floors tested cannot drift from the ones declared. ``--print`` only prints the pins.
 
 The floored extras are those the package's own code imports (``top``: rich, for
-``rlocks top``). The test extra repeats their requirements so the suite can run them; a
-floor there that differs from the extra's would make this run test the wrong one, so it
-is refused.
+``rlocks top``; ``otel``: opentelemetry-api, for ``rlocks.metrics``). The test extra
+repeats their requirements so the suite can run them; a floor there that differs from the
+extra's would make this run test the wrong one, so it is refused. A test requirement that
+must match a floored one's version (``COMPANIONS``: the OpenTelemetry SDK requires the API
+of its own release) is pinned to that floor.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Dict, List
 
 SETUP_CFG = Path(__file__).resolve().parent.parent / "setup.cfg"
 # Extras whose floors are installed exactly too: rlocks.top imports rich (the `top` extra).
-FLOORED_EXTRAS = ("top",)
+FLOORED_EXTRAS = ("top", "otel")
+# Test requirements pinned to a floored requirement's floor: name -> the one it follows.
+COMPANIONS = {"opentelemetry-sdk": "opentelemetry-api"}
 _FLOOR = re.compile(r"([A-Za-z0-9_.\[\]-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)")
 
 
@@ -59,6 +63,12 @@ def floor_pins() -> List[str]:
                 sys.exit(f"floors: the test extra's {name}>={tested[name]} differs from the "
                          f"{extra} extra's {name}>={version}: keep them in step")
             floors[name] = version
+    for name, leader in COMPANIONS.items():
+        if name in tested and leader in floors:
+            if tested[name] != floors[leader]:
+                sys.exit(f"floors: the test extra's {name}>={tested[name]} differs from "
+                         f"{leader}>={floors[leader]}: keep them in step")
+            floors[name] = floors[leader]
     return [f"{name}=={version}" for name, version in floors.items()]
 
 
