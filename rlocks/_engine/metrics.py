@@ -14,7 +14,8 @@ the global ``MeterProvider`` and ``TracerProvider`` (or to the ones given to
   the release recorded here, or to the loss found here, with ``end`` (``released`` or
   ``lost``); one value per hold of one owner, however many times it re-entered;
 - ``rlocks.waiting`` (up-down counter): threads and tasks of this process waiting now;
-- ``rlocks.lost`` (counter): holds found lost (every ``on_lost`` report);
+- ``rlocks.lost`` (counter): holds found lost (each "lost" warning, the one that calls
+  ``on_lost``);
 - ``rlocks.renewals`` (counter): leases renewed by the renewer;
 - ``rlocks.handovers`` (counter): acquires granted after waiting, counted where the waiter
   learns of its grant.
