@@ -440,3 +440,16 @@ def test_global_provider_set_after_first_use(redis_url: str, name: str) -> None:
         redis_url,
     )
     assert out.strip() == "1"  # the acquire after set_meter_provider, not the one before
+
+
+def test_plot_percentiles_follow_histogram_quantile() -> None:
+    # benchmarks/otel_plot.py reads percentiles off bucket counts as Prometheus's
+    # histogram_quantile does: linear inside the bucket that holds the rank.
+    from benchmarks.otel_plot import _quantile
+
+    bounds = (0.001, 0.01, 0.1)
+    assert _quantile(0.5, bounds, [0, 10, 0, 0]) == pytest.approx(0.0055)
+    assert _quantile(0.25, bounds, [10, 10, 20, 0]) == pytest.approx(0.001)
+    assert _quantile(0.75, bounds, [10, 10, 20, 0]) == pytest.approx(0.055)
+    assert _quantile(0.99, bounds, [0, 0, 0, 5]) == 0.1  # +Inf bucket: the last bound
+    assert _quantile(0.5, bounds, [0, 0, 0, 0]) is None
