@@ -87,7 +87,8 @@ def test_condition_wait_on_write_lock_of_a_downgraded_writer(
             assert fields[f"w:{me}".encode()] == b"2" and fields[f"r:{me}".encode()] == b"1"
         t.join(10)
         assert not errors, errors
-        assert not any(f"{me}".encode() in field for field in state[0]), state
+        # Exact fields: a substring test matched another thread's owner (serial 1 in 15).
+        assert not {f"w:{me}".encode(), f"r:{me}".encode()} & set(state[0]), state
         rw.read_lock.release()
         rw.write_lock.release()
         assert not client.exists(key)

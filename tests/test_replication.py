@@ -112,16 +112,20 @@ def test_a_renewal_short_of_replicas_is_logged(caplog: pytest.LogCaptureFixture,
                 name,
                 client=redis.Redis(port=master.port),
                 namespace=NAMESPACE,
-                ttl=1.5,  # 0.6 s was lost once under load before the warning came
+                # 0.6 s was lost once under load before the warning came. replica_wait
+                # 0.05 s failed the acquire itself once under load (the live replica's ack
+                # took longer); 0.5 s is far above an ack's time and a renewal's WAIT of
+                # 0.5 s stays well inside the lease (renewed every ttl / 3 = 2 s).
+                ttl=6,
                 replicas=1,
-                replica_wait=0.05,
+                replica_wait=0.5,
             )
             lock.acquire()
             replica.stop()
             wait_until(
                 lambda: any("of 1 replicas" in rec.getMessage() and name in rec.getMessage()
                             for rec in caplog.records),
-                5,
+                15,
                 "a renewal warning",
             )
             lock.release()  # the lease itself was renewed on the master all along
