@@ -7,6 +7,7 @@ fork, cluster) and the differences from ``threading``.
 
 import logging
 
+from .condition import Condition
 from .decorators import limited, synchronized
 from .errors import LockLostError, NotOwnedError, RLocksError, UpgradeError
 from .rlock import RLock
@@ -25,6 +26,7 @@ __all__ = [
     "RWLock",
     "Semaphore",
     "BoundedSemaphore",
+    "Condition",
     "RLocksError",
     "NotOwnedError",
     "LockLostError",

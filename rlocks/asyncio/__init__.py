@@ -12,8 +12,9 @@ locks are reentrant per task; ``asyncio.Condition`` cannot use them (it needs a
 synchronous ``release``). Use each primitive object from one event loop.
 """
 
+from .condition import Condition
 from .rlock import RLock
 from .rwlock import ReadLock, RWLock, WriteLock
 from .semaphore import BoundedSemaphore, Semaphore
 
-__all__ = ["RLock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore"]
+__all__ = ["RLock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore", "Condition"]

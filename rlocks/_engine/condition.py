@@ -1,0 +1,399 @@
+"""The distributed Condition: waiter entries in Redis, notifications that survive lost
+messages and dead waiters.
+
+Shape
+-----
+A Condition belongs to one lock (an RLock, or an RWLock's write side) and keeps two
+sorted sets next to the lock's hash, in its hash tag (one cluster slot): the *queue*
+(entry -> arrival number) and the *leases* (entry -> end of the entry's lease, server
+ms). See ``lua/cond_lib.lua`` for the states an entry goes through. Every process that
+builds a Condition on the same lock name uses the same two keys, so ``notify`` reaches
+waiters everywhere, oldest first.
+
+``wait`` runs, like ``threading.Condition.wait``: join the queue while still holding the
+lock (so a notify made after the lock is let go cannot miss the entry), give up every
+level of the lock (``_release_save``), wait, take the levels back
+(``_acquire_restore``). Four round trips when the notification is prompt.
+
+Why the entry is the notification
+---------------------------------
+``notify`` removes the oldest entries from the queue in one script, and publishes a
+wake-up on each waiter's own channel. The message only makes the waiter look sooner: a
+waiter looks at its entry (``cond_check``) when woken *and* at the end of each wait slice
+(a third of the lease), so a lost message (a subscriber reconnecting) delays a wake-up by
+one slice at most, never loses it. Each look also renews the entry's lease.
+
+Why leases
+----------
+A waiter whose process died leaves an entry nobody renews. Every script first drops the
+entries whose lease ended; an entry already notified but never taken gives its
+notification to the oldest live waiter instead. A live waiter renews every ``ttl / 3``,
+so its entry never expires; a notification spent on a waiter that died just before is
+passed on within one ``ttl`` (when any live waiter next looks, or any notify runs).
+
+Time-outs and errors
+--------------------
+A waiter whose time is up leaves with ``cond_leave``, which also tells whether a notify
+took its entry meanwhile: then ``wait`` returns True (it consumed that notification,
+which therefore is not lost), else False. A waiter interrupted by an exception leaves
+with the notification passed on, as it will not act on it. A waiter that finds its
+entry gone (it stalled longer than its lease) returns True: it cannot know whether it
+missed a notify, and a spurious wake-up is allowed by the Condition protocol (callers
+re-check their predicate; ``wait_for`` does).
+
+The waiting itself is written once (:func:`_wait_steps`, a generator of "check",
+"leave", "sleep" steps) and driven by :meth:`ConditionCore._drive` (threads) and
+:meth:`ConditionCore._adrive` (asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import operator
+from typing import Any, Callable, ClassVar, Generator, Optional, Tuple, TypeVar, Union
+
+from ..errors import NotOwnedError
+from . import checks, identity
+from .aio import _wait_event, async_hub_for
+from .clients import io_client
+from .clock import monotonic
+from .primitive import Primitive
+from .scripts import Call, Reply, Script, arun, load
+from .waiting import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub, hub_for
+
+__all__ = ["ConditionCore", "wait_for_steps"]
+
+_ENTER = load("cond_enter", prelude="cond_lib")
+_CHECK = load("cond_check", prelude="cond_lib")
+_LEAVE = load("cond_leave", prelude="cond_lib")
+_NOTIFY = load("cond_notify", prelude="cond_lib")
+
+# Entry ids are "<owner>/<serial>": unique per wait, even for one owner's successive waits.
+_serials = itertools.count(1)
+
+# The steps _wait_steps asks its driver for (a float means: sleep that long on the event).
+_CHECK_STEP = "check"
+_LEAVE_STEP = "leave"
+Step = Union[str, float]
+T = TypeVar("T")
+
+
+class _Plan:
+    """One wait's deadline and slices, without I/O."""
+
+    __slots__ = ("deadline", "slice")
+
+    def __init__(self, timeout: Optional[float], lease_ms: int) -> None:
+        self.deadline = None if timeout is None else monotonic() + timeout
+        # Looking (and renewing) three times per lease keeps a live entry from expiring.
+        self.slice = lease_ms / 3000.0
+
+    def expired(self) -> bool:
+        return self.deadline is not None and monotonic() >= self.deadline
+
+    def subscribe_bound(self) -> float:
+        if self.deadline is None:
+            return SUBSCRIBE_WAIT
+        return max(0.0, min(SUBSCRIBE_WAIT, self.deadline - monotonic()))
+
+    def pause(self, subscribed: bool) -> float:
+        # Without a confirmed subscription no message can come: look more often.
+        pause = self.slice if subscribed else min(self.slice, DEGRADED_POLL)
+        if self.deadline is not None:
+            pause = min(pause, self.deadline - monotonic())
+        return max(0.0, pause)
+
+
+def _wait_steps(plan: _Plan, fresh: bool, subscribed: bool) -> Generator[Step, Any, bool]:
+    """The wait after the lock was let go: yields steps, receives their results, returns
+    whether the waiter was notified.
+
+    ``"check"``: run cond_check (after clearing the waiter's event), send its Reply.
+    ``"leave"``: run cond_leave (the notification kept), send its Reply.
+    A float: sleep on the waiter's event at most that long, send whether the
+    subscription is confirmed now. ``fresh``: the subscription is new, so a notify
+    published before it took effect may have been missed: look once at the start.
+    """
+    look = fresh
+    while True:
+        if look and not plan.expired():
+            reply: Reply = yield _CHECK_STEP
+            # Notified, or gone (stalled past the lease: a spurious wake-up is allowed).
+            if not reply.busy:
+                return True
+        if plan.expired():
+            reply = yield _LEAVE_STEP
+            return reply.granted  # notified while the time ran out: it keeps the news
+        subscribed = yield plan.pause(subscribed)
+        look = True
+
+
+def wait_for_steps(
+    predicate: Callable[[], T], timeout: Optional[float]
+) -> Generator[Optional[float], None, T]:
+    """``threading.Condition.wait_for``'s loop: yields each ``wait`` timeout to make, and
+    returns the predicate's last value (true, or whatever it was when time ran out)."""
+    endtime: Optional[float] = None
+    waittime = timeout
+    result = predicate()
+    while not result:
+        if waittime is not None:
+            if endtime is None:
+                endtime = monotonic() + waittime
+            else:
+                waittime = endtime - monotonic()
+                if waittime <= 0:
+                    break
+        yield waittime
+        result = predicate()
+    return result
+
+
+class ConditionCore:
+    """The Condition surface shared by ``rlocks.Condition`` and its asyncio twin.
+
+    Subclasses name the locks they accept (``_accepts``) and add the public methods.
+    """
+
+    __slots__ = ("_lock", "_keys", "_prefix", "__weakref__")
+
+    _label: ClassVar[str] = "rlocks.Condition"
+    #: The lock classes a Condition accepts, and how to name them in a TypeError.
+    _accepts: ClassVar[Tuple[type, ...]] = ()
+    _accepted: ClassVar[str] = ""
+
+    def __init__(self, lock: Any) -> None:
+        if not isinstance(lock, self._accepts):
+            raise TypeError(
+                f"{self._label}: lock must be {self._accepted}, not {type(lock).__name__}"
+            )
+        assert isinstance(lock, Primitive)
+        self._lock: Any = lock
+        base = lock._keys.hash  # the lock's hash tag: one slot with the lock
+        self._keys = (f"{base}:cond", f"{base}:cond:leases")
+        self._prefix = f"{base}:cond:wake:"
+
+    @property
+    def lock(self) -> Any:
+        """The lock this condition was built on."""
+        return self._lock
+
+    def __repr__(self) -> str:
+        # Local truth only (no I/O): the lock's own repr says who holds it here.
+        return f"<{self._label} of {self._lock!r}>"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            f"cannot pickle or copy {self._label!r} object: its lock's holds belong to "
+            "this process; build another Condition on a lock of the same name instead"
+        )
+
+    # -- I/O-free halves ---------------------------------------------------------------
+
+    def _describe(self) -> str:
+        return f"{self._label}({self._lock._name!r})"
+
+    def _check_owned(self, what: str) -> None:
+        """NotOwnedError (a RuntimeError, as threading raises) unless the caller holds the
+        lock; local knowledge, no I/O."""
+        if not self._lock._is_owned():
+            raise NotOwnedError(
+                f"cannot {what} on un-acquired lock ({self._describe()})",
+                name=self._lock._name,
+            )
+
+    def _begin_wait(self, timeout: object, owner: str) -> Tuple[_Plan, str, str]:
+        """Check a wait: (plan, entry id, channel). Raises before any I/O."""
+        self._check_owned("wait")
+        seconds = checks.semaphore_wait(True, timeout, self._label, self._lock._name)
+        plan = _Plan(seconds, self._lock._ttl_ms)
+        return plan, f"{owner}/{next(_serials)}", self._prefix + owner
+
+    def _notify_count(self, n: int) -> int:
+        """``notify``'s ``n`` as the script's count; raises before any I/O."""
+        self._check_owned("notify")
+        try:
+            count = operator.index(n)
+        except TypeError:
+            raise TypeError(
+                f"{self._describe()}: n must be an int, not {type(n).__name__}"
+            ) from None
+        if count < 0:
+            raise ValueError(f"{self._describe()}: n must be >= 0, got {count}")
+        return count
+
+    def _call(self, script: Script, *args: str | int) -> Call:
+        # Every cond_* script ends its ARGV with the channel prefix and PUBLISH/SPUBLISH.
+        return Call(script, self._keys, (*args, self._prefix, self._lock._publish))
+
+    def _enter(self, entry: str) -> Call:
+        return self._call(_ENTER, entry, self._lock._ttl_ms)
+
+    def _look(self, entry: str) -> Call:
+        return self._call(_CHECK, entry, self._lock._ttl_ms)
+
+    def _leave(self, entry: str, pass_on: bool) -> Call:
+        return self._call(_LEAVE, entry, 1 if pass_on else 0)
+
+    def _notify(self, count: int) -> Call:
+        return self._call(_NOTIFY, count)
+
+    # -- the threading driver ----------------------------------------------------------
+
+    def _wait(self, timeout: object) -> bool:
+        owner = identity.thread_owner()
+        plan, entry, channel = self._begin_wait(timeout, owner)
+        lock = self._lock
+        client = lock._client
+        hub = hub_for(client, lock._namespace)
+        waiter = hub.register(channel)
+        try:
+            fresh = not waiter.subscribed
+            self._enter(entry)(client)
+            try:
+                saved = lock._release_save()
+            except BaseException:
+                self._leave_quietly(client, entry)
+                raise
+            try:
+                return self._drive(client, hub, waiter, plan, entry, fresh)
+            finally:
+                lock._acquire_restore(saved)
+        finally:
+            hub.unregister(waiter)
+
+    def _drive(
+        self, client: Any, hub: WakeHub, waiter: Waiter, plan: _Plan, entry: str, fresh: bool
+    ) -> bool:
+        try:
+            subscribed = waiter.subscribed or hub.wait_subscribed(
+                waiter, plan.subscribe_bound()
+            )
+            steps = _wait_steps(plan, fresh, subscribed)
+            step = next(steps)
+            while True:
+                if step == _CHECK_STEP:
+                    waiter.event.clear()  # a wake-up during the look causes one more look
+                    result: Any = self._look(entry)(client)
+                elif step == _LEAVE_STEP:
+                    result = self._leave(entry, False)(client)
+                else:
+                    assert isinstance(step, float)
+                    waiter.event.wait(step)
+                    result = waiter.subscribed
+                step = steps.send(result)
+        except StopIteration as done:
+            notified: bool = done.value
+            return notified
+        except BaseException:
+            self._leave_quietly(client, entry)
+            raise
+
+    def _leave_quietly(self, client: Any, entry: str) -> None:
+        """Leave after an error, passing on a notification the entry had; if that fails
+        too, the entry ends with its lease (and a notification on it is passed on then).
+        """
+        try:
+            self._leave(entry, True)(client)
+        except Exception:  # noqa: BLE001 - the first error is what propagates
+            pass
+
+    # -- the asyncio driver ------------------------------------------------------------
+
+    async def _await(self, call: Call) -> Reply:
+        client = io_client(self._lock._aclient())
+        return await arun(client, call.script, call.keys, call.args)
+
+    async def _await_wait(self, timeout: object) -> bool:
+        owner = identity.task_owner()
+        plan, entry, channel = self._begin_wait(timeout, owner)
+        lock = self._lock
+        hub = async_hub_for(lock._aclient(), lock._namespace)
+        waiter = hub.register(channel)
+        try:
+            fresh = not waiter.subscribed
+            await self._await(self._enter(entry))
+            try:
+                saved = await _arelease_save(lock, owner)
+            except BaseException:
+                await self._aleave_quietly(entry)
+                raise
+            try:
+                return await self._adrive(hub, waiter, plan, entry, fresh)
+            finally:
+                await _aacquire_restore(lock, owner, saved)
+        finally:
+            hub.unregister(waiter)
+
+    async def _adrive(
+        self, hub: Any, waiter: Waiter, plan: _Plan, entry: str, fresh: bool
+    ) -> bool:
+        try:
+            subscribed = waiter.subscribed or await hub.await_subscribed(
+                waiter, plan.subscribe_bound()
+            )
+            steps = _wait_steps(plan, fresh, subscribed)
+            step = next(steps)
+            while True:
+                if step == _CHECK_STEP:
+                    waiter.event.clear()
+                    result: Any = await self._await(self._look(entry))
+                elif step == _LEAVE_STEP:
+                    result = await self._await(self._leave(entry, False))
+                else:
+                    assert isinstance(step, float)
+                    await _wait_event(waiter.event, step)
+                    result = waiter.subscribed
+                step = steps.send(result)
+        except StopIteration as done:
+            notified: bool = done.value
+            return notified
+        except BaseException:
+            await asyncio.shield(self._aleave_quietly(entry))
+            raise
+
+    async def _aleave_quietly(self, entry: str) -> None:
+        try:
+            await self._await(self._leave(entry, True))
+        except Exception:  # noqa: BLE001 - see _leave_quietly
+            pass
+
+
+# -- the Condition protocol of the asyncio locks (threading's is on ReentrantLock) ----------
+
+
+async def _arelease_save(lock: Any, owner: str) -> Tuple[int, int]:
+    """Give back every level ``owner`` holds of ``lock`` (and of its read side, for a
+    write lock whose owner also reads); return the counts that restore them."""
+    count = lock._held(owner)
+    if count == 0:
+        raise NotOwnedError(f"cannot release un-acquired lock {lock._describe()}", name=lock._name)
+    inner = getattr(lock, "_read", None)  # an RWLock write side's read side
+    inner_count = inner._held(owner) if inner is not None else 0
+    await lock._agive_back(owner, count, everything=True)
+    if inner is not None and inner_count:
+        await inner._agive_back(owner, inner_count, everything=True)
+    return count, inner_count
+
+
+async def _aacquire_restore(lock: Any, owner: str, saved: Tuple[int, int]) -> None:
+    """Take back what :func:`_arelease_save` gave, waiting as long as it takes.
+
+    As ``asyncio.Condition.wait`` does, a cancellation meanwhile does not stop it (the
+    caller's ``async with`` must find the lock held); it is re-raised once held.
+    """
+    count, inner_count = saved
+    inner = getattr(lock, "_read", None)
+    cancelled: Optional[BaseException] = None
+    for target, levels in ((lock, count), (inner, inner_count)):
+        if target is None or not levels:
+            continue
+        while True:
+            try:
+                await target._atake(owner, levels, None)
+                break
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+    if cancelled is not None:
+        raise cancelled
