@@ -17,11 +17,16 @@ T = TypeVar("T")
 class Condition(ConditionCore):
     """A condition variable shared by every process that uses the same lock name and Redis.
 
-    ``Condition(lock)``: ``lock`` (required) is an :class:`rlocks.RLock` or an
-    :class:`rlocks.RWLock`'s ``write_lock``; anything else is a TypeError (no I/O). The
+    ``Condition(lock, *, name=None)``: ``lock`` (required) is an :class:`rlocks.RLock` or
+    an :class:`rlocks.RWLock`'s ``write_lock``; anything else is a TypeError (no I/O). The
     condition takes the lock's name, client and namespace: every ``Condition`` built on a
     lock of the same name, in any process, is the same condition. ``acquire``,
     ``release`` and ``with cond:`` are the lock's own.
+
+    ``name`` tells apart several conditions of one lock (a bounded buffer's "not full"
+    and "not empty"): conditions with different names are independent, as two
+    ``threading.Condition`` objects on one lock are; the same name (or ``None``, the
+    lock's default condition) is the same condition everywhere.
 
     ``wait``, ``wait_for``, ``notify`` and ``notify_all`` behave as in
     ``threading.Condition``, for threads of every process: a notification goes to the
@@ -39,8 +44,8 @@ class Condition(ConditionCore):
         "rlocks.asyncio.Condition)"
     )
 
-    def __init__(self, lock: RLock | WriteLock) -> None:
-        super().__init__(lock)
+    def __init__(self, lock: RLock | WriteLock, *, name: Optional[str] = None) -> None:
+        super().__init__(lock, name)
 
     # -- the lock's surface, passed through (as threading.Condition does) ----------------
 

@@ -1,6 +1,6 @@
 """CPython's own lock contract tests (``Lib/test/lock_tests.py``) on every rlocks primitive.
 
-RLock (with ``threading.Condition``), RWLock's write side, Semaphore and BoundedSemaphore
+RLock (with ``threading.Condition``), rlocks.Condition, RWLock's write side, Semaphore and BoundedSemaphore
 run through the interpreter's ``test`` package, imported, not copied, so they are held to
 exactly the contract of their ``threading`` twins. ``threading``'s own classes run through
 the same tests as control rows: if a control fails, the harness is broken, not rlocks.
@@ -106,6 +106,22 @@ class TestCondition(lock_tests.ConditionTests):
     # their own threading.Lock keep it.
     condtype = staticmethod(
         lambda *args: threading.Condition(*args) if args else threading.Condition(make_rlock())
+    )
+
+
+class TestRLocksCondition(lock_tests.ConditionTests):
+    # rlocks.Condition on an rlocks.RLock. test_acquire also builds a condition on a
+    # threading.Lock, which rlocks.Condition refuses: that one is threading's own.
+    condtype = staticmethod(
+        lambda *args: threading.Condition(*args) if args else rlocks.Condition(make_rlock())
+    )
+
+
+class TestRLocksConditionOnWriteLock(lock_tests.ConditionTests):
+    condtype = staticmethod(
+        lambda *args: (
+            threading.Condition(*args) if args else rlocks.Condition(make_write_lock())
+        )
     )
 
 

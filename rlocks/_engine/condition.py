@@ -58,6 +58,7 @@ from . import checks, identity
 from .aio import _wait_event, async_hub_for
 from .clients import io_client
 from .clock import monotonic
+from .keys import escape
 from .primitive import Primitive
 from .scripts import Call, Reply, Script, arun, load
 from .waiting import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub, hub_for
@@ -156,32 +157,46 @@ class ConditionCore:
     Subclasses name the locks they accept (``_accepts``) and add the public methods.
     """
 
-    __slots__ = ("_lock", "_keys", "_prefix", "__weakref__")
+    __slots__ = ("_lock", "_name", "_keys", "_prefix", "__weakref__")
 
     _label: ClassVar[str] = "rlocks.Condition"
     #: The lock classes a Condition accepts, and how to name them in a TypeError.
     _accepts: ClassVar[Tuple[type, ...]] = ()
     _accepted: ClassVar[str] = ""
 
-    def __init__(self, lock: Any) -> None:
+    def __init__(self, lock: Any, name: Optional[str] = None) -> None:
         if not isinstance(lock, self._accepts):
             raise TypeError(
                 f"{self._label}: lock must be {self._accepted}, not {type(lock).__name__}"
             )
         assert isinstance(lock, Primitive)
+        if name is not None:
+            name = checks.check_name(name, f"{self._label}({lock._name!r})")
         self._lock: Any = lock
-        base = lock._keys.hash  # the lock's hash tag: one slot with the lock
-        self._keys = (f"{base}:cond", f"{base}:cond:leases")
-        self._prefix = f"{base}:cond:wake:"
+        self._name = name
+        # Next to the lock's hash, so in its hash tag (one cluster slot with the lock).
+        # "q" and "l" keep every name's two keys apart from every other name's.
+        base = f"{lock._keys.hash}:cond"
+        suffix = "" if name is None else ":" + escape(name)
+        self._keys = (f"{base}:q{suffix}", f"{base}:l{suffix}")
+        # One channel per waiting owner, shared by the lock's conditions: an owner waits
+        # on one condition at a time, and a stray message only costs one extra look.
+        self._prefix = f"{base}:wake:"
 
     @property
     def lock(self) -> Any:
         """The lock this condition was built on."""
         return self._lock
 
+    @property
+    def name(self) -> Optional[str]:
+        """The condition's name among its lock's conditions (``None``: the default one)."""
+        return self._name
+
     def __repr__(self) -> str:
         # Local truth only (no I/O): the lock's own repr says who holds it here.
-        return f"<{self._label} of {self._lock!r}>"
+        named = "" if self._name is None else f" name={self._name!r}"
+        return f"<{self._label}{named} of {self._lock!r}>"
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(

@@ -17,8 +17,9 @@ T = TypeVar("T")
 class Condition(ConditionCore):
     """A condition variable across processes and hosts, for asyncio tasks.
 
-    ``Condition(lock)`` with ``lock`` an :class:`rlocks.asyncio.RLock` or an
-    :class:`rlocks.asyncio.RWLock`'s ``write_lock`` (anything else: TypeError, no I/O).
+    ``Condition(lock, *, name=None)`` with ``lock`` an :class:`rlocks.asyncio.RLock` or an
+    :class:`rlocks.asyncio.RWLock`'s ``write_lock`` (anything else: TypeError, no I/O);
+    ``name`` as for :class:`rlocks.Condition`.
     Same Redis state and semantics as :class:`rlocks.Condition` on a lock of the same
     name (threads and tasks may wait on and notify one condition), with the running
     task as the lock's owner.
@@ -39,8 +40,8 @@ class Condition(ConditionCore):
         "locks use rlocks.Condition)"
     )
 
-    def __init__(self, lock: RLock | WriteLock) -> None:
-        super().__init__(lock)
+    def __init__(self, lock: RLock | WriteLock, *, name: Optional[str] = None) -> None:
+        super().__init__(lock, name)
 
     # -- the lock's surface, passed through -----------------------------------------------
 

@@ -1,0 +1,613 @@
+"""rlocks.Condition and rlocks.asyncio.Condition: notifications across threads, tasks and
+processes, leases of waiter entries, lost messages, misuse, Redis Cluster.
+
+CPython's own ConditionTests run on rlocks.Condition in test_lock_tests.py. Here: what
+only a distributed condition has to get right. Waits are for states (a queue length, a
+list entry, a thread's end), each bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import pytest
+import redis
+import redis.asyncio
+
+import rlocks
+import rlocks.asyncio as ra
+from rlocks._engine import condition as engine
+from rlocks._engine.scripts import BUSY, GRANTED, NOT_OWNER, Call, Reply
+
+from . import _cond_workers
+from ._servers import LocalCluster, server_version, wait_until
+from .conftest import NAMESPACE, snapshot
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def queue_of(cond: Any) -> str:
+    return str(cond._keys[0])
+
+
+def waiting(client: Any, cond: Any) -> int:
+    """Entries waiting in ``cond``'s queue now."""
+    return int(client.zcard(queue_of(cond)))
+
+
+class Recorder:
+    """Runs ``fn`` in a thread; keeps its result or error for the main thread."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "recorder") -> None:
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.ended_at: Optional[float] = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+            self.error = exc
+        self.ended_at = time.monotonic()
+
+    def join(self, timeout: float) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"{self.thread.name} still running after {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def waiter(cond: rlocks.Condition, timeout: Optional[float], log: List[Any], tag: Any) -> Any:
+    def run() -> bool:
+        with cond:
+            notified = cond.wait(timeout)
+            log.append(tag)
+            return notified
+
+    return run
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def test_condition_refuses_other_locks_naming_what_it_accepts(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    wrong: List[Any] = [
+        None,
+        "lock",
+        threading.Lock(),
+        threading.RLock(),
+        rw,
+        rw.read_lock,
+        rlocks.Semaphore(name, 2, client=client, namespace=NAMESPACE),
+        ra.RLock(name, namespace=NAMESPACE),
+        ra.RWLock(name, namespace=NAMESPACE).write_lock,
+    ]
+    for lock in wrong:
+        with pytest.raises(TypeError, match=r"rlocks\.RLock or an rlocks\.RWLock's write_lock"):
+            rlocks.Condition(lock)
+    with pytest.raises(TypeError):
+        rlocks.Condition()  # type: ignore[call-arg]  # required, unlike threading's
+    for lock in (rlocks.RLock(name, client=client, namespace=NAMESPACE), rw.write_lock):
+        with pytest.raises(TypeError, match=r"rlocks\.asyncio\.RLock .*use rlocks\.Condition"):
+            ra.Condition(lock)
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    with pytest.raises(TypeError, match="name must be a str"):
+        rlocks.Condition(lock, name=b"x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name must not be empty"):
+        rlocks.Condition(lock, name="")
+    assert snapshot(client) == {}
+
+
+def test_misuse_raises_before_any_redis_call(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    for call in (cond.wait, cond.notify, cond.notify_all, lambda: cond.wait_for(lambda: False)):
+        with pytest.raises(RuntimeError, match="un-acquired lock") as info:
+            call()
+        assert isinstance(info.value, rlocks.NotOwnedError) and info.value.name == name
+    assert snapshot(client) == {}
+    with cond:
+        before = snapshot(client)
+        with pytest.raises(TypeError):
+            cond.wait("1")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="NaN"):
+            cond.wait(math.nan)
+        with pytest.raises(OverflowError):
+            cond.wait(math.inf)  # as threading.Condition(threading.RLock()).wait(inf)
+        with pytest.raises(TypeError, match="n must be an int"):
+            cond.notify(1.5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="n must be >= 0"):
+            cond.notify(-1)
+        cond.notify(0)  # nothing to do, and no round trip
+        assert snapshot(client) == before
+        assert lock._recursion_count() == 1
+    assert not cond.lock.owned()
+
+
+# -- the wait loop without I/O ----------------------------------------------------------------
+
+
+def test_wait_steps_keep_a_notification_that_raced_the_timeout() -> None:
+    # The deadline has passed: the only step is "leave", whose answer says whether a notify
+    # took the entry meanwhile; then wait() returns True and the notification is not lost.
+    for reply, expected in (
+        (Reply(GRANTED, 0), True),
+        (Reply(BUSY, 0), False),
+        (Reply(NOT_OWNER, 0), False),
+    ):
+        steps = engine._wait_steps(engine._Plan(0.0, 3000), fresh=True, subscribed=True)
+        assert next(steps) == "leave"
+        with pytest.raises(StopIteration) as done:
+            steps.send(reply)
+        assert done.value.value is expected
+
+
+def test_wait_steps_look_once_when_the_subscription_is_new() -> None:
+    # A notify published before a new SUBSCRIBE took effect is missed as a message: the
+    # waiter looks at its entry at once instead of sleeping a whole slice first.
+    steps = engine._wait_steps(engine._Plan(None, 3000), fresh=True, subscribed=True)
+    assert next(steps) == "check"
+    with pytest.raises(StopIteration) as done:
+        steps.send(Reply(GRANTED, 1))
+    assert done.value.value is True
+    steps = engine._wait_steps(engine._Plan(None, 3000), fresh=False, subscribed=True)
+    assert next(steps) == pytest.approx(1.0)  # a third of the lease: sleep, then look
+    assert steps.send(True) == "check"
+
+
+# -- the scripts ------------------------------------------------------------------------------
+
+
+def _script_env(client: Any, name: str) -> Any:
+    cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=5))
+    return cond
+
+
+def test_scripts_enter_notify_leave_and_pass_on(client: "redis.Redis[bytes]", name: str) -> None:
+    cond = _script_env(client, name)
+    a, b, c = "o1/1", "o2/2", "o3/3"
+    for i, entry in enumerate((a, b, c), 1):
+        assert cond._enter(entry)(client) == Reply(GRANTED, i)
+    assert cond._look(a)(client).busy  # waiting: lease renewed
+    assert cond._notify(1)(client) == Reply(GRANTED, 1)  # the oldest: a
+    assert waiting(client, cond) == 2
+    # a timed out just as it was notified: it keeps the notification (wait() -> True)
+    assert cond._leave(a, False)(client) == Reply(GRANTED, 0)
+    assert cond._leave(a, False)(client).not_owner  # gone now
+    # b is notified, then unwinds an error: its notification goes to c
+    assert cond._notify(1)(client) == Reply(GRANTED, 1)
+    assert cond._leave(b, True)(client) == Reply(GRANTED, 1)
+    assert cond._look(c)(client) == Reply(GRANTED, 1)
+    assert cond._look(c)(client).not_owner
+    # a waiter that times out un-notified just leaves
+    cond._enter(a)(client)
+    assert cond._leave(a, False)(client) == Reply(BUSY, 0)
+    assert cond._notify(5)(client) == Reply(GRANTED, 0)
+    assert snapshot(client) == {}  # nothing left behind
+
+
+def test_scripts_pass_a_dead_waiters_notification_on(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    cond = _script_env(client, name)
+    dead, live = "dead/1", "live/2"
+    cond._enter(dead)(client)
+    cond._enter(live)(client)
+    assert cond._notify(1)(client) == Reply(GRANTED, 1)  # spent on the dead one ...
+    client.zadd(cond._keys[1], {dead: 1})  # ... whose lease then ends (long ago)
+    assert cond._look(live)(client) == Reply(GRANTED, 1)  # ... and comes to the live one
+    # a dead WAITING entry is dropped, never notified
+    cond._enter(dead)(client)
+    cond._enter(live)(client)
+    client.zadd(cond._keys[1], {dead: 1})
+    assert cond._notify(1)(client) == Reply(GRANTED, 1)
+    assert cond._look(live)(client) == Reply(GRANTED, 1)
+    assert snapshot(client) == {}
+
+
+def test_condition_keys_expire_with_the_latest_lease(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    cond = _script_env(client, name)
+    cond._enter("x/1")(client)
+    for key in cond._keys:
+        assert 0 < client.pttl(key) <= 5001  # the lease, and 1 ms
+    lock_key = cond.lock._keys.hash
+    assert all(
+        k.startswith(lock_key + ":cond") and "{" + name + "}" in k for k in cond._keys
+    )
+
+
+# -- threads of one process -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_notify_wakes_the_oldest_waiters_first(client: "redis.Redis[bytes]", name: str) -> None:
+    cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE))
+    woken: List[int] = []
+    threads = []
+    for i in range(4):
+        threads.append(Recorder(waiter(cond, 20, woken, i), f"waiter-{i}"))
+        wait_until(lambda: waiting(client, cond) == i + 1, 10, f"waiter {i} queued")
+    for expected in ([0], [0, 1, 2]):
+        with cond:
+            cond.notify(len(expected) - len(woken))
+        wait_until(lambda: len(woken) == len(expected), 10, f"{expected} woken")
+        assert sorted(woken) == expected
+    with cond:
+        cond.notify_all()
+    assert [t.join(10) for t in threads] == [True] * 4
+
+
+@pytest.mark.timeout(30)
+def test_wait_gives_up_every_level_and_takes_them_back(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    got_in: List[bool] = []
+
+    def notifier() -> None:
+        with cond:  # only possible while the waiter waits: it let all 3 levels go
+            got_in.append(True)
+            cond.notify()
+
+    with cond, cond, cond:
+        assert lock._recursion_count() == 3
+        helper = Recorder(notifier)
+        assert cond.wait(20) is True
+        assert got_in == [True]
+        assert lock._recursion_count() == 3
+    helper.join(10)
+    assert not lock.locked()
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_wake_up_message_does_not_lose_the_notification(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # notify with its messages sent to a channel nobody listens on: only the entry's
+    # removal tells the waiter, which it finds at the end of its slice (ttl / 3).
+    ttl = 0.9
+    cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=ttl))
+    rec = Recorder(waiter(cond, 20, [], "w"))
+    wait_until(lambda: waiting(client, cond) == 1, 10, "waiter queued")
+    sent = time.monotonic()
+    muted = Call(engine._NOTIFY, cond._keys, (1, f"{NAMESPACE}:nowhere:", "PUBLISH"))
+    assert muted(client) == Reply(GRANTED, 1)
+    assert rec.join(10) is True
+    assert rec.ended_at is not None and rec.ended_at - sent < ttl  # one slice, plus slack
+
+
+@pytest.mark.timeout(30)
+def test_the_entry_lease_is_renewed_while_waiting(client: "redis.Redis[bytes]", name: str) -> None:
+    ttl = 0.6
+    cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=ttl))
+    rec = Recorder(waiter(cond, 20, [], "w"))
+    wait_until(lambda: waiting(client, cond) == 1, 10, "waiter queued")
+    queued = time.monotonic()
+    # Three leases later the entry is still there (renewed), and a notify reaches it.
+    wait_until(lambda: time.monotonic() - queued > 3 * ttl, 10, "three leases")
+    with cond:
+        cond.notify()
+        assert waiting(client, cond) == 0
+    assert rec.join(10) is True
+
+
+@pytest.mark.timeout(30)
+def test_timed_out_waiter_leaves_the_queue(client: "redis.Redis[bytes]", name: str) -> None:
+    cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE))
+    with cond:
+        assert cond.wait(0) is False
+        assert cond.wait(0.05) is False
+    assert snapshot(client) == {}  # no entry, no lock
+
+
+@pytest.mark.timeout(30)
+def test_named_conditions_of_one_lock_are_independent(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    default, not_full, not_empty = (
+        rlocks.Condition(lock),
+        rlocks.Condition(lock, name="not full"),
+        rlocks.Condition(lock, name="not {empty}"),  # braces cannot leave the hash tag
+    )
+    assert len({c._keys for c in (default, not_full, not_empty)}) == 3
+    assert "name='not full'" in repr(not_full) and not_full.name == "not full"
+    rec = Recorder(waiter(not_empty, 20, [], "w"))
+    wait_until(lambda: waiting(client, not_empty) == 1, 10, "waiter queued")
+    with lock:
+        not_full.notify_all()
+        default.notify_all()
+        assert waiting(client, not_empty) == 1  # neither reached it
+        # Another object with the same name, in any process, is the same condition.
+        rlocks.Condition(lock, name="not {empty}").notify()
+    assert rec.join(10) is True
+
+
+@pytest.mark.timeout(30)
+def test_condition_on_a_write_lock(client: "redis.Redis[bytes]", name: str) -> None:
+    rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(rw.write_lock)
+    state: Dict[str, int] = {"n": 0}
+
+    def bump() -> None:
+        with cond:
+            state["n"] = 1
+            cond.notify()
+
+    with cond:
+        helper = Recorder(bump)
+        assert cond.wait_for(lambda: state["n"] == 1, timeout=20)
+    helper.join(10)
+    assert "cond" in queue_of(cond) and ":rw:" in queue_of(cond)
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def _stop(process: Any) -> None:
+    if process.is_alive():
+        process.kill()
+    process.join(10)
+
+
+def _killed_waiter_scenario(client: Any, spec: Dict[str, Any], name: str, wait_lease: bool) -> None:
+    """A waiter in a child process is SIGKILLed; a live waiter here must still get the
+    notification: passed on when the dead entry's lease ends (``wait_lease`` False: the
+    notify comes at once and is spent on the dead entry), or never spent on it
+    (``wait_lease`` True: the notify comes after the dead entry's lease ended)."""
+    # Long enough that the notify below, right after the kill, comes while the dead
+    # entry's lease (renewed every ttl / 3 until then) still runs, even on a busy machine.
+    ttl = 2.0
+    keys = {k: f"{NAMESPACE}:data:{name}:{k}" for k in ("entered", "woken", "errors")}
+    cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=ttl))
+    child = SPAWN.Process(
+        target=_cond_workers.waiter_worker, args=(spec, name, NAMESPACE, ttl, keys)
+    )
+    child.start()
+    try:
+        wait_until(
+            lambda: client.llen(keys["entered"]) == 1 or not child.is_alive(), 30,
+            "the child waits",
+        )
+        assert child.is_alive(), f"the child exited with {child.exitcode}"
+        wait_until(lambda: waiting(client, cond) == 1, 10, "the child's entry")
+        rec = Recorder(waiter(cond, 20, [], "live"))
+        wait_until(lambda: waiting(client, cond) == 2, 10, "the live waiter's entry")
+        os.kill(child.pid or 0, signal.SIGKILL)
+        child.join(10)
+        if wait_lease:
+            dead = client.zrange(cond._keys[0], 0, 0)[0]
+
+            def lease_ended() -> bool:
+                # (Gone already, if the live waiter's renewal dropped it.)
+                end = client.zscore(cond._keys[1], dead)
+                return end is None or end < _server_ms(client)
+
+            wait_until(lease_ended, 10, "the dead entry's lease to end")
+        sent = time.monotonic()
+        with cond:
+            cond.notify()
+            # Before its lease ended, the oldest entry, the dead one, took the notification
+            # (the live waiter still waits); after, the dead entry was dropped first.
+            assert waiting(client, cond) == (0 if wait_lease else 1)
+        assert rec.join(15) is True
+        # Passed on when the dead entry's lease ends (at most one ttl after the kill) and
+        # the live waiter next looks (every ttl / 3), long before its own 20 s time-out.
+        assert rec.ended_at is not None and rec.ended_at - sent < ttl + ttl / 3 + 1.0
+        assert client.llen(keys["woken"]) == 0 and client.llen(keys["errors"]) == 0
+    finally:
+        _stop(child)
+
+
+def _server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wait_lease", [False, True], ids=["notify-at-once", "after-lease"])
+def test_a_killed_waiter_does_not_swallow_a_notify(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, wait_lease: bool
+) -> None:
+    _killed_waiter_scenario(client, {"url": redis_url}, name, wait_lease)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bounded_buffer_across_four_processes_loses_and_duplicates_nothing(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    total, producers = 10_000, 2
+    keys = {k: f"{NAMESPACE}:data:{name}:{k}" for k in ("buffer", "taken", "seen", "errors")}
+    start = SPAWN.Barrier(4 + 1)
+    children = [
+        SPAWN.Process(
+            target=_cond_workers.producer_worker,
+            args=(redis_url, name, NAMESPACE, keys, f"p{i}", total // producers, start),
+        )
+        for i in range(producers)
+    ] + [
+        SPAWN.Process(
+            target=_cond_workers.consumer_worker,
+            args=(redis_url, name, NAMESPACE, keys, total, start),
+        )
+        for _ in range(2)
+    ]
+    try:
+        for p in children:
+            p.start()
+        start.wait(60)
+        began = time.monotonic()
+        for p in children:
+            p.join(150)
+        elapsed = time.monotonic() - began
+        errors = [e.decode() for e in client.lrange(keys["errors"], 0, -1)]
+        assert errors == []
+        assert [p.exitcode for p in children] == [_cond_workers.EXIT_OK] * 4
+        seen = [s.decode() for s in client.lrange(keys["seen"], 0, -1)]
+        expected = {f"p{i}:{j}" for i in range(producers) for j in range(total // producers)}
+        assert len(seen) == total and set(seen) == expected
+        # Each producer's items come out in the order it put them (one FIFO buffer).
+        for i in range(producers):
+            mine = [int(s.split(":")[1]) for s in seen if s.startswith(f"p{i}:")]
+            assert mine == sorted(mine)
+        print(f"bounded buffer: {total} items through 4 processes in {elapsed:.1f} s")
+    finally:
+        for p in children:
+            _stop(p)
+
+
+# -- Redis Cluster ----------------------------------------------------------------------------
+
+needs_sharded_pubsub = pytest.mark.skipif(
+    server_version() < (7, 0), reason="sharded pub/sub needs redis-server 7.0 or newer"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as c:
+        yield c
+
+
+@needs_sharded_pubsub
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_condition_on_the_cluster(cluster: LocalCluster, name: str) -> None:
+    cclient = cluster.client()
+    try:
+        lock = rlocks.RLock(name, client=cclient, namespace=NAMESPACE)
+        cond = rlocks.Condition(lock)
+        slots = {cclient.keyslot(k) for k in (*cond._keys, cond._prefix + "x", lock._keys.hash)}
+        assert len(slots) == 1
+        woken: List[str] = []
+        rec = Recorder(waiter(cond, 20, woken, "w"))
+        wait_until(lambda: waiting(cclient, cond) == 1, 10, "waiter queued")
+        sent = time.monotonic()
+        with cond:
+            cond.notify()
+        assert rec.join(10) is True
+        # Woken by the SPUBLISHed message, well before its slice (ttl / 3 = 10 s) ends.
+        assert rec.ended_at is not None and rec.ended_at - sent < 5
+        with cond:
+            assert cond.wait(0.05) is False
+        _killed_waiter_scenario(cclient, {"cluster": cluster.startup_nodes}, name + "-k", False)
+    finally:
+        cclient.close()
+
+
+# -- asyncio ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_condition_notify_wait_and_timeout(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
+            state = {"ready": False}
+            with pytest.raises(RuntimeError, match="un-acquired"):
+                await cond.notify()
+            with pytest.raises(RuntimeError, match="un-acquired"):
+                await cond.wait()
+
+            async def consumer() -> bool:
+                async with cond:
+                    return await cond.wait_for(lambda: state["ready"], timeout=20)
+
+            task = asyncio.ensure_future(consumer())
+            while await aclient.zcard(queue_of(cond)) != 1:
+                await asyncio.sleep(0.005)
+            async with cond:
+                state["ready"] = True
+                await cond.notify_all()
+            assert await asyncio.wait_for(task, 10) is True
+            async with cond:
+                started = time.monotonic()
+                assert await cond.wait(0.2) is False
+                assert time.monotonic() - started >= 0.2
+                with pytest.raises(ValueError):
+                    await cond.notify(-1)
+            assert not await cond.locked()
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_cancelled_waiter_leaves_and_passes_its_notification_on(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
+            held_after_cancel: List[bool] = []
+
+            async def victim() -> None:
+                async with cond:
+                    try:
+                        await cond.wait()
+                    finally:
+                        held_after_cancel.append(cond.lock.owned())
+
+            task = asyncio.ensure_future(victim())
+            while await aclient.zcard(queue_of(cond)) != 1:
+                await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert held_after_cancel == [True]  # the lock was taken back before re-raising
+            assert await aclient.zcard(queue_of(cond)) == 0
+            assert not await cond.locked()
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+    assert snapshot(client) == {}
+
+
+@pytest.mark.timeout(30)
+def test_a_thread_notifies_an_asyncio_waiter_on_the_same_condition(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    sync_cond = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE))
+
+    async def main() -> bool:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
+            assert cond._keys == sync_cond._keys
+
+            def notify_when_queued() -> None:
+                wait_until(lambda: waiting(client, sync_cond) == 1, 10, "task queued")
+                with sync_cond:
+                    sync_cond.notify()
+
+            helper = Recorder(notify_when_queued)
+            async with cond:
+                notified = await cond.wait(20)
+            helper.join(10)
+            return notified
+        finally:
+            await aclient.aclose()
+
+    assert asyncio.run(main()) is True
