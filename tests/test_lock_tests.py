@@ -1,8 +1,9 @@
 """CPython's own lock contract tests (``Lib/test/lock_tests.py``) on every rlocks primitive.
 
-RLock (with ``threading.Condition``), rlocks.Condition, RWLock's write side, Semaphore and BoundedSemaphore
-run through the interpreter's ``test`` package, imported, not copied, so they are held to
-exactly the contract of their ``threading`` twins. ``threading``'s own classes run through
+RLock (with ``threading.Condition``), ``rlocks.Condition`` (on an RLock and on a write
+side), RWLock's write side, Semaphore and BoundedSemaphore run through the interpreter's
+``test`` package, imported, not copied, so they are held to exactly the contract of their
+``threading`` twins. ``threading``'s own classes run through
 the same tests as control rows: if a control fails, the harness is broken, not rlocks.
 """
 
