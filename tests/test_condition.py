@@ -302,6 +302,8 @@ def test_the_entry_lease_is_renewed_while_waiting(client: "redis.Redis[bytes]", 
     # Three leases later the entry is still there (renewed), and a notify reaches it.
     wait_until(lambda: time.monotonic() - queued > 3 * ttl, 10, "three leases")
     with cond:
+        # Still waiting, not returned spuriously because its entry expired.
+        assert waiting(client, cond) == 1 and rec.thread.is_alive()
         cond.notify()
         assert waiting(client, cond) == 0
     assert rec.join(10) is True
