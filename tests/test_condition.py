@@ -613,3 +613,49 @@ def test_a_thread_notifies_an_asyncio_waiter_on_the_same_condition(
             await aclient.aclose()
 
     assert asyncio.run(main()) is True
+
+
+# -- the README's ACL words for Condition -----------------------------------------------------
+
+
+def _readme_condition_acl() -> List[str]:
+    import re
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8")
+    found = re.findall(r"`rlocks\.Condition` also needs `([^`]*)`", readme.read())
+    assert len(found) == 1, found
+    return found[0].split()
+
+
+@pytest.mark.timeout(60)
+def test_readme_acl_line_with_the_condition_words(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    from .test_api import _acl_client, _readme_acl_rules
+
+    ns = f"acl-c-{name[-12:]}"
+    user = f"rlocks-cond-{name[-8:]}"
+    extra = _readme_condition_acl()
+    lib = _acl_client(client, redis_url, user, _readme_acl_rules("rlocks", ns) + extra)
+    try:
+        client.script_flush()  # the user must be able to load the scripts itself
+        cond = rlocks.Condition(rlocks.RLock("c", client=lib, namespace=ns, ttl=3))
+        rec = Recorder(lambda: _wait_once(cond))
+        wait_until(lambda: waiting(client, cond) == 1, 10, "waiter queued")
+        with cond:
+            cond.notify()
+        assert rec.join(10) is True
+        with cond:
+            assert cond.wait(0.01) is False
+        # The library line alone does not do: the scripts' sorted-set commands are refused.
+        bare = _acl_client(client, redis_url, user, _readme_acl_rules("rlocks", ns))
+        cond = rlocks.Condition(rlocks.RLock("c", client=bare, namespace=ns, ttl=3))
+        with cond, pytest.raises(redis.exceptions.ResponseError, match="can't run this command"):
+            cond.notify()
+    finally:
+        client.acl_deluser(user)
+
+
+def _wait_once(cond: rlocks.Condition) -> bool:
+    with cond:
+        return cond.wait(20)
