@@ -9,9 +9,11 @@ list entry, a thread's end), each bounded.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
@@ -135,6 +137,9 @@ def test_misuse_raises_before_any_redis_call(client: "redis.Redis[bytes]", name:
         assert snapshot(client) == before
         assert lock._recursion_count() == 1
     assert not cond.lock.owned()
+    for copier in (copy.copy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot pickle or copy"):
+            copier(cond)
 
 
 # -- the wait loop without I/O ----------------------------------------------------------------
@@ -585,6 +590,36 @@ def test_asyncio_cancelled_waiter_leaves_and_passes_its_notification_on(
 
     asyncio.run(main())
     assert snapshot(client) == {}
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_wait_on_a_write_lock_lets_a_downgraded_writers_read_side_go_too(
+    redis_url: str, name: str
+) -> None:
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            rw = ra.RWLock(name, client=aclient, namespace=NAMESPACE)
+            cond = ra.Condition(rw.write_lock)
+            other = ra.RWLock(name, client=aclient, namespace=NAMESPACE)
+            other_cond = ra.Condition(other.write_lock)
+
+            async def writer() -> None:
+                # Only possible while the waiter let go of both sides.
+                async with other_cond:
+                    await other_cond.notify()
+
+            async with cond:
+                await rw.read_lock.acquire()  # downgraded: holds both sides
+                task = asyncio.ensure_future(writer())
+                assert await cond.wait(20) is True
+                assert rw.write_lock.owned() and rw.read_lock.owned()
+                await rw.read_lock.release()
+            await asyncio.wait_for(task, 10)
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
 
 
 @pytest.mark.timeout(30)
