@@ -19,7 +19,7 @@ from ._procs import make_client
 
 EXIT_OK = 0
 EXIT_FAILED = 3
-CAPACITY = 8  # the bounded buffer's size
+CAPACITY = 16  # the bounded buffer's size
 
 
 def _client(url: str) -> "redis.Redis[bytes]":
