@@ -17,10 +17,6 @@ status     value
            lease ends, which caps how long a waiter sleeps before it looks again
 -1         not owner: this owner holds nothing there (lost, or never held)
 =========  ==========================================================================
-
-The Condition scripts (``cond_*.lua``) answer about a waiter's entry with the same three
-statuses: 1 notified (or done), 0 still waiting, -1 gone; each header says what its
-value is.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@
 --
 -- An entry id is "<owner>/<serial>"; the waiter listens on the channel
 -- <channel prefix> .. <owner> (each thread or task waits on one thing at a time).
+--
+-- Replies follow the {status, value} contract of scripts.py with its three statuses, said
+-- of the caller's entry: 1 notified (or done), 0 still waiting, -1 gone.
 
 local function server_ms()
     local t = redis.call('TIME')
