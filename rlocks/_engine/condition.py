@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
-from typing import Any, Callable, ClassVar, Generator, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, ClassVar, Coroutine, Generator, Optional, Tuple, TypeVar, Union
 
 from ..errors import NotOwnedError
 from . import checks, identity
@@ -78,6 +78,7 @@ _CHECK_STEP = "check"
 _LEAVE_STEP = "leave"
 Step = Union[str, float]
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _Plan:
@@ -265,10 +266,11 @@ class ConditionCore:
         waiter = hub.register(channel)
         try:
             fresh = not waiter.subscribed
-            self._enter(entry)(client)
             try:
+                self._enter(entry)(client)
                 saved = lock._release_save()
             except BaseException:
+                # The entry may be queued (a reply lost, an interrupt): take it out.
                 self._leave_quietly(client, entry)
                 raise
             try:
@@ -328,18 +330,30 @@ class ConditionCore:
         waiter = hub.register(channel)
         try:
             fresh = not waiter.subscribed
-            await self._await(self._enter(entry))
-            try:
-                saved = await _arelease_save(lock, owner)
-            except BaseException:
+            # Joining and letting go of the lock run to their end even if the task is
+            # cancelled meanwhile: a half-done release would leave the lock's state
+            # unknown. The cancellation is raised once the entry left and the lock is
+            # held again, as asyncio.Condition.wait does.
+            saved, cancelled = await _to_the_end(self._ajoin(entry, owner))
+            if cancelled is not None:
                 await self._aleave_quietly(entry)
-                raise
+                await _aacquire_restore(lock, owner, saved)
+                raise cancelled
             try:
                 return await self._adrive(hub, waiter, plan, entry, fresh)
             finally:
                 await _aacquire_restore(lock, owner, saved)
         finally:
             hub.unregister(waiter)
+
+    async def _ajoin(self, entry: str, owner: str) -> Tuple[int, int]:
+        """Queue ``entry``, then give up every level of the lock; what restores them."""
+        try:
+            await self._await(self._enter(entry))
+            return await _arelease_save(self._lock, owner)
+        except BaseException:
+            await self._aleave_quietly(entry)
+            raise
 
     async def _adrive(
         self, hub: Any, waiter: Waiter, plan: _Plan, entry: str, fresh: bool
@@ -376,6 +390,20 @@ class ConditionCore:
 
 
 # -- the Condition protocol of the asyncio locks (threading's is on ReentrantLock) ----------
+
+
+async def _to_the_end(work: Coroutine[Any, Any, R]) -> Tuple[R, Optional[BaseException]]:
+    """Run ``work`` to its end whatever cancellations arrive meanwhile: (its result, the
+    last cancellation or None). ``work``'s own exception propagates."""
+    task = asyncio.ensure_future(work)
+    cancelled: Optional[BaseException] = None
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+            if task.done():  # the cancel came as the work ended: it still counts
+                return task.result(), cancelled  # raises what the work raised
 
 
 async def _arelease_save(lock: Any, owner: str) -> Tuple[int, int]:
