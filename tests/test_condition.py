@@ -26,6 +26,7 @@ import redis.asyncio
 import rlocks
 import rlocks.asyncio as ra
 from rlocks._engine import condition as engine
+from rlocks._engine.identity import thread_owner
 from rlocks._engine.scripts import BUSY, GRANTED, NOT_OWNER, Call, Reply
 
 from . import _cond_workers
@@ -344,6 +345,58 @@ def test_named_conditions_of_one_lock_are_independent(
         # Another object with the same name, in any process, is the same condition.
         rlocks.Condition(lock, name="not {empty}").notify()
     assert rec.join(10) is True
+
+
+@pytest.mark.timeout(30)
+def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock_again(
+    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The main thread is notified, but its look at the entry fails (as an interrupt or a
+    # broken link would): it leaves passing the notification on, so the next waiter gets
+    # it, and its wait raises with the lock held again.
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    me = thread_owner()
+    original = engine.ConditionCore._look
+
+    def failing_look(self: Any, entry: str) -> Any:
+        notified = client.zscore(cond._keys[0], entry) is None
+        if entry.startswith(me + "/") and notified:
+            raise KeyboardInterrupt("interrupted while looking")
+        return original(self, entry)
+
+    monkeypatch.setattr(engine.ConditionCore, "_look", failing_look)
+    later: List[str] = []
+
+    def queue_then_notify() -> None:
+        wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
+        second = Recorder(waiter(cond, 20, later, "second"), "second")
+        wait_until(lambda: waiting(client, cond) == 2, 10, "second waiter queued")
+        with cond:
+            cond.notify()  # the oldest: the main thread
+        assert second.join(15) is True
+
+    helper = Recorder(queue_then_notify)
+    with cond:
+        with pytest.raises(KeyboardInterrupt):
+            cond.wait(20)
+        assert lock._recursion_count() == 1
+    helper.join(20)
+    assert later == ["second"] and waiting(client, cond) == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_lock_at_wait_raises_and_leaves_no_entry(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    lock.acquire()
+    client.delete(lock._keys.hash)  # the hold ends behind the holder's back
+    with pytest.raises(rlocks.LockLostError):
+        cond.wait(5)
+    assert waiting(client, cond) == 0
+    assert not lock.owned()
 
 
 @pytest.mark.timeout(30)

@@ -9,7 +9,8 @@ lock hold. Every method that talks to Redis is a coroutine: ``await lock.acquire
 Differences from ``asyncio.Lock`` / ``asyncio.Semaphore``: ``release()`` and ``locked()``
 are coroutines (they are round trips); ``acquire`` also takes ``blocking`` and ``timeout``;
 locks are reentrant per task; ``asyncio.Condition`` cannot use them (it needs a
-synchronous ``release``). Use each primitive object from one event loop.
+synchronous ``release``): ``rlocks.asyncio.Condition`` can, and notifies every process.
+Use each primitive object from one event loop.
 """
 
 from .condition import Condition
