@@ -47,6 +47,12 @@ class _SideCore(Primitive):
     def _describe(self) -> str:
         return f"{self._label}({self._name!r}).{self._side_name}"
 
+    def _hold_key(self, owner: str) -> Tuple[int, str, str]:
+        # Both sides share the hash: an owner's read and write holds are counted apart,
+        # as Redis counts them (fields r:<owner> and w:<owner>).
+        pool, key, _owner = super()._hold_key(owner)
+        return pool, key, f"{self._side}:{owner}"
+
     def _describe_class(self) -> str:
         return f"{self._label}.{self._side_name}"
 

@@ -38,7 +38,7 @@ from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
-from ._engine.scripts import Arg, Call, Reply, load
+from ._engine.scripts import Arg, Call, Reply, foreign, load
 from .errors import LockLostError, RLocksError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -309,6 +309,10 @@ class _SemaphoreCore(Primitive):
         )
 
 
+def _ignore(reply: Reply) -> None:
+    """An interrupted release's answer: nothing to do with it (see Semaphore.release)."""
+
+
 class Semaphore(_SemaphoreCore):
     """A counting semaphore shared by every process that uses the same name and Redis.
 
@@ -385,16 +389,32 @@ class Semaphore(_SemaphoreCore):
         calling thread's own permits were lost (lease ended: they are back in the pool
         already; the local count drops).
         """
-        step = self._begin_release(identity.thread_owner(), n)
-        while step is not None and step.call is not None:
-            since = monotonic()
-            try:
-                reply = step.call(self._client)
-            except ResponseError as exc:
-                raise self._release_refused(step, since, exc) from None
-            # On any other error (connection...) the reserved permits stay dropped
-            # locally, as RLock's release does: renewal stops and their lease runs out.
-            step = self._finish_release(step, since, reply)
+        owner = identity.thread_owner()
+        own, everywhere = self._books(owner)
+        try:
+            step = self._begin_release(owner, n)
+            while step is not None and step.call is not None:
+                since = monotonic()
+                try:
+                    # The callback has an interrupted read fenced (see scripts.Call).
+                    reply = step.call(self._client, _ignore)
+                except ResponseError as exc:
+                    raise self._release_refused(step, since, exc) from None
+                # On any other error (connection...) the reserved permits stay dropped
+                # locally, as RLock's release does: renewal stops and their lease runs out.
+                step = self._finish_release(step, since, reply)
+        except (RLocksError, ValueError, TypeError):
+            raise  # refused or lost: decided above, the books are as they should be
+        except BaseException as exc:
+            mine = min(n, own) if isinstance(n, int) else 0
+            if foreign(exc) and mine > 0:
+                # Interrupted anywhere (a signal handler's exception): finish giving back
+                # the caller's own permits, in the books and in Redis (see
+                # Primitive._reconcile). Other threads' permits it was releasing are
+                # left as the interrupt found them: theirs to find lost or release.
+                self._roll_back(owner, (own - mine, everywhere - mine))
+                self._reconcile(owner, mine)
+            raise
 
     def __exit__(
         self,

@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any, Callable, ClassVar, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from ..errors import LockLostError, NotOwnedError, ReplicationError
+from ..errors import LockLostError, NotOwnedError, ReplicationError, RLocksError
 from . import callbacks, checks, identity, metrics
 from .clients import default_client, is_cluster, pool_of
 from .clock import monotonic
@@ -29,7 +29,7 @@ from .constructors import public_init
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .renewal import Lease, Renewer, renewer_for
-from .scripts import Arg, Call, Reply, Script, Wait
+from .scripts import Arg, Call, Reply, Script, Wait, foreign
 from .waiting import LINK_ERRORS, QUEUED, hub_for, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
@@ -487,6 +487,7 @@ class Primitive:
         longer protected would hide the loss), and Redis errors.
         """
         call, waiting = self._begin_take(owner, count, wait)
+        mark = self._books(owner)  # what the local books say before this acquire
         client = self._client
         first = monotonic()
         started = [first]
@@ -510,8 +511,8 @@ class Primitive:
             reply = last[0] = probe(client)
             return reply
 
-        hub = hub_for(client, self._namespace) if waiting else None
         try:
+            hub = hub_for(client, self._namespace) if waiting else None
             if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
                 # Threads of this process already wait: queue behind them (arrival order,
                 # and one attempt at a time per process) instead of barging in with a try.
@@ -525,22 +526,34 @@ class Primitive:
                     hub, self._channel, attempt, deadline, None if probe is None else check
                 )
                 self._log_wait(owner, first, reply)
+            if waiting and not reply.granted:
+                self._gave_up_sync(owner, None)
+            refusal = self._grant_refusal(owner, count, reply)
+            if refusal is None:
+                # Recording the grant is inside the try: an interrupt half-way through it
+                # is rolled back below like one during the round trip.
+                return self._finish_take(owner, count, reply, started[0])
+            # A grant that cannot be kept (see _grant_refusal): give it back, then say why.
+            self._undo_call(owner, count)(client)
+        except RLocksError:
+            raise  # a refusal decided above (nothing granted is kept): nothing to undo
         except BaseException as exc:
-            # Interrupted after a grant came back (leaving the wait): nobody will record it.
-            self._undo_interrupted(owner, count, last[0])
+            if foreign(exc):
+                # An exception from outside (a signal handler's), anywhere from the
+                # send to the last bookkeeping step: Redis may hold a grant that the
+                # books lack, or the books a part of one. Make both what they were.
+                self._roll_back(owner, mark)
+                self._reconcile(owner, count)
+            else:
+                # Interrupted after a grant came back (leaving the wait): nobody will
+                # record it.
+                self._undo_interrupted(owner, count, last[0])
             # Even the first attempt of a waiting call may have left something to undo
             # (a writer's claim) before it failed: undo it whichever attempt failed.
             if waiting:
                 self._gave_up_sync(owner, exc)
             raise
-        if waiting and not reply.granted:
-            self._gave_up_sync(owner, None)
-        refusal = self._grant_refusal(owner, count, reply)
-        if refusal is not None:
-            # A grant that cannot be kept (see _grant_refusal): give it back, then say why.
-            self._undo_call(owner, count)(client)
-            raise refusal
-        return self._finish_take(owner, count, reply, started[0])
+        raise refusal
 
     def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
         metrics.wait_over(reply.granted)  # where a waiter learns it was granted
@@ -590,6 +603,73 @@ class Primitive:
         else:
             log.debug("%s: interrupted grant of %s given back", self._describe(), owner)
 
+    # -- after an exception from outside (signal handlers) -------------------------------
+    #
+    # Python runs a signal handler between any two lines, so its exception (Ctrl-C, an
+    # alarm-based timeout) may hit an acquire or release anywhere: before the script is
+    # sent, half-way through sending it (redis-py then closes the connection, and the
+    # script may still run), while or after its answer is read, half-way through the local
+    # bookkeeping. Rather than guard each of those points, the operation notes what the
+    # local books said before it started (_books), and on such an exception sets them back
+    # (_roll_back, or forward to "released" for a release) and then makes Redis agree with
+    # them (_reconcile): one round trip reads the owner's count in Redis, and what exceeds
+    # the books, up to what the operation could have added, is given back. Nothing of
+    # this runs on the normal path; a second exception during it leaves the rest to the
+    # lease, as before.
+
+    def _books(self, owner: str) -> Tuple[int, int]:
+        """(holds of ``owner`` through this object, through every object of its name)."""
+        return self._held(owner), self._held_by_all_objects(owner)
+
+    def _roll_back(self, owner: str, mark: Tuple[int, int]) -> None:
+        """Set the local books of ``owner`` back to ``mark`` (see :meth:`_books`) where an
+        interrupted operation left them above it: a grant recorded in part or whole is
+        taken off both counts, and a lease started for it stops. No I/O, never raises
+        the counts (a release's target is a mark too)."""
+        own, everywhere = mark
+        key = self._hold_key(owner)
+        lease: Optional[Lease] = None
+        keep: Optional[Lease] = None
+        with _bookkeeping:
+            _forget_orphans_locked()
+            hold = self._holds.get(owner)
+            if hold is not None and hold.count > own:
+                hold.count = own
+            extra = _process_holds.get(key, 0) - everywhere
+            if extra > 0:
+                if everywhere > 0:
+                    _process_holds[key] = everywhere
+                else:
+                    _process_holds.pop(key, None)
+            if hold is not None:
+                if hold.count <= 0:
+                    del self._holds[owner]
+                    lease, hold.lease = hold.lease, None
+                keep = hold.lease
+        renewer = self._renewer()
+        if lease is not None:
+            renewer.cancel(lease)
+        # A lease started for the grant but not yet attached to the hold.
+        renewer.cancel_others(self, owner, keep)
+
+    def _reconcile(self, owner: str, most: int) -> None:
+        """Give back what ``owner`` holds in Redis beyond the local books, at most
+        ``most`` (what the interrupted operation could have left there): one round trip
+        to read the count, one more only if there is something to give back. Never
+        raises: on failure what is left ends with its lease."""
+        try:
+            reply = Call(self._renew_script, *self._renew_arguments(owner))(self._client)
+            if not reply.granted:
+                return  # the owner holds nothing here: nothing to give back
+            excess = min(most, reply.holds - self._held_by_all_objects(owner))
+            if excess > 0:
+                self._undo_call(owner, excess)(self._client)
+                log.debug("%s: %d interrupted level(s) of %s given back",
+                          self._describe(), excess, owner)
+        except BaseException:  # noqa: BLE001 - the first exception is what propagates
+            log.warning("%s: interrupted operation of %s left to its lease",
+                        self._describe(), owner)
+
     def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
         call = self._gave_up_call(owner)
         if call is None or isinstance(error, LINK_ERRORS):
@@ -615,13 +695,24 @@ class Primitive:
         On a Redis error the local holds are dropped anyway and renewal stops, so the
         server-side hold ends with its lease at the latest; the error propagates.
         """
+        own, everywhere = self._books(owner)
         call = self._begin_give_back(owner, count, everything)
         try:
-            reply = call(self._client)
-        except BaseException:
-            self._record_release(owner, count)
+            # The no-op callback has an interrupted read fenced (see Call): the script
+            # has then surely run when _reconcile looks.
+            reply = call(self._client, _ignore)
+            self._finish_give_back(owner, count, reply)
+        except RLocksError:
+            raise  # the hold was lost: reported, and dropped from the books
+        except BaseException as exc:
+            if foreign(exc):
+                # Interrupted anywhere: finish the release, in the books (a drop done in
+                # part or not at all) and in Redis (a script that did not run).
+                self._roll_back(owner, (own - count, everywhere - count))
+                self._reconcile(owner, count)
+            else:
+                self._record_release(owner, count)
             raise
-        self._finish_give_back(owner, count, reply)
 
     def _begin_give_back(self, owner: str, count: int, everything: bool) -> Call:
         """The I/O-free start of a release: refuse what is not held or known lost."""
@@ -743,6 +834,10 @@ class Primitive:
             f"cannot pickle or copy {self._label!r} object {self._name!r}: its holds belong "
             "to this process; build another object with the same name instead"
         )
+
+
+def _ignore(reply: Reply) -> None:
+    """An interrupted release's answer: nothing to do with it (see _give_back)."""
 
 
 def _is_async_client(client: Any) -> bool:

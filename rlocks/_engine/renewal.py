@@ -119,6 +119,15 @@ class Renewer:
         with self._mutex:
             self._leases.pop(id(lease), None)
 
+    def cancel_others(self, primitive: "Primitive", owner: str, keep: Optional[Lease]) -> None:
+        """Stop renewing every lease of ``owner`` on ``primitive`` but ``keep``: one an
+        interrupted acquire started and never attached to the hold. No I/O; scans the
+        table (only after an interrupt)."""
+        with self._mutex:
+            for key, lease in list(self._leases.items()):
+                if lease.owner == owner and lease is not keep and lease.ref() is primitive:
+                    del self._leases[key]
+
     def __len__(self) -> int:
         return len(self._leases)
 

@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import redis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
 from ..errors import RLocksError
 from .clients import io_client
@@ -42,6 +42,7 @@ __all__ = [
     "arun",
     "Script",
     "decode",
+    "foreign",
     "load",
     "run",
     "unsent",
@@ -214,10 +215,11 @@ _KEEP_OPEN: Dict[str, bool] = (
 )
 
 
-def _foreign(exc: BaseException) -> bool:
-    """Whether ``exc`` came from outside redis-py's I/O (a signal handler's exception),
-    which leaves the connection readable, rather than from the connection itself."""
-    return not isinstance(exc, (redis.RedisError, OSError))
+def foreign(exc: BaseException) -> bool:
+    """Whether ``exc`` came from outside redis-py's I/O (a signal handler's exception:
+    KeyboardInterrupt, an alarm-based timeout), which may hit between any two lines and
+    leaves the connection readable, rather than from the connection or Redis."""
+    return not isinstance(exc, (redis.RedisError, RedisClusterException, OSError))
 
 
 def _direct_pool(client: Any) -> Any:
@@ -238,6 +240,9 @@ def _direct_pool(client: Any) -> Any:
 
 
 _UNSENT = "_rlocks_unsent"
+# PING's argument after an interrupted read: a script's answer is never this string.
+_FENCE = b"rlocks-fence-after-interrupt"
+_FENCE_TEXT = _FENCE.decode()
 
 
 def unsent(error: BaseException) -> bool:
@@ -279,11 +284,15 @@ class Call:
 
         ``interrupted``: for a round trip cut short, once the command was sent, by an
         exception that is not Redis's (raised by a signal handler: KeyboardInterrupt, an
-        alarm-based timeout). The script ran or will run, so its answer is still read
-        from the connection (redis-py's parsers resume an interrupted read) and given to
-        ``interrupted`` (to give back a grant nobody will record); then the exception
-        propagates. A second exception while reading abandons that: what was granted
-        then ends with its lease. Only on the direct path (a plain ``redis.Redis``).
+        alarm-based timeout). The script ran or will run, so before the exception
+        propagates a PING is sent after it on the same connection and the replies are
+        read up to the PING's: the script has then surely run (a caller may look at its
+        effect from any connection), and if its answer was read whole it is given to
+        ``interrupted`` (to give back a grant nobody will record). The PING bounds that
+        read even when the interrupt consumed part of the answer (a blind re-read would
+        wait a socket timeout for bytes already taken). A second exception abandons it.
+        Only on the direct path (a plain ``redis.Redis``); an interrupt before or while
+        the command is sent disconnects the connection (redis-py does) and tells nothing.
 
         It goes through :func:`~rlocks._engine.clients.io_client` (bounded, never re-sent).
         A connection or timeout error raised before anything was sent is marked so
@@ -303,6 +312,7 @@ class Call:
             setattr(exc, _UNSENT, True)
             raise
         read: List[Any] = []  # the replies read so far: the script's, then WAIT's
+        sent = False
         try:
             packed = self._packed
             if packed is None:
@@ -313,6 +323,7 @@ class Call:
                     packed = connection.pack_commands([evalsha, ("WAIT", *self.wait)])
                 self._packed = packed
             connection.send_packed_command(packed, check_health=False)
+            sent = True
             self._read_replies(connection, read)
             raw, acks = read if self.wait is not None else (read[0], -1)
             reply = decode(raw, self.script.name)._replace(replicas=int(acks))
@@ -324,7 +335,7 @@ class Call:
             pool.release(connection)
             raise
         except BaseException as exc:
-            if interrupted is not None and connection._sock is not None and _foreign(exc):
+            if sent and interrupted is not None and connection._sock is not None and foreign(exc):
                 self._finish_interrupted(connection, read, interrupted)
             # The reply may still be on its way: this connection cannot be reused.
             connection.disconnect()
@@ -356,8 +367,21 @@ class Call:
     def _finish_interrupted(
         self, connection: Any, read: List[Any], interrupted: Callable[[Reply], None]
     ) -> None:
+        """After an interrupted read: fence with a PING, read up to its reply, then hand
+        the script's answer (if it was read whole) to ``interrupted``."""
+        expected = 1 if self.wait is None else 2
         try:
-            self._read_replies(connection, read)
+            connection.send_command("PING", _FENCE, check_health=False)
+            while True:
+                try:
+                    answer = connection.read_response(**_KEEP_OPEN)
+                except ResponseError as exc:
+                    answer = exc
+                if answer in (_FENCE, _FENCE_TEXT):
+                    break
+                read.append(answer)
+            if len(read) != expected or isinstance(read[0], ResponseError):
+                return  # part of the answer went with the interrupt: nothing to hand on
             reply = decode(read[0], self.script.name)
         except BaseException:  # noqa: BLE001 - abandoned: the first exception propagates
             return
