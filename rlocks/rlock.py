@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
+from ._engine import identity
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, load
+from ._engine.scripts import Arg, load_queued
 
 __all__ = ["RLock"]
 
@@ -20,27 +21,36 @@ class _RLockCore(Primitive):
     __slots__ = ()
 
     _kind = "rlock"
-    _acquire_script = load("rlock_acquire")
-    _release_script = load("rlock_release")
-    _renew_script = load("rlock_renew")
+    _queued = True
+    _acquire_script = load_queued("rlock_acquire")
+    _release_script = load_queued("rlock_release")
+    _renew_script = load_queued("rlock_renew")
+    _leave_script = load_queued("rlock_leave")
 
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
 
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, waiting: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
+        args = (owner, identity.process_token(), self._ttl_ms, count,
+                1 if reentry else 0, 1 if waiting else 0)
+        return self._keys.queued(), (*self._context(), *args)
 
     def _release_arguments(
         self, owner: str, count: int, everything: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        keys = (self._keys.hash, self._keys.channel)
-        return keys, (owner, count, 1 if everything else 0, self._publish)
+        args = (owner, count, 1 if everything else 0)
+        return self._keys.queued(), (*self._context(), *args)
+
+    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args = (owner, identity.process_token(), "")
+        return self._keys.queued(), (*self._context(), *args)
 
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, lease_ms or self._ttl_ms)
+        call = self._items_call(self._renew_items(owner), lease_ms)
+        return call.keys, call.args
 
 
 class RLock(ReentrantLock, _RLockCore):
