@@ -32,7 +32,7 @@ class _RLockCore(Primitive):
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, waiting: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, identity.process_token(), self._ttl_ms, count,
+        args = (owner, self._entry_id(waiting), self._ttl_ms, count,
                 1 if reentry else 0, 1 if waiting else 0)
         return self._keys.queued(), (*self._context(), *args)
 

@@ -330,6 +330,16 @@ class Primitive:
         publish command, fair, the entry lease (ms)."""
         return ("", self._publish, 1 if self._fair else 0, self._entry_ms)
 
+    @staticmethod
+    def _entry_id(waiting: bool) -> str:
+        """The queue entry id an acquire names: the process token when it may queue.
+
+        A single try names an id no entry has: the process's entry belongs to its head
+        waiter, and another thread's try must neither take its place nor its turn.
+        """
+        token = identity.process_token()
+        return token if waiting else f"{token}:try"
+
     def _acquire_call(self, owner: str, count: int, reentry: bool, waiting: bool) -> Call:
         """The prepared acquire call (``waiting``: queue if not granted)."""
         return self._prepared(

@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
+from .._engine.waiting import serial
 from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -54,10 +55,12 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
                 # Shielded, as RLock's release: a release cancelled half-way (opening its
                 # connection) still reaches Redis instead of leaving the permits there,
                 # off the local books and unrenewed, until their lease ends.
+                sent = serial()
                 reply = await asyncio.shield(self._arun_call(step.call))
             except ResponseError as exc:
                 raise self._release_refused(step, since, exc) from None
             step = self._finish_release(step, since, reply)
+            self._deliver(reply, sent)
 
     def owned(self) -> bool:
         """Whether the running task holds a permit (local state, no I/O, not a coroutine)."""
