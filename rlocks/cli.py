@@ -26,7 +26,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import click
@@ -264,11 +264,14 @@ def _inspect_lines(state: _inspect.PrimitiveState) -> List[str]:
         lines += _table(rows)
     lines.append(f"  queue      {_plural(len(state.queue), 'process')} waiting")
     if state.queue:
-        rows = [("    #", "WAITER", "SIDE", "WANTS", "LEASE LEFT", "WAITING FOR")]
+        queue_rows: List[Tuple[str, ...]] = [
+            ("    #", "WAITER", "SIDE", "WANTS", "LEASE LEFT", "WAITING FOR")
+        ]
         for position, entry in enumerate(state.queue, 1):
-            rows.append((f"    {position}", entry.waiter, entry.side or "-", str(entry.wanted),
-                         _duration(entry.lease_left_ms), _duration(entry.age_ms)))
-        lines += _table(rows)
+            queue_rows.append((f"    {position}", entry.waiter, entry.side or "-",
+                               str(entry.wanted), _duration(entry.lease_left_ms),
+                               _duration(entry.age_ms)))
+        lines += _table(queue_rows)
     if state.stale:
         lines.append(f"  stale entries  {state.stale} (leases ended; tidied by the next "
                      "operation on it)")

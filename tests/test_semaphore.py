@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from rlocks._engine.scripts import run
 from rlocks._engine import identity
+from rlocks._engine.scripts import run
 from rlocks.errors import LockLostError
 from rlocks.semaphore import BoundedSemaphore, Semaphore
 
