@@ -159,16 +159,16 @@ class Script:
         return f"<Script {self.name} {self.sha[:12]}>"
 
 
-def _read(name: str, folder: str = "lua") -> str:
-    return resources.files(__package__).joinpath(folder, f"{name}.lua").read_text("utf-8")
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
 @cache
 def load(name: str, prelude: str = "") -> Script:
     """The script in ``lua/<name>.lua``, read and hashed once per process.
 
-    ``prelude`` names a library file (``rw_lib``, ``sem_lib``) whose functions the script
-    uses; it is put in front, so each operation still is one script and one round trip.
+    ``prelude`` names a library file (``queue_lib``) whose functions the script uses; it
+    is put in front, so each operation still is one script and one round trip.
     """
     source = _read(name)
     if prelude:
@@ -180,10 +180,7 @@ def load(name: str, prelude: str = "") -> Script:
 def load_queued(name: str) -> Script:
     """The queue-and-hand-over script ``lua/<name>.lua`` with ``queue_lib.lua`` in front
     (its KEYS, context ARGV and reply contract), read and hashed once per process."""
-    return Script(name, _read("queue_lib", _QUEUED) + "\n" + _read(name, _QUEUED))
-
-
-_QUEUED = "lua_next"
+    return load(name, prelude="queue_lib")
 
 
 #: ``(replicas, ms)``: after the script, WAIT until that many replicas have its writes, or
