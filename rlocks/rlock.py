@@ -57,7 +57,7 @@ class RLock(ReentrantLock, _RLockCore):
     """A reentrant lock shared by every process that uses the same name and Redis.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0)``
+    on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
 
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
@@ -81,6 +81,13 @@ class RLock(ReentrantLock, _RLockCore):
       acknowledge is given back and :class:`~rlocks.errors.ReplicationError` is raised;
       a short renewal is logged. This narrows the failover window; it does not close it
       (see docs/operations.md). Not available on Redis Cluster clients.
+    - ``fair``: ``True`` (the default) serves waiters of every process first come, first
+      served: they queue on the server and a release hands the lock to the oldest one in
+      the same script, so it returns without another round trip. ``False`` lets a free
+      lock go to whoever asks first (the releasing thread may take it again at once); a
+      release then wakes one waiting process instead of granting it. Every process using
+      the name must pass the same value. A waiting process that dies delays the next
+      holder at most the queue entry's lease (2 s). TypeError if not a bool.
 
     Construction validates arguments and does no I/O.
     """
