@@ -165,7 +165,11 @@ def _take(
     entry_s = prim._entry_ms / 1000.0
     while True:
         if hub.claim(waiter):
-            return (yield from _handed(prim, owner, count, first, st))
+            if (yield from _handed(prim, owner, count, first, st)):
+                return True
+            # Revoked before this process could adopt it: queue again (at the tail).
+            hub.rewait(waiter)
+            st.queued = False
         if not hub.is_head(waiter):
             pause = plan.idle()
             if pause is None:
@@ -259,10 +263,13 @@ def _granted(
 
 def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
     """Record a hand-over grant the hub (or a release reply) announced: no round trip,
-    unless nothing renews this primitive, which then adopts it here."""
+    unless nothing renews this primitive, which then adopts it here (False: the grant's
+    short lease had ended and it was revoked, so there is nothing to record)."""
     if not prim._auto_renew:
-        yield _call(st, prim._adopt_call(owner))
+        reply = yield _call(st, prim._adopt_call(owner))
         st.op = None
+        if not reply.items or reply.items[0] != 1:
+            return False
     prim._record_grant(owner, count, since, handed=True)
     return True
 

@@ -300,6 +300,12 @@ class WakeHub:
                 waiter.state = LEAVING
             return False
 
+    def rewait(self, waiter: Waiter) -> None:
+        """``waiter``'s grant was revoked before it was recorded: it waits again."""
+        with self._mutex:
+            waiter.state = WAITING
+            waiter.hub_seen = waiter.other_seen = False
+
     def note_grant(self, waiter: Waiter) -> None:
         """A reply told ``waiter`` of its grant (ADOPTED, PASSED, a release's wakes): the
         hub must drop that grant's line when it reads it, unless it already did."""
