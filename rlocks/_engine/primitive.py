@@ -399,12 +399,22 @@ class Primitive:
             return reply.granted
         if not reply.items or reply.items[0] != 1:
             return False
-        if adopted is not None:
+        if adopted is not None and lease.adopt == adopted:
+            lease.adopt = None
             if len(reply.items) > 1 and reply.items[1] != 1:
-                return False  # the grant was revoked before it was adopted: lost
-            if lease.adopt == adopted:
-                lease.adopt = None
+                # Not adopted by this process's own acquire or release meanwhile (they
+                # adopt on the server and clear ``adopt`` first): the grant was revoked.
+                return False
         return True
+
+    def _adopting(self, owner: str) -> None:
+        """``owner`` is about to send an acquire or a release here, which adopts its
+        hand-over grant on the server: the renewer must not count that grant's marker,
+        gone by then, as a revocation (no I/O)."""
+        with _bookkeeping:
+            hold = self._holds.get(owner)
+            if hold is not None and hold.lease is not None:
+                hold.lease.adopt = None
 
     def _local_hub(self) -> Any:
         """This process's hub for the primitive's pool, if one exists (no creation)."""
@@ -784,6 +794,7 @@ class Primitive:
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
+        self._adopting(owner)
         return self._prepared(
             ("release", owner, count, everything),
             self._release_script,

@@ -146,6 +146,7 @@ def _take(
     st: _Take,
 ) -> Steps:
     prim._check_take(owner)
+    prim._adopting(owner)  # any acquire by the owner adopts its grant on the server
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
