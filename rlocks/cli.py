@@ -262,7 +262,7 @@ def _inspect_lines(state: _inspect.PrimitiveState) -> List[str]:
             rows.append((f"    {holder.owner}", holder.side or "-", str(holder.count),
                          _duration(holder.lease_ms)))
         lines += _table(rows)
-    lines.append(f"  queue      {_plural(len(state.queue), 'process')} waiting")
+    lines.append(f"  queue      {_plural(len(state.queue or ()), 'process')} waiting")
     if state.queue:
         queue_rows: List[Tuple[str, ...]] = [
             ("    #", "WAITER", "SIDE", "WANTS", "LEASE LEFT", "WAITING FOR")

@@ -140,22 +140,22 @@ class Holder:
 class QueueEntry:
     """One process's place in a primitive's queue (``lua/queue_lib.lua``, KEYS[3..5])."""
 
-    entry: str  # the process token (host:pid:nonce): one entry per process
     waiter: str  # the owner id (thread or task) the entry is for now
     side: str  # "read" / "write" (RWLock), "" otherwise
     wanted: int  # holds (permits) it asks for
     lease_left_ms: Optional[int]  # ms until the entry ends unless renewed
     age_ms: Optional[int]  # ms since it took its place
+    entry: str = ""  # the process token (host:pid:nonce): one entry per process
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
-            "entry": self.entry,
-            "waiter": self.waiter,
-            "side": self.side,
-            "wanted": self.wanted,
-            "lease_left_ms": self.lease_left_ms,
-            "age_ms": self.age_ms,
-        }
+        return _entry_dict(self)
+
+
+_QUEUE_FIELDS = ("waiter", "side", "wanted", "lease_left_ms", "age_ms", "entry")
+
+
+def _entry_dict(entry: Any) -> Dict[str, Any]:
+    return {name: getattr(entry, name) for name in _QUEUE_FIELDS if hasattr(entry, name)}
 
 
 @dataclass(frozen=True)
@@ -176,8 +176,8 @@ class PrimitiveState:
     claims: Tuple[Holder, ...] = ()  # RWLock: writers waiting (their claims)
     stale: int = 0  # holds or entries past their lease, not yet tidied by a script
     channels: Tuple[str, ...] = field(default=(), repr=False)
-    #: The queue in order, head first: one entry per waiting process.
-    queue: Tuple[QueueEntry, ...] = ()
+    #: The queue in order, head first: one entry per waiting process (None: not read).
+    queue: Optional[Tuple[QueueEntry, ...]] = None
 
     @property
     def holds(self) -> int:
@@ -201,7 +201,7 @@ class PrimitiveState:
             "lease_ms": self.lease_ms,
             "waiting": None if self.waiting is None else dict(self.waiting),
             "stale": self.stale,
-            "queue": [entry.to_dict() for entry in self.queue],
+            "queue": None if self.queue is None else [_entry_dict(e) for e in self.queue],
         }
         if self.kind == "sem":
             data["value"] = self.value
@@ -399,7 +399,7 @@ def _snapshot(
 def _with_waiting(client: Any, states: List[PrimitiveState]) -> List[PrimitiveState]:
     # Who waits is the queue: one entry per waiting process (no round trip: the snapshot
     # read it; ZCARD counts entries whose lease ended too, the snapshot does not).
-    return [replace(state, waiting=(("wake", len(state.queue)),)) for state in states]
+    return [replace(state, waiting=(("wake", len(state.queue or ())),)) for state in states]
 
 
 def _scan(client: Any, namespace: str) -> Iterable[Tuple[str, str]]:
