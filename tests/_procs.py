@@ -253,3 +253,28 @@ def queue_worker(
         report_error(client, f"{data}:errors")
         os._exit(EXIT_FAILED)
     os._exit(EXIT_OK)
+
+
+def alternating_worker(
+    spec: Dict[str, Any], kind: str, name: str, namespace: str, data: str, rounds: int
+) -> None:
+    """``rounds`` times: acquire (timing the wait), hold 5 ms, release, pause 2 ms; the
+    longest wait (s) goes to ``rpush {data}:longest``."""
+    client = make_client(spec)
+    try:
+        _prim, acquire, release, nesting = make_mutex(kind, name, client, namespace, ttl=30.0)
+        longest = 0.0
+        for _ in range(rounds):
+            began = time.monotonic()
+            for _ in range(nesting):
+                assert acquire(timeout=30)
+            longest = max(longest, time.monotonic() - began)
+            time.sleep(0.005)
+            for _ in range(nesting):
+                release()
+            time.sleep(0.002)
+        client.rpush(f"{data}:longest", longest)
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
+        report_error(client, f"{data}:errors")
+        os._exit(EXIT_FAILED)
+    os._exit(EXIT_OK)

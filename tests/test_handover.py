@@ -333,3 +333,31 @@ def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
         await client.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", _procs.KINDS)
+def test_alternating_processes_never_wait_out_the_entry_lease(
+    client: "redis.Redis[bytes]", redis_url: str, kind: str, name: str
+) -> None:
+    # Two processes take turns with short holds: every wait is about one critical section
+    # and one hand-over. (A direct grant once made the hub drop the next hand-over's line,
+    # so every later wait ran into the entry-lease re-check: 2 s each.)
+    data = f"{NS}:data:{{{name}}}"
+    spec = {"url": redis_url}
+    workers = [
+        SPAWN.Process(target=_procs.alternating_worker, args=(spec, kind, name, NS, data, 40))
+        for _ in range(2)
+    ]
+    try:
+        for proc in workers:
+            proc.start()
+        for proc in workers:
+            proc.join(120)
+            assert proc.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        longest = [float(x) for x in client.lrange(f"{data}:longest", 0, -1)]
+        assert len(longest) == 2 and max(longest) < ENTRY_S / 2, longest
+    finally:
+        _reap(*workers)
+        client.delete(f"{data}:longest", f"{data}:errors")

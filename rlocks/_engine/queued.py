@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Generator, Optional
 
 from . import identity
 from .clock import monotonic
-from .scripts import BUSY, GRANTED, PASSED, Call, Reply
+from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply
 from .waiting import LINK_ERRORS, RECONNECT_BACKOFF, Waiter, WaitPlan, WakeHub, link_lost, serial
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -193,7 +193,8 @@ def _take(
                     plan.unsure = False
                     if found.items and found.items[0] == 1:
                         hub.claim(waiter, leaving=True)
-                        hub.note_grant(waiter)
+                        if found.items[1:2] == (1,):  # it adopted a hand-over grant
+                            hub.note_grant(waiter)
                         since = monotonic()
                         return (yield from _granted(prim, owner, count, found, since, st))
             since = monotonic()
@@ -225,7 +226,9 @@ def _take(
         st.queued = False
         if hub.claim(waiter, leaving=True) and not reply.granted:  # pragma: no cover
             log.debug("%s: hub grant beside a refusal", prim._describe())
-        if reply.granted:
+        if reply.status == ADOPTED:
+            # A hand-over whose line the hub has not read yet: it must drop that line.
+            # (A direct grant, status 1, published no line: nothing to drop.)
             hub.note_grant(waiter)
         return (yield from _granted(prim, owner, count, reply, since, st))
     # The deadline passed: the grant and the leave race under the hub mutex.
