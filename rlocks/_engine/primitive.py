@@ -407,14 +407,16 @@ class Primitive:
                 return False
         return True
 
-    def _adopting(self, owner: str) -> None:
+    def _adopting(self, owner: str) -> bool:
         """``owner`` is about to send an acquire or a release here, which adopts its
         hand-over grant on the server: the renewer must not count that grant's marker,
-        gone by then, as a revocation (no I/O)."""
+        gone by then, as a revocation (no I/O). Returns whether one was pending."""
         with _bookkeeping:
             hold = self._holds.get(owner)
-            if hold is not None and hold.lease is not None:
+            if hold is not None and hold.lease is not None and hold.lease.adopt:
                 hold.lease.adopt = None
+                return True
+            return False
 
     def _local_hub(self) -> Any:
         """This process's hub for the primitive's pool, if one exists (no creation)."""

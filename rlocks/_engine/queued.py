@@ -146,7 +146,12 @@ def _take(
     st: _Take,
 ) -> Steps:
     prim._check_take(owner)
-    prim._adopting(owner)  # any acquire by the owner adopts its grant on the server
+    if prim._adopting(owner):
+        # A hand-over grant of this owner is recorded but not adopted yet: adopt it first,
+        # or a semaphore's acquire (which has no re-entry flag) would be taken for the
+        # re-check after a missed wake-up and answered ADOPTED, adding nothing.
+        yield _call(st, prim._adopt_call(owner))
+        st.op = None
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
