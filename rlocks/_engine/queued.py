@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
-from . import identity
+from . import identity, metrics
 from .clock import monotonic
 from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply
 from .waiting import LINK_ERRORS, RECONNECT_BACKOFF, Waiter, WaitPlan, WakeHub, link_lost, serial
@@ -167,6 +167,7 @@ def _take(
             return False
     assert hub is not None
     plan = WaitPlan(deadline)
+    metrics.wait_began(prim, first)
     waiter = st.waiter = hub.register(channel, owner)
     entry_s = prim._entry_ms / 1000.0
     while True:
