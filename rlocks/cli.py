@@ -26,7 +26,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import click
@@ -262,13 +262,16 @@ def _inspect_lines(state: _inspect.PrimitiveState) -> List[str]:
             rows.append((f"    {holder.owner}", holder.side or "-", str(holder.count),
                          _duration(holder.lease_ms)))
         lines += _table(rows)
-    if state.kind == "rw":
-        claims = ", ".join(f"{c.owner} ({_duration(c.lease_ms)})" for c in state.claims)
-        lines.append(f"  writers waiting (claims)  {len(state.claims)}"
-                     + (f": {claims}" if claims else ""))
-    if state.waiting is not None:
-        parts = [f"{role} {count}" for role, count in state.waiting]
-        lines.append(f"  processes subscribed to wake-ups  {', '.join(parts)}")
+    lines.append(f"  queue      {_plural(len(state.queue or ()), 'process')} waiting")
+    if state.queue:
+        queue_rows: List[Tuple[str, ...]] = [
+            ("    #", "WAITER", "SIDE", "WANTS", "LEASE LEFT", "WAITING FOR")
+        ]
+        for position, entry in enumerate(state.queue, 1):
+            queue_rows.append((f"    {position}", entry.waiter, entry.side or "-",
+                               str(entry.wanted), _duration(entry.lease_left_ms),
+                               _duration(entry.age_ms)))
+        lines += _table(queue_rows)
     if state.stale:
         lines.append(f"  stale entries  {state.stale} (leases ended; tidied by the next "
                      "operation on it)")

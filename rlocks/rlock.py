@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
+from ._engine import identity
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, load
+from ._engine.scripts import Arg, load_queued
 
 __all__ = ["RLock"]
 
@@ -20,34 +21,43 @@ class _RLockCore(Primitive):
     __slots__ = ()
 
     _kind = "rlock"
-    _acquire_script = load("rlock_acquire")
-    _release_script = load("rlock_release")
-    _renew_script = load("rlock_renew")
+    _queued = True
+    _acquire_script = load_queued("rlock_acquire")
+    _release_script = load_queued("rlock_release")
+    _renew_script = load_queued("rlock_renew")
+    _leave_script = load_queued("rlock_leave")
 
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
 
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, waiting: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
+        args = (owner, self._entry_id(waiting), self._ttl_ms, count,
+                1 if reentry else 0, 1 if waiting else 0)
+        return self._keys.queued(), (*self._context(), *args)
 
     def _release_arguments(
         self, owner: str, count: int, everything: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        keys = (self._keys.hash, self._keys.channel)
-        return keys, (owner, count, 1 if everything else 0, self._publish)
+        args = (owner, count, 1 if everything else 0)
+        return self._keys.queued(), (*self._context(), *args)
+
+    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args = (owner, identity.process_token(), "")
+        return self._keys.queued(), (*self._context(), *args)
 
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, lease_ms or self._ttl_ms)
+        call = self._items_call(self._renew_items(owner), lease_ms)
+        return call.keys, call.args
 
 
 class RLock(ReentrantLock, _RLockCore):
     """A reentrant lock shared by every process that uses the same name and Redis.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0)``
+    on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
 
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
@@ -71,6 +81,13 @@ class RLock(ReentrantLock, _RLockCore):
       acknowledge is given back and :class:`~rlocks.errors.ReplicationError` is raised;
       a short renewal is logged. This narrows the failover window; it does not close it
       (see docs/operations.md). Not available on Redis Cluster clients.
+    - ``fair``: ``True`` (the default) serves waiters of every process first come, first
+      served: they queue on the server and a release hands the lock to the oldest one in
+      the same script, so it returns without another round trip. ``False`` lets a free
+      lock go to whoever asks first (the releasing thread may take it again at once); a
+      release then wakes one waiting process instead of granting it. Every process using
+      the name must pass the same value. A waiting process that dies delays the next
+      holder at most the queue entry's lease (2 s). TypeError if not a bool.
 
     Construction validates arguments and does no I/O.
     """

@@ -1,10 +1,10 @@
 """``rlocks.RWLock``: a readers-writer lock across threads, processes and hosts.
 
-One Redis hash per lock holds both sides (layout in ``_engine/lua/rw_lib.lua``); every
+One Redis hash per lock holds both sides (layout in ``_engine/lua/queue_lib.lua``); every
 change is one Lua script. Each side is an engine primitive of its own (local holds,
-leases, lost-hold reporting) with the ``threading.RLock`` surface. The two sides wait on
-two wake-up channels, so "the last reader left" wakes a writer and never a reader that
-would only find the writer's claim.
+leases, lost-hold reporting) with the ``threading.RLock`` surface. Readers and writers
+wait in one queue on the server, in arrival order: a release hands the lock to the next
+writer, or to every reader queued before the next writer, so neither side starves.
 
 The I/O-free definitions (``_ReadCore``, ``_WriteCore``) are shared with
 ``rlocks.asyncio.RWLock``, whose sides put the asyncio surface on the same cores.
@@ -12,31 +12,49 @@ The I/O-free definitions (``_ReadCore``, ``_WriteCore``) are shared with
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Dict, Generic, Optional, Sequence, Tuple, Type, TypeVar
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    Generic,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+)
 
+from redis.exceptions import NoScriptError
+
+from ._engine import identity
+from ._engine.clients import io_client
 from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, Call, load, run
+from ._engine.scripts import Arg, load_queued
 from .errors import UpgradeError
 
 __all__ = ["RWLock", "ReadLock", "WriteLock", "UpgradeError"]
 
-_READERS = ""  # wake-up role of waiting readers: the primitive's main channel
-_WRITERS = "writers"  # waiting writers listen for "the last reader left"
-
-
 class _SideCore(Primitive):
-    """What both sides share, without I/O: the hash, scripts and release arguments."""
+    """What both sides share, without I/O: the keys, scripts and their arguments.
+
+    Both sides run the queue-and-hand-over scripts on one hash, one queue and one wake-up
+    channel: readers and writers wait in one FIFO (see ``lua/rw_acquire.lua``).
+    """
 
     __slots__ = ("_side",)
 
     _kind = "rw"
     _label = "rlocks.RWLock"
-    _release_script = load("rw_release", prelude="rw_lib")
-    _renew_script = load("rw_renew", prelude="rw_lib")
-    _holders_script = load("rw_holders", prelude="rw_lib")
+    _queued = True
+    _acquire_script = load_queued("rw_acquire")
+    _release_script = load_queued("rw_release")
+    _renew_script = load_queued("rw_renew")
+    _leave_script = load_queued("rw_leave")
     _side_code = ""  # 'r' or 'w', the field prefix in the hash
     _side_name = ""  # 'read_lock' or 'write_lock'
 
@@ -58,20 +76,50 @@ class _SideCore(Primitive):
 
     # -- script arguments (see the headers of the rw_*.lua files) ------------------------
 
+    def _acquire_arguments(
+        self, owner: str, count: int, reentry: bool, waiting: bool
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args = (owner, self._entry_id(waiting), self._side, self._ttl_ms, count,
+                1 if reentry else 0, 1 if waiting else 0)
+        return self._keys.queued(), (*self._context(), *args)
+
     def _release_arguments(
         self, owner: str, count: int, everything: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        keys = (self._keys.hash, self._keys.wake(_READERS), self._keys.wake(_WRITERS))
-        return keys, (owner, self._side, count, 1 if everything else 0, self._publish)
+        args = (owner, self._side, count, 1 if everything else 0)
+        return self._keys.queued(), (*self._context(), *args)
+
+    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args = (owner, identity.process_token(), "")
+        return self._keys.queued(), (*self._context(), *args)
+
+    def _renew_items(self, owner: str) -> Tuple[str, ...]:
+        return (self._side, owner)
 
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._side, lease_ms or self._ttl_ms)
+        call = self._items_call(self._renew_items(owner), lease_ms)
+        return call.keys, call.args
 
-    def _holders_call(self) -> Call:
-        """The script call behind ``locked()``: how many owners hold this side."""
-        return Call(self._holders_script, (self._keys.hash,), (self._side,))
+    def _holders_pipeline(self, client: Any) -> Any:
+        """A pipeline, not sent, whose last reply says who holds: a renewal with no item
+        (it tidies holds whose lease ended, so the counters are live), then the counters."""
+        call = self._items_call(())
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+        pipe.hmget(self._keys.hash, "#w", "#nr")
+        return pipe
+
+    def _holders_from(self, results: List[Any]) -> int:
+        """How many owners hold this side, from ``_holders_pipeline``'s replies."""
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, NoScriptError):
+                raise result
+        writer, readers = results[-1]
+        if self._side == "w":
+            return 0 if writer is None else 1
+        return int(readers or 0)
 
 
 class _ReadCore(_SideCore):
@@ -79,18 +127,6 @@ class _ReadCore(_SideCore):
 
     _side_code = "r"
     _side_name = "read_lock"
-    _wake_role = _READERS
-    _acquire_script = load("rw_acquire_read", prelude="rw_lib")
-
-    def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return (self._keys.hash,), (owner, self._ttl_ms, count, 1 if reentry else 0)
-
-    def _queues_locally(self, owner: str) -> bool:
-        # A writer taking the read side (downgrade) is granted at once, but local readers
-        # may be waiting for that very writer: it must not queue behind them.
-        return False
 
 
 class _WriteCore(_SideCore):
@@ -98,20 +134,10 @@ class _WriteCore(_SideCore):
 
     _side_code = "w"
     _side_name = "write_lock"
-    _wake_role = _WRITERS
-    _acquire_script = load("rw_acquire_write", prelude="rw_lib")
-    _unclaim_script = load("rw_unclaim", prelude="rw_lib")
 
     def __init__(self, name: str, read: _ReadCore, **options: Any) -> None:
         super().__init__(name, **options)
         self._read = read
-
-    def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        # Only a caller that will wait stakes a claim; a single try never leaves one.
-        args = (owner, self._ttl_ms, count, 1 if waiting else 0, 1 if reentry else 0)
-        return (self._keys.hash,), args
 
     def _check_take(self, owner: str) -> None:
         super()._check_take(owner)
@@ -133,31 +159,28 @@ class _WriteCore(_SideCore):
             name=self._name,
         )
 
-    def _gave_up_call(self, owner: str) -> Optional[Call]:
-        """Withdraw ``owner``'s claim after it stopped waiting (it ends by itself anyway)."""
-        return self._prepared(
-            ("unclaim", owner),
-            self._unclaim_script,
-            lambda: ((self._keys.hash, self._keys.wake(_READERS)), (owner, self._publish)),
-        )
-
 
 class _SyncSide(ReentrantLock, _SideCore):
     __slots__ = ()
 
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds this side now (one round trip)."""
-        call = self._holders_call()
-        return run(self._client, call.script, call.keys, call.args).holds > 0
+        results = self._holders_pipeline(io_client(self._client)).execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):
+            self._client.script_load(self._renew_script.source)
+            results = self._holders_pipeline(io_client(self._client)).execute(
+                raise_on_error=False
+            )
+        return self._holders_from(results) > 0
 
 
 class ReadLock(_SyncSide, _ReadCore):
     """The read side of an :class:`RWLock` (``rwlock.read_lock``).
 
     Any number of threads, in any processes, may hold it at once, unless a thread holds
-    the write side or a writer is waiting (writer preference: new readers then wait; a
-    thread already reading may still re-enter, and the write holder itself may take the
-    read side, which is how a writer downgrades).
+    the write side. Waiters are served in arrival order (a reader that arrives after a
+    waiting writer waits for that writer); a thread already reading may still re-enter,
+    and the write holder itself may take the read side, which is how a writer downgrades.
     """
 
     __slots__ = ()
@@ -167,9 +190,9 @@ class WriteLock(_SyncSide, _WriteCore):
     """The write side of an :class:`RWLock` (``rwlock.write_lock``).
 
     One thread at a time holds it, and only while nobody (else) holds the read side.
-    While a thread waits for it, new readers wait too; that claim lasts one ``ttl``
-    after the waiter's latest attempt, so a writer that dies while waiting stops holding
-    readers back at most ``ttl`` later.
+    While a thread waits for it, readers that arrive later wait behind it (one queue, in
+    arrival order); a writer process that dies while waiting stops holding them back at
+    most the queue entry's lease (2 s) later.
 
     ``threading.Condition(rw.write_lock).wait()`` by a writer that also reads (it
     downgraded) releases both sides while it waits and takes both back.
@@ -209,8 +232,10 @@ class _RWPair(Generic[R, W]):
         on_lost: Optional[Callable[[Any], object]] = None,
         replicas: int = 0,
         replica_wait: float = 1.0,
+        fair: bool = True,
     ) -> None:
         options: Dict[str, Any] = dict(
+            fair=fair,
             client=client,
             ttl=ttl,
             auto_renew=auto_renew,
@@ -271,7 +296,7 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     """A readers-writer lock shared by every process that uses the same name and Redis.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0)``
+    on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
 
     ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
     ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
@@ -280,15 +305,19 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     - any number of threads, here or in other processes, may hold the read side at once;
     - the write side excludes every other thread, on both sides;
     - each side is reentrant for the thread that holds it;
-    - writer preference: once a thread waits for the write side, new readers wait, so a
-      stream of readers never starves a writer (a thread already reading may re-enter);
+    - first come, first served (``fair=True``, the default): readers and writers wait in
+      one queue on the server; a release hands the lock to the next writer, or to every
+      reader queued before the next writer, so neither a stream of readers nor a stream
+      of writers starves the other (a thread already reading may re-enter at once).
+      ``fair=False`` lets a free lock go to whoever asks first, barging past the queue;
+      a release still wakes only as many waiting processes as it can serve;
     - downgrade is allowed: the write holder may take the read side, then release the
       write side and keep reading;
     - upgrade is refused: a thread holding only the read side that asks for the write
       side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
 
-    ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas`` and
-    ``replica_wait`` mean what they mean for :class:`rlocks.RLock`; every hold (each
+    ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas``,
+    ``replica_wait`` and ``fair`` mean what they mean for :class:`rlocks.RLock`; every hold (each
     reader, the writer) has its own lease, so one dead reader stops counting ``ttl`` after
     it died while others read on. ``on_lost`` is called with the side (``read_lock`` /
     ``write_lock``) that was lost.
@@ -302,7 +331,7 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     _write_type = WriteLock
 
     def statistics(self) -> PrimitiveState:
-        """Readers, the writer, waiting writers' claims and waiting processes, from Redis.
+        """Readers, the writer and the queue of waiting processes, from Redis.
 
         A few read-only round trips; returns a frozen dataclass (the same the ``rlocks``
         command line prints). Redis errors propagate.

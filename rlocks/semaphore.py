@@ -1,7 +1,7 @@
 """``rlocks.Semaphore`` and ``rlocks.BoundedSemaphore``: ``threading``'s semaphores across
 processes and hosts.
 
-One Redis hash per semaphore (layout in ``_engine/lua/sem_lib.lua``): the free count, the
+One Redis hash per semaphore (layout in ``_engine/lua/queue_lib.lua``): the free count, the
 initial value and kind, and the permits each owner holds under its own lease.
 
 Whose permits
@@ -38,7 +38,8 @@ from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
-from ._engine.scripts import Arg, Call, Reply, foreign, load
+from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued
+from ._engine.waiting import serial
 from .errors import LockLostError, RLocksError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -83,9 +84,11 @@ class _SemaphoreCore(Primitive):
     _label = "rlocks.Semaphore"
     _kind = "sem"
     _bounded = 0
-    _acquire_script = load("sem_acquire", prelude="sem_lib")
-    _release_script = load("sem_release", prelude="sem_lib")
-    _renew_script = load("sem_renew", prelude="sem_lib")
+    _queued = True
+    _acquire_script = load_queued("sem_acquire")
+    _release_script = load_queued("sem_release")
+    _renew_script = load_queued("sem_renew")
+    _leave_script = load_queued("sem_leave")
 
     @public_init
     def __init__(
@@ -100,6 +103,7 @@ class _SemaphoreCore(Primitive):
         on_lost: Optional[Callable[[Any], object]] = None,
         replicas: int = 0,
         replica_wait: float = 1.0,
+        fair: bool = True,
     ) -> None:
         label = f"{self._label}({name!r})"
         value = _count(value, "value", label)
@@ -114,6 +118,7 @@ class _SemaphoreCore(Primitive):
             on_lost=on_lost,
             replicas=replicas,
             replica_wait=replica_wait,
+            fair=fair,
         )
         self._value = value
 
@@ -124,11 +129,26 @@ class _SemaphoreCore(Primitive):
 
     # -- script arguments (see the headers of the sem_*.lua files) -----------------------
 
+    def _context(self) -> Tuple[Arg, ...]:
+        return (*super()._context(), self._value, self._bounded)
+
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, waiting: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         # Permits are counted, not nested: holding some already changes nothing here.
-        return (self._keys.hash,), (owner, self._ttl_ms, count, self._value, self._bounded)
+        # The taking thread (task) owns the permits and is the waiter named in wake-ups.
+        args = (owner, owner, self._entry_id(waiting), self._ttl_ms, count,
+                1 if waiting else 0)
+        return self._keys.queued(), (*self._context(), *args)
+
+    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args = (owner, owner, identity.process_token(), "")
+        return self._keys.queued(), (*self._context(), *args)
+
+    def _queues_locally(self, owner: str) -> bool:
+        # Permits are not re-entered: an owner holding some waits for more like anyone
+        # else, behind this process's earlier waiters (one queue entry per process).
+        return True
 
     def _release_arguments(
         self, owner: str, count: int, everything: bool
@@ -138,8 +158,8 @@ class _SemaphoreCore(Primitive):
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        lease = lease_ms or self._ttl_ms
-        return (self._keys.hash,), (owner, lease, self._value, self._bounded)
+        call = self._items_call(self._renew_items(owner), lease_ms)
+        return call.keys, call.args
 
     def _lost_reply_check(self, owner: str) -> Optional[Call]:
         # An owner may already hold permits when it waits for more (acquire is counted,
@@ -198,18 +218,16 @@ class _SemaphoreCore(Primitive):
             ("release", give, takes),
             self._release_script,
             lambda: (
-                (self._keys.hash, self._keys.channel),
-                (give, self._value, self._bounded, self._publish,
-                 *(part for take in takes for part in take)),
+                self._keys.queued(),
+                (*self._context(), give, *(part for take in takes for part in take)),
             ),
         )
         return release
 
     def _undo_call(self, owner: str, count: int) -> Call:
         # Permits granted but not kept go back as this owner's own.
-        keys = (self._keys.hash, self._keys.channel)
-        args = (count, self._value, self._bounded, self._publish, owner, count)
-        return Call(self._release_script, keys, args)
+        args = (*self._context(), count, owner, count)
+        return Call(self._release_script, self._keys.queued(), args)
 
     def _grant_refusal(self, owner: str, count: int, reply: Reply) -> Optional[BaseException]:
         """Also refuse a grant that landed after this owner's earlier permits were lost.
@@ -249,7 +267,7 @@ class _SemaphoreCore(Primitive):
         again; refusals and the caller's own losses become exceptions."""
         if reply.granted:
             return None
-        if reply.busy:
+        if reply.status == OVER:
             self._unreserve(release.takes, since)
             raise ValueError(f"{self._describe()}: Semaphore released too many times")
         index = reply.value - 1
@@ -317,7 +335,7 @@ class Semaphore(_SemaphoreCore):
     """A counting semaphore shared by every process that uses the same name and Redis.
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
-    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)``
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
 
     Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
     free; ``release(n)`` gives ``n`` back, and any thread may release: its own permits
@@ -340,6 +358,13 @@ class Semaphore(_SemaphoreCore):
     both when they differ, changing nothing. A semaphore at rest (nobody holds a permit and
     the free count equals the initial value) leaves no key in Redis, so the next user's
     value then defines it afresh.
+
+    Waiters are served first come, first served across processes (``fair=True``, the
+    default): a release hands its permits over, in the same script, to the oldest
+    waiters they cover, and a waiter that wants more than is free blocks those behind it.
+    ``fair=False`` lets a free permit go to whoever asks first; a release still wakes
+    only as many waiting processes as it frees permits for. Every process using the name
+    must pass the same ``fair``.
 
     Construction validates arguments and does no I/O.
     """
@@ -395,6 +420,7 @@ class Semaphore(_SemaphoreCore):
             step = self._begin_release(owner, n)
             while step is not None and step.call is not None:
                 since = monotonic()
+                sent = serial()
                 try:
                     # The callback has an interrupted read fenced (see scripts.Call).
                     reply = step.call(self._client, _ignore)
@@ -403,6 +429,7 @@ class Semaphore(_SemaphoreCore):
                 # On any other error (connection...) the reserved permits stay dropped
                 # locally, as RLock's release does: renewal stops and their lease runs out.
                 step = self._finish_release(step, since, reply)
+                self._deliver(reply, sent)
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
         except BaseException as exc:

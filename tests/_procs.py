@@ -223,3 +223,58 @@ def holder_worker(
         report_error(client, errors_key)
         os._exit(EXIT_FAILED)
     os._exit(EXIT_OK)
+
+
+def queue_worker(
+    spec: Dict[str, Any],
+    kind: str,
+    name: str,
+    namespace: str,
+    data: str,
+    timeout: float,
+    hold: float,
+    fair: bool = True,
+) -> None:
+    """One blocking acquire of the mutex ``(kind, name)`` (``timeout`` s): on success
+    ``rpush {data}:got <pid>``, hold ``hold`` s, release; on a time-out ``rpush
+    {data}:timed-out <pid>``. Errors go to ``{data}:errors`` and the exit code."""
+    client = make_client(spec)
+    try:
+        _prim, acquire, release, _nesting = make_mutex(
+            kind, name, client, namespace, ttl=30.0, fair=fair
+        )
+        if acquire(timeout=timeout):
+            client.rpush(f"{data}:got", os.getpid())
+            time.sleep(hold)
+            release()
+        else:
+            client.rpush(f"{data}:timed-out", os.getpid())
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
+        report_error(client, f"{data}:errors")
+        os._exit(EXIT_FAILED)
+    os._exit(EXIT_OK)
+
+
+def alternating_worker(
+    spec: Dict[str, Any], kind: str, name: str, namespace: str, data: str, rounds: int
+) -> None:
+    """``rounds`` times: acquire (timing the wait), hold 5 ms, release, pause 2 ms; the
+    longest wait (s) goes to ``rpush {data}:longest``."""
+    client = make_client(spec)
+    try:
+        _prim, acquire, release, nesting = make_mutex(kind, name, client, namespace, ttl=30.0)
+        longest = 0.0
+        for _ in range(rounds):
+            began = time.monotonic()
+            for _ in range(nesting):
+                assert acquire(timeout=30)
+            longest = max(longest, time.monotonic() - began)
+            time.sleep(0.005)
+            for _ in range(nesting):
+                release()
+            time.sleep(0.002)
+        client.rpush(f"{data}:longest", longest)
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
+        report_error(client, f"{data}:errors")
+        os._exit(EXIT_FAILED)
+    os._exit(EXIT_OK)

@@ -127,9 +127,22 @@ def test_the_channel_table_matches_what_releases_publish_on(
     pubsub.psubscribe(prefix + "*")
     wait_for(lambda: pubsub.get_message(timeout=0.1), "psubscribe")
     assert primitive.acquire()
+    # Issue 12: a release publishes only when it hands over, so a waiter is queued first.
+    handed = threading.Event()
+
+    def waiter() -> None:
+        if primitive.acquire(timeout=20):
+            handed.set()
+            primitive.release()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    wait_for(lambda: client.zcard(keys_for(ns, kind, name).queued()[2]), "the queued waiter")
     primitive.release()
     got = [wait_for(lambda: pubsub.get_message(timeout=0.1), "wake-up") for _ in channels]
     assert sorted(m["channel"].decode() for m in got) == sorted(channels)
+    thread.join(20)
+    assert handed.is_set()
     assert pubsub.get_message(timeout=0.2) is None
     pubsub.close()
 
@@ -257,13 +270,18 @@ def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    data = wait_for(lambda: (lambda d: d if d["claims"] and d["waiting"]["writers"] else None)(
-        json.loads(run("inspect", name, "--json").stdout)), "a waiting writer's claim")
+    # Issue 12: the waiting writer is the queue's entry (claims and writer preference
+    # are gone), shown in order with its side, what it wants and its lease.
+    data = wait_for(lambda: (lambda d: d if d["queue"] else None)(
+        json.loads(run("inspect", name, "--json").stdout)), "a waiting writer's queue entry")
     assert [h["side"] for h in data["holders"]] == ["read"]
     assert data["holders"][0]["owner"] == identity.thread_owner()
-    assert data["waiting"] == {"readers": 0, "writers": 1}
+    assert data["waiting"] == {"wake": 1}
+    [entry] = data["queue"]
+    assert entry["side"] == "write" and entry["wanted"] == 1
+    assert 0 < entry["lease_left_ms"] <= 2000 and entry["age_ms"] >= 0
     text = run("inspect", name).stdout
-    assert "writers waiting (claims)  1" in text and "readers 0, writers 1" in text
+    assert "queue      1 process waiting" in text and entry["waiter"] in text
     rw.read_lock.release()
     held.clear()
     thread.join(20)
@@ -304,15 +322,16 @@ def test_expired_holds_are_counted_stale_not_listed(
     client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str,
     held: List[Any]
 ) -> None:
-    # A semaphore hash in the layout of sem_lib.lua: one live and one dead holder.
-    key = keys_for(ns, "sem", name).hash
+    # A semaphore in the layout of queue_lib.lua: one live and one dead holder (the hash
+    # holds the counts, the lease set their lease ends).
+    key, leases = keys_for(ns, "sem", name).queued()[:2]
     now_ms = int(client.time()[0]) * 1000
     client.hset(key, mapping={
-        "#free": 0, "#value": 3, "#bounded": 1,
-        "live:1:p": 1, "#lease:live:1:p": now_ms + 60_000,
-        "dead:2:p": 2, "#lease:dead:2:p": now_ms - 1_000,
+        "#free": 0, "#value": 3, "#bounded": 1, "#held": 3, "live:1:p": 1, "dead:2:p": 2,
     })
+    client.zadd(leases, {"live:1:p": now_ms + 60_000, "dead:2:p": now_ms - 1_000})
     client.pexpire(key, 60_000)
+    client.pexpire(leases, 60_000)
     data = json.loads(run("inspect", name, "--json").stdout)
     assert [h["owner"] for h in data["holders"]] == ["live:1:p"]
     # The dead holder's permits count as free, as the next script will make them.
@@ -354,29 +373,39 @@ def test_force_release_ends_the_hold_and_wakes_the_waiter_at_once(
     started = time.monotonic()
     result = run("release", "--force", "--yes", name)
     assert result.exit_code == 0 and "released RLock" in result.stdout
-    # Woken by the "*" wake-up, not by the holder's 60 s lease running out.
+    # Handed over by the forced release, not by the holder's 60 s lease running out.
     assert woke.wait(10) and time.monotonic() - started < 10
     with pytest.raises(rlocks.LockLostError):
         holder.release()
     thread.join(5)
 
 
-def test_force_release_of_an_rwlock_wakes_both_channels(
+def test_force_release_of_an_rwlock_hands_it_to_the_queue(
     client: "redis.Redis[bytes]", ns: str, name: str
 ) -> None:
+    # Issue 12: a forced release ends every hold and grants the primitive to the queue's
+    # head in the same script (no "*" wake-all): the message names the granted waiter.
     rw = rlocks.RWLock(name, namespace=ns)
     assert rw.write_lock.acquire()
+    [channel] = [channel for _role, channel in ins.channels_for(ns, "rw", name)]
     pubsub = client.pubsub()
-    channels = [channel for _role, channel in ins.channels_for(ns, "rw", name)]
-    pubsub.subscribe(*channels)
-    for _ in channels:
-        assert wait_for(lambda: pubsub.get_message(timeout=0.1), "subscribe")["type"] == \
-            "subscribe"
+    pubsub.subscribe(channel)
+    assert wait_for(lambda: pubsub.get_message(timeout=0.1), "subscribe")["type"] == "subscribe"
+    reader: List[str] = []
+
+    def read() -> None:
+        other = rlocks.RWLock(name, namespace=ns)
+        if other.read_lock.acquire(timeout=20):
+            reader.append(identity.thread_owner())
+            other.read_lock.release()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    wait_for(lambda: client.zcard(keys_for(ns, "rw", name).queued()[2]), "the queued reader")
     assert ins.force_release(client, ns, "rw", name) is True
-    got = [wait_for(lambda: pubsub.get_message(timeout=0.1), "wake-up") for _ in channels]
-    assert sorted((m["channel"].decode(), m["data"]) for m in got) == sorted(
-        (channel, b"*") for channel in channels)
-    assert not client.exists(keys_for(ns, "rw", name).hash)
+    message = wait_for(lambda: pubsub.get_message(timeout=0.1), "the hand-over")
+    thread.join(20)
+    assert reader and message["data"] == f"g {reader[0]}".encode()
     pubsub.close()
     with pytest.raises(rlocks.LockLostError):
         rw.write_lock.release()

@@ -1,4 +1,4 @@
-"""The next-generation scripts (rlocks/_engine/lua_next): FIFO queue and hand-over.
+"""The queue-and-hand-over scripts (rlocks/_engine/lua): FIFO queue and hand-over.
 
 Each script is called directly (EVALSHA, queue_lib.lua prepended as the loader will do).
 Most tests pass an explicit "now" (ARGV[1]) so lease expiry is driven without sleeping; a
@@ -25,7 +25,7 @@ import rlocks
 
 from .conftest import NAMESPACE, snapshot
 
-LUA = Path(rlocks.__file__).parent / "_engine" / "lua_next"
+LUA = Path(rlocks.__file__).parent / "_engine" / "lua"
 PUB = "PUBLISH"
 ELEASE = 2000
 T0 = 1_800_000_000_000  # a fixed "now" (server ms) far from real time is fine: see _Prim
@@ -466,7 +466,7 @@ def test_renew_never_shortens_a_lease(rl: _Prim) -> None:
 
 
 def test_no_script_scans_a_whole_hash_or_set() -> None:
-    """The cost target: nothing in lua_next reads a whole hash or queue on a hot path."""
+    """The cost target: nothing in lua/ reads a whole hash or queue on a hot path."""
     for path in LUA.glob("*.lua"):
         code = "\n".join(line.split("--")[0] for line in path.read_text().splitlines())
         for command in ("HGETALL", "HKEYS", "HVALS", "SMEMBERS", "KEYS", "SCAN"):

@@ -355,11 +355,9 @@ def test_writer_gives_up_within_timeout_plus_one_socket_timeout(
     far = no_retry_client(link.url, socket_timeout)
     writer = rlocks.RWLock(name, client=far, namespace=NAMESPACE, ttl=10).write_lock
     thread, out = in_thread(lambda: writer.acquire(timeout=t))
-    # Its claim is in Redis: it waits. Then the link goes silent under its next attempt.
-    wait_until(
-        lambda: any(k.startswith(b"#c:") for k in client.hgetall(writer._keys.hash)), 5,
-        "the writer's claim",
-    )
+    # Its queue entry is in Redis (issue 12: no claims): it waits. Then the link goes
+    # silent under its next attempt.
+    wait_until(lambda: client.zcard(writer._keys.queued()[2]) == 1, 5, "the writer's entry")
     link.blackhole()
     thread.join(t + 3 * socket_timeout + 5)
     assert not thread.is_alive()
@@ -368,7 +366,7 @@ def test_writer_gives_up_within_timeout_plus_one_socket_timeout(
     assert not writer._is_owned()
     link.heal()
     reader.release()
-    client.delete(writer._keys.hash)  # the claim left to its 10 s lease
+    client.delete(*writer._keys.queued()[:5])  # the entry left to its lease
     far.close()
 
 

@@ -660,6 +660,10 @@ def parked(thread: threading.Thread) -> bool:
         if frame.f_code.co_name == "wait_until_granted":
             line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
             return "waiter.event.wait(" in line and frame.f_locals.get("subscribed") is True
+        if frame.f_code.co_name == "_drive":  # the queue dialogue's threading driver
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            op = frame.f_locals.get("op")
+            return "waiter.event.wait(" in line and bool(op.waiter.subscribed)
         frame = frame.f_back
     return False
 

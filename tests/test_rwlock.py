@@ -46,6 +46,10 @@ def in_thread(fn: Any) -> Any:
 
 
 def fields(client: "redis.Redis[bytes]", name: str, prefix: str) -> List[bytes]:
+    if prefix == "#c:":
+        # Issue 12: a waiting writer is no longer a claim in the hash but its process's
+        # entry in the queue (one FIFO for both sides).
+        return list(client.zrange(f"{key(name)}:queue", 0, -1))
     return [f for f in client.hkeys(key(name)) if f.startswith(prefix.encode())]
 
 
@@ -209,13 +213,16 @@ def test_waiting_writer_holds_new_readers_back(client: "redis.Redis[bytes]", nam
 def test_dead_waiting_writers_claim_expires(client: "redis.Redis[bytes]", name: str) -> None:
     lock = make(name, client)
     assert lock.read_lock.acquire()
-    # A writer in some process attempts once, claims for 300 ms, then dies.
-    reply = run(client, WriteLock._acquire_script, [key(name)], ["ghost:1:x:1", 300, 1, 1])
-    assert reply.busy
+    # A writer in some process queues, then dies: nobody renews its entry.
+    side = lock.write_lock
+    args = [*side._context(), "ghost:1:x:1", "ghost:1:x", "w", 30000, 1, 0, 1]
+    reply = run(client, WriteLock._acquire_script, side._keys.queued(), args)
+    assert reply.queued
     assert not in_thread(lambda: lock.read_lock.acquire(blocking=False))
     began = time.monotonic()
-    assert in_thread(lambda: lock.read_lock.acquire(timeout=5))
-    assert time.monotonic() - began < 1.0
+    assert in_thread(lambda: lock.read_lock.acquire(timeout=10))
+    # Held back at most the dead writer's entry lease (plus scheduling slack).
+    assert time.monotonic() - began < side._entry_ms / 1000.0 + 1.5
     assert not fields(client, name, "#c:")
     lock.read_lock.release()
 
@@ -465,11 +472,12 @@ def test_a_shorter_ttl_inside_never_shortens_the_outer_hold(
     outer = RWLock(name, client=client, namespace=NAMESPACE, ttl=30)
     inner = RWLock(name, client=client, namespace=NAMESPACE, ttl=1)
     key = f"{NAMESPACE}:rw:{{{name}}}"
-    field = f"#{side[0]}:{identity.thread_owner()}"
+    field = f"{side[0]}:{identity.thread_owner()}"
 
     def left_ms() -> int:
         now_s, now_us = client.time()
-        return int(client.hget(key, field)) - (now_s * 1000 + now_us // 1000)
+        ends = client.zscore(f"{key}:leases", field)  # queue_lib.lua: lease ends, a ZSET
+        return int(ends or 0) - (now_s * 1000 + now_us // 1000)
 
     with getattr(outer, side):
         with getattr(inner, side):

@@ -77,10 +77,12 @@ def test_hostile_names_and_namespaces_are_inert(client: Any, name: str, namespac
     assert lock.acquire(blocking=False) and lock.acquire(blocking=False)
     assert rw.read_lock.acquire(blocking=False)
     assert sem.acquire(blocking=False)
+    # Each primitive's hash and, beside it under the same tag, its holders' lease ends.
     assert fuzz_keys() - before == {
-        expected_key(namespace, "rlock", name),
-        expected_key(namespace, "rw", name),
-        expected_key(namespace, "sem", name),
+        key + suffix
+        for key in (expected_key(namespace, "rlock", name), expected_key(namespace, "rw", name),
+                    expected_key(namespace, "sem", name))
+        for suffix in (b"", b":leases")
     }
     assert client.hgetall(expected_key(namespace, "rlock", name)) == {
         rlocks._engine.identity.thread_owner().encode(): b"2"
@@ -119,6 +121,9 @@ ACL_RULES = [
     # called by its scripts
     "+hget", "+hset", "+hdel", "+hincrby", "+hexists", "+hgetall", "+del", "+pexpire",
     "+persist", "+pttl", "+time",
+    # and, since the queue and hand-over (issue 12), by the queue scripts
+    "+hmget", "+hlen", "+zadd", "+zrem", "+zscore", "+zrank", "+zrange", "+zrangebyscore",
+    "+zcard",
 ]
 
 

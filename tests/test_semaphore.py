@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from rlocks._engine import identity
+from rlocks._engine.scripts import run
 from rlocks.errors import LockLostError
 from rlocks.semaphore import BoundedSemaphore, Semaphore
 
@@ -79,7 +80,7 @@ def test_acquire_release_and_layout(client: "redis.Redis[bytes]", name: str) -> 
     state = client.hgetall(key(name))
     assert state[owner] == b"2"
     assert state[b"#free"] == b"1" and state[b"#value"] == b"3" and state[b"#bounded"] == b"0"
-    assert int(state[b"#lease:" + owner]) > 0
+    assert (client.zscore(f"{key(name)}:leases", owner) or 0) > 0  # lease ends: a ZSET
     assert 0 < client.pttl(key(name)) <= 30_000  # recovery would restore the initial value
     sem.release(2)
     assert not client.exists(key(name)), "a semaphore at rest leaves nothing behind"
@@ -110,16 +111,23 @@ def test_unbounded_release_grows_and_persists(client: "redis.Redis[bytes]", name
 
 
 def test_release_publishes_the_number_of_permits(client: "redis.Redis[bytes]", name: str) -> None:
+    # Issue 12: a release grants its permits to the queued waiters they cover, in order,
+    # and its one message names exactly those (not a count for every process to race for).
     sem = make(name, client, 0)
+    for ghost in ("ghost:1:a", "ghost:2:b", "ghost:3:c"):
+        owner = f"{ghost}:1"
+        args = [*sem._context(), owner, owner, ghost, 30000, 1, 1]
+        assert run(client, Semaphore._acquire_script, sem._keys.queued(), args).queued
     pubsub = client.pubsub()
     pubsub.subscribe(f"{key(name)}:wake")
     try:
         assert pubsub.get_message(timeout=5)["type"] == "subscribe"
-        sem.release(3)
+        sem.release(2)
         message = pubsub.get_message(timeout=5)
-        assert message["data"] == b"3"
+        assert message["data"] == b"g ghost:1:a:1\ng ghost:2:b:1"
     finally:
         pubsub.close()
+    client.delete(*sem._keys.queued()[:5])
 
 
 def test_waiter_is_woken_by_release(client: "redis.Redis[bytes]", name: str) -> None:
@@ -231,8 +239,9 @@ def test_renewal_keeps_a_short_lease(client: "redis.Redis[bytes]", name: str) ->
     sem = make(name, client, 1, ttl=1.0)  # 0.3 s left a loaded machine 0.2 s to renew
     assert sem.acquire()
     owner = identity.thread_owner()
-    first = int(client.hget(key(name), f"#lease:{owner}"))
-    wait_for(lambda: int(client.hget(key(name), f"#lease:{owner}")) > first, 3, "a renewal")
+    leases = f"{key(name)}:leases"  # queue_lib.lua: lease ends, a ZSET
+    first = int(client.zscore(leases, owner) or 0)
+    wait_for(lambda: int(client.zscore(leases, owner) or 0) > first, 3, "a renewal")
     time.sleep(1.5)  # longer than the lease: it must still be held
     assert client.hget(key(name), owner) == b"1"
     sem.release()
@@ -513,11 +522,12 @@ def test_a_shorter_ttl_never_shortens_the_threads_permits_lease(
     # Issue 10 A, for semaphores: two objects of one name share the thread's record.
     outer = make(name, client, 3, ttl=30)
     inner = make(name, client, 3, ttl=1)
-    field = f"#lease:{identity.thread_owner()}"
+    field = identity.thread_owner()
 
     def left_ms() -> int:
         now_s, now_us = client.time()
-        return int(client.hget(key(name), field)) - (now_s * 1000 + now_us // 1000)
+        ends = client.zscore(f"{key(name)}:leases", field)  # queue_lib.lua: a ZSET
+        return int(ends or 0) - (now_s * 1000 + now_us // 1000)
 
     with outer:
         with inner:

@@ -294,7 +294,8 @@ def contention(ns: str) -> Iterator[Contention]:
 def expected_queue(client: "redis.Redis[bytes]", ns: str, waiters: int) -> str:
     """The QUEUE cell of ``hot`` with ``waiters`` threads of this process waiting."""
     found = ins.find(client, ns, "hot", "rlock")[0]
-    return str(waiters) if getattr(found, "queue", None) is not None else "1 proc"
+    # Issue 12: the queue holds one entry per waiting process (its threads queue locally).
+    return "1" if getattr(found, "queue", None) is not None else "1 proc"
 
 
 def test_json_prints_one_snapshot_contended_first(
@@ -322,7 +323,8 @@ def test_json_prints_one_snapshot_contended_first(
         assert entry["lease_left_ms"] > 0
     assert hot["holders"][0]["owner"] == identity.thread_owner()
     if hot["queue_source"] == "queue":
-        assert hot["queue_length"] == 2 and len(hot["queue"]) == 2
+        # One entry per waiting process (issue 12): its two threads queue locally.
+        assert hot["queue_length"] == 1 and len(hot["queue"]) == 1
         assert hot["oldest_wait_ms"] >= 0
     else:
         assert (hot["queue"], hot["queue_length"], hot["oldest_wait_ms"]) == (None, 1, None)

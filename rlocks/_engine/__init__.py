@@ -14,6 +14,8 @@ Modules, lowest first (each imports only the ones above it):
 - ``clients``: the default client (``RLOCKS_URL``).
 - ``waiting``: the per-process wake-up hub (one subscriber connection) and the deadline loop.
 - ``renewal``: the per-process lease renewer (one daemon thread, batched round trips).
+- ``queued``: the acquire through the server-side queue, written once without I/O (a
+  generator yielding the call or wait it needs) for the threading and asyncio drivers.
 - ``primitive``: the base class a primitive is built from: local bookkeeping of holds,
   acquire / release / lost-hold handling on top of the modules above, split into I/O-free
   ``_begin_*`` / ``_finish_*`` halves around one script call.

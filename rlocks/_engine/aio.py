@@ -35,9 +35,19 @@ from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .primitive import Primitive
+from .queued import CALL, WAIT, Steps, take_steps
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
-from .waiting import LINK_ERRORS, QUEUED, RECONNECT_BACKOFF, TICK, Waiter, WaitPlan, WakeHub
+from .waiting import (
+    LINK_ERRORS,
+    QUEUED,
+    RECONNECT_BACKOFF,
+    TICK,
+    Waiter,
+    WaitPlan,
+    WakeHub,
+    serial,
+)
 
 __all__ = ["AsyncPrimitive", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -279,6 +289,7 @@ class AsyncRenewer(Renewer):
 
     async def _arenew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
+        adopts = renewal._snapshot_adopts(items)
         client = io_client(client)  # bounded, never re-sent (see clients.io_client)
         try:
             results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
@@ -288,7 +299,7 @@ class AsyncRenewer(Renewer):
                 results = await self._queue(client, items).execute(raise_on_error=False)
         except (RedisError, RedisClusterException, OSError) as exc:
             results = [exc] * len(items)
-        self._apply(items, results, sent)
+        self._apply(items, results, sent, adopts)
 
 
 _renewers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRenewer]" = (
@@ -394,9 +405,54 @@ class AsyncPrimitive(Primitive):
         client = io_client(self._aclient())
         return await arun(client, call.script, call.keys, call.args, call.wait)
 
+    def _local_hub(self) -> Any:
+        per_loop = _hubs.get(_loop())
+        if per_loop is None:
+            return None
+        return per_loop.get((id(pool_of(self._aclient())), self._namespace))
+
+    async def _adrive(self, steps: Steps) -> bool:
+        """The asyncio driver of a :mod:`.queued` dialogue (see ``Primitive._drive``).
+
+        Script calls are shielded: cancelled while one is in flight, the task still reads
+        its answer (``Op.late``) so the dialogue can give back a grant nobody records, and
+        the clean-up calls the dialogue then asks for run to their end.
+        """
+        send: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                op = steps.send(send) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return bool(stop.value)
+            send = error = None
+            try:
+                if op.kind == CALL:
+                    assert op.call is not None
+                    inner = asyncio.ensure_future(self._arun_call(op.call))
+                    try:
+                        send = await asyncio.shield(inner)
+                    except asyncio.CancelledError:
+                        try:
+                            op.late = await inner
+                        except BaseException:  # noqa: BLE001 - the cancel is what goes on
+                            pass
+                        raise
+                elif op.kind == WAIT:
+                    assert op.waiter is not None
+                    send = await _wait_event(op.waiter.event, op.timeout)
+                else:
+                    assert op.waiter is not None
+                    send = await _wait_event(op.waiter.channel.confirmed, op.timeout)
+            except BaseException as exc:  # noqa: BLE001 - thrown into the dialogue
+                error = exc
+
     @metrics.measure_async_acquire
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
+        if self._queued:
+            hub = async_hub_for(self._aclient(), self._namespace) if wait != 0.0 else None
+            return await self._adrive(take_steps(self, owner, count, wait, hub))
         call, waiting = self._begin_take(owner, count, wait)
         first = monotonic()
         started = [first]
@@ -473,6 +529,7 @@ class AsyncPrimitive(Primitive):
     async def _agive_back(self, owner: str, count: int, everything: bool = False) -> None:
         """:meth:`Primitive._give_back`, awaited."""
         call = self._begin_give_back(owner, count, everything)
+        sent = serial()
         try:
             # Shielded: a release cancelled half-way still reaches Redis instead of
             # leaving the hold there until its lease ends.
@@ -481,6 +538,7 @@ class AsyncPrimitive(Primitive):
             self._record_release(owner, count)
             raise
         self._finish_give_back(owner, count, reply)
+        self._deliver(reply, sent)
 
 
 class AsyncReentrantLock(AsyncPrimitive):

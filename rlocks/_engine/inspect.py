@@ -16,46 +16,45 @@ Python: a glob over names cannot be rewritten as one over escaped keys.
 
 One consistent snapshot
 -----------------------
-Leases in RWLock and Semaphore hashes are *server* times (redis TIME, ms), so "lease left"
-is read against the server's clock, never this host's: TIME, each HGETALL and each PTTL
-travel in one MULTI/EXEC, which also makes the listing an atomic snapshot of each batch.
+Lease ends are *server* times (redis TIME, ms), so "lease left" is read against the
+server's clock, never this host's: TIME and every read of each primitive travel in one
+MULTI/EXEC, which also makes the listing an atomic snapshot of each batch.
 The snapshot only reads. Holds whose lease has passed are still in the hash until the
 next script on that primitive tidies them; they are left out of ``holders`` and counted
 in ``stale`` (for a semaphore their permits are counted as free, as the next script will).
 
 Waiters
 -------
-Who waits is not stored in Redis. What can be counted is subscribers of the wake-up
-channels (PUBSUB NUMSUB, plus SHARDNUMSUB where the server has it): each *process* with
-waiting threads subscribes once through its wake-up hub, however many of its threads
-wait, and stays subscribed a few seconds after its last waiter left (see
-:mod:`.waiting`). So "waiting" counts processes that wait or waited just now. An RWLock
-also stores each waiting writer's claim, which is exact and shown as ``claims``.
+Who waits is the primitive's queue (``lua/queue_lib.lua``): one entry per waiting
+*process*, in order, naming the thread or task it is for now, what it wants and when its
+lease ends; ``queue`` lists them and ``waiting`` counts them. Entries whose lease passed
+are left out (counted in ``stale``) as the next script will drop them.
 
-Layouts (field names) are those documented in the headers of ``lua/rw_lib.lua`` and
-``lua/sem_lib.lua``; an RLock hash is owner id -> hold count with the lease as the key's
-PTTL. :data:`KINDS` lists the wake-up channels of each kind, which the primitives build
-the same way (a test checks that they agree).
+Layouts (field names) are those documented in the header of ``lua/queue_lib.lua``: the
+holds hash (owner -> count, plus counters whose names start with ``#``), the holders'
+lease ends, the queue, its entries and their lease ends, all under one hash tag.
+:data:`KINDS` lists the wake-up channel of each kind, which the primitives build the same
+way (a test checks that they agree).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from redis.exceptions import ResponseError
-
 from .clients import is_cluster
 from .keys import escape, keys_for
-from .scripts import load, run
+from .scripts import load_queued, run
 
 __all__ = [
     "KINDS",
     "Holder",
     "Kind",
     "PrimitiveState",
+    "QueueEntry",
     "channels_for",
     "find",
     "force_release",
@@ -78,8 +77,8 @@ class Kind(NamedTuple):
 
 KINDS: Dict[str, Kind] = {
     "rlock": Kind("rlock", "RLock", (("wake", ""),)),
-    # Readers wait on the main channel, writers on their own (see rwlock.py).
-    "rw": Kind("rw", "RWLock", (("readers", ""), ("writers", "writers"))),
+    # Readers and writers wait in one queue, woken on one channel (see rwlock.py).
+    "rw": Kind("rw", "RWLock", (("wake", ""),)),
     "sem": Kind("sem", "Semaphore", (("wake", ""),)),
 }
 
@@ -138,6 +137,28 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class QueueEntry:
+    """One process's place in a primitive's queue (``lua/queue_lib.lua``, KEYS[3..5])."""
+
+    waiter: str  # the owner id (thread or task) the entry is for now
+    side: str  # "read" / "write" (RWLock), "" otherwise
+    wanted: int  # holds (permits) it asks for
+    lease_left_ms: Optional[int]  # ms until the entry ends unless renewed
+    age_ms: Optional[int]  # ms since it took its place
+    entry: str = ""  # the process token (host:pid:nonce): one entry per process
+
+    def to_dict(self) -> Dict[str, Any]:
+        return _entry_dict(self)
+
+
+_QUEUE_FIELDS = ("waiter", "side", "wanted", "lease_left_ms", "age_ms", "entry")
+
+
+def _entry_dict(entry: Any) -> Dict[str, Any]:
+    return {name: getattr(entry, name) for name in _QUEUE_FIELDS if hasattr(entry, name)}
+
+
+@dataclass(frozen=True)
 class PrimitiveState:
     """One primitive as Redis holds it, at one server time."""
 
@@ -148,13 +169,15 @@ class PrimitiveState:
     type: str  # "RLock", "RWLock", "Semaphore" or "BoundedSemaphore"
     holders: Tuple[Holder, ...]
     lease_ms: Optional[int]  # the key's PTTL; None when it has no expiry
-    # (role, processes subscribed) per wake-up channel; None when not asked
+    # (role, processes queued): ("wake", ZCARD of the queue); None when not asked
     waiting: Optional[Tuple[Tuple[str, int], ...]] = None
     value: Optional[int] = None  # semaphores: the initial value
     free: Optional[int] = None  # semaphores: permits free, dead holders' included
     claims: Tuple[Holder, ...] = ()  # RWLock: writers waiting (their claims)
-    stale: int = 0  # holds or claims past their lease, not yet tidied by a script
+    stale: int = 0  # holds or entries past their lease, not yet tidied by a script
     channels: Tuple[str, ...] = field(default=(), repr=False)
+    #: The queue in order, head first: one entry per waiting process (None: not read).
+    queue: Optional[Tuple[QueueEntry, ...]] = None
 
     @property
     def holds(self) -> int:
@@ -178,6 +201,7 @@ class PrimitiveState:
             "lease_ms": self.lease_ms,
             "waiting": None if self.waiting is None else dict(self.waiting),
             "stale": self.stale,
+            "queue": None if self.queue is None else [_entry_dict(e) for e in self.queue],
         }
         if self.kind == "sem":
             data["value"] = self.value
@@ -201,67 +225,66 @@ def _int(value: Any) -> Optional[int]:
         return None
 
 
-def _decode_rlock(flat: Dict[str, str], pttl: Optional[int]) -> Dict[str, Any]:
-    holders = []
+def _scores(raw: Any) -> List[Tuple[str, float]]:
+    """A ``ZRANGE ... WITHSCORES`` reply as (member, score) pairs."""
+    if isinstance(raw, Exception) or not raw:
+        return []
+    return [(_text(member), float(score)) for member, score in raw]
+
+
+def _decode_rlock(flat: Dict[str, str], ends: Dict[str, int], now: int) -> Dict[str, Any]:
+    holders, stale = [], 0
     for owner, raw in sorted(flat.items()):
         count = _int(raw)
-        if count is not None and count > 0:
-            holders.append(Holder(owner, count, pttl))
-    return {"holders": tuple(holders), "type": "RLock"}
-
-
-def _decode_rw(flat: Dict[str, str], now: int) -> Dict[str, Any]:
-    counts: Dict[Tuple[str, str], Optional[int]] = {}
-    ends: Dict[Tuple[str, str], Optional[int]] = {}
-    for name, raw in flat.items():
-        if name.startswith("#") and name[2:3] == ":":
-            ends[(name[1], name[3:])] = _int(raw)
-        elif name[1:2] == ":":
-            counts[(name[0], name[2:])] = _int(raw)
-    holders, claims, stale = [], [], 0
-    # The writer first, then readers by owner id.
-    for (side, owner), count in sorted(counts.items(), key=lambda kv: (kv[0][0] != "w", kv[0])):
-        ends_at = ends.get((side, owner))
-        if side not in ("r", "w") or count is None or ends_at is None:
-            stale += 1
-            continue
-        if count <= 0 or ends_at <= now:
-            stale += 1
-            continue
-        holders.append(Holder(owner, count, ends_at - now, "write" if side == "w" else "read"))
-    for (side, owner), ends_at in sorted(ends.items()):
-        if side != "c":
+        ends_at = ends.get(owner)
+        if owner.startswith("#") or count is None or count <= 0:
             continue
         if ends_at is None or ends_at <= now:
             stale += 1
-        else:
-            claims.append(Holder(owner, 0, ends_at - now, "write"))
-    return {"holders": tuple(holders), "claims": tuple(claims), "stale": stale, "type": "RWLock"}
+            continue
+        holders.append(Holder(owner, count, ends_at - now))
+    return {"holders": tuple(holders), "stale": stale, "type": "RLock"}
 
 
-def _decode_sem(flat: Dict[str, str], now: int) -> Dict[str, Any]:
+def _decode_rw(flat: Dict[str, str], ends: Dict[str, int], now: int) -> Dict[str, Any]:
+    holders, stale = [], 0
+    # The writer first, then readers by owner id.
+    fields = sorted((f for f in flat if f[1:2] == ":" and f[0] in "rw"),
+                    key=lambda f: (f[0] != "w", f))
+    for name in fields:
+        count = _int(flat[name])
+        ends_at = ends.get(name)
+        if count is None or count <= 0 or ends_at is None or ends_at <= now:
+            stale += 1
+            continue
+        side = "write" if name[0] == "w" else "read"
+        holders.append(Holder(name[2:], count, ends_at - now, side))
+    return {"holders": tuple(holders), "stale": stale, "type": "RWLock"}
+
+
+def _decode_sem(flat: Dict[str, str], ends: Dict[str, int], now: int) -> Dict[str, Any]:
     free = _int(flat.get("#free", "")) if "#free" in flat else None
     value = _int(flat.get("#value", "")) if "#value" in flat else None
+    held = _int(flat.get("#held", "0")) or 0
     bounded = _int(flat.get("#bounded", "0")) == 1
-    holders, stale, recovered, live = [], 0, 0, 0
+    holders, stale = [], 0
     for owner, raw in sorted(flat.items()):
         if owner.startswith("#"):
             continue
         count = _int(raw) or 0
-        ends_at = _int(flat.get(f"#lease:{owner}", ""))
+        ends_at = ends.get(owner)
         if ends_at is None or ends_at <= now or count <= 0:
             stale += 1
-            recovered += max(count, 0)
+            if free is not None:
+                # What the next script's purge computes (queue_lib.lua): a dead holder's
+                # permits are free again, a bounded semaphore's never above its value.
+                held -= max(count, 0)
+                back = free + max(count, 0)
+                if bounded and value is not None:
+                    back = min(back, max(free, value - held))
+                free = back
             continue
         holders.append(Holder(owner, count, ends_at - now))
-        live += count
-    if free is not None and recovered:
-        # What the next script will compute (sem_lib.lua, load_state): dead holders'
-        # permits are free again, a bounded semaphore's never above its initial value.
-        recovered_free = free + recovered
-        if bounded and value is not None:
-            recovered_free = min(recovered_free, max(free, value - live))
-        free = recovered_free
     return {
         "holders": tuple(holders),
         "stale": stale,
@@ -271,19 +294,58 @@ def _decode_sem(flat: Dict[str, str], now: int) -> Dict[str, Any]:
     }
 
 
+_SIDES = {"r": "read", "w": "write"}
+
+
+def _decode_queue(
+    queue: Any, entries: Any, times: Any, now: int
+) -> Tuple[Tuple[QueueEntry, ...], int]:
+    """The queue in order, and how many of its entries' leases ended (stale)."""
+    table = {} if isinstance(entries, Exception) or not entries else {
+        _text(k): _text(v) for k, v in entries.items()
+    }
+    ends = dict(_scores(times))
+    result, stale = [], 0
+    for token, _seq in _scores(queue):
+        try:
+            data = json.loads(table.get(f"e:{token}", ""))
+        except ValueError:
+            data = {}
+        end = ends.get(f"e:{token}")
+        if end is not None and end <= now:
+            stale += 1
+            continue
+        since = data.get("t")
+        result.append(QueueEntry(
+            entry=token,
+            waiter=str(data.get("w", "")),
+            side=_SIDES.get(str(data.get("s", "")), ""),
+            wanted=int(data.get("n", 0) or 0),
+            lease_left_ms=None if end is None else int(end) - now,
+            age_ms=None if since is None else now - int(since),
+        ))
+    return tuple(result), stale
+
+
 def _decode(
-    namespace: str, kind: str, name: str, raw: Any, pttl: Any, now: int
+    namespace: str, kind: str, name: str, replies: Sequence[Any], now: int
 ) -> Optional[PrimitiveState]:
-    if isinstance(raw, Exception) or not raw:  # gone since SCAN, or not a hash
+    raw, pttl, leases, queue, entries, times = replies
+    hash_gone = isinstance(raw, Exception) or not raw
+    queue_gone = isinstance(queue, Exception) or not queue
+    if hash_gone and queue_gone:  # gone since SCAN, or not a hash
         return None
-    flat = {_text(k): _text(v) for k, v in raw.items()}
+    flat = {} if hash_gone else {_text(k): _text(v) for k, v in raw.items()}
     lease = None if isinstance(pttl, Exception) or int(pttl) < 0 else int(pttl)
+    ends = {member: int(score) for member, score in _scores(leases)}
     if kind == "rlock":
-        parts = _decode_rlock(flat, lease)
+        parts = _decode_rlock(flat, ends, now)
     elif kind == "rw":
-        parts = _decode_rw(flat, now)
+        parts = _decode_rw(flat, ends, now)
     else:
-        parts = _decode_sem(flat, now)
+        parts = _decode_sem(flat, ends, now)
+    waiting_in, stale = _decode_queue(queue, entries, times, now)
+    parts["stale"] += stale
     channels = tuple(channel for _role, channel in channels_for(namespace, kind, name))
     return PrimitiveState(
         namespace=namespace,
@@ -292,6 +354,7 @@ def _decode(
         key=keys_for(namespace, kind, name).hash,
         lease_ms=lease,
         channels=channels,
+        queue=waiting_in,
         **parts,
     )
 
@@ -314,48 +377,29 @@ def _snapshot(
         pipe = client.pipeline(transaction=True)
         pipe.time()
         for kind, name in batch:
-            key = keys_for(namespace, kind, name).hash
+            key, leases, queue, table, times, _ = keys_for(namespace, kind, name).queued()
             pipe.hgetall(key)
             pipe.pttl(key)
+            pipe.zrange(leases, 0, -1, withscores=True)
+            pipe.zrange(queue, 0, -1, withscores=True)
+            pipe.hgetall(table)
+            pipe.zrange(times, 0, -1, withscores=True)
         # A key of another type under our name (WRONGTYPE) must not hide the others.
         replies = pipe.execute(raise_on_error=False)
         if isinstance(replies[0], Exception):
             raise replies[0]
         now = _server_ms(replies[0])
         for i, (kind, name) in enumerate(batch):
-            state = _decode(namespace, kind, name, replies[1 + 2 * i], replies[2 + 2 * i], now)
+            state = _decode(namespace, kind, name, replies[1 + 6 * i:7 + 6 * i], now)
             if state is not None:
                 states.append(state)
     return states
 
 
-def _subscribers(client: Any, channels: Sequence[str]) -> Dict[str, int]:
-    """Subscribers of each channel: classic plus sharded (where the server has it)."""
-    counts = {channel: 0 for channel in channels}
-    if not channels:
-        return counts
-    for channel, count in client.pubsub_numsub(*channels):
-        counts[_text(channel)] += int(count)
-    try:
-        sharded = client.pubsub_shardnumsub(*channels)
-    except ResponseError:  # Redis < 7: no sharded pub/sub, so no sharded subscribers
-        return counts
-    for channel, count in sharded:
-        counts[_text(channel)] += int(count)
-    return counts
-
-
 def _with_waiting(client: Any, states: List[PrimitiveState]) -> List[PrimitiveState]:
-    channels = [channel for state in states for channel in state.channels]
-    counts: Dict[str, int] = {}
-    for start in range(0, len(channels), _BATCH):
-        counts.update(_subscribers(client, channels[start:start + _BATCH]))
-    result = []
-    for state in states:
-        roles = channels_for(state.namespace, state.kind, state.name)
-        waiting = tuple((role, counts.get(channel, 0)) for role, channel in roles)
-        result.append(replace(state, waiting=waiting))
-    return result
+    # Who waits is the queue: one entry per waiting process (no round trip: the snapshot
+    # read it; ZCARD counts entries whose lease ended too, the snapshot does not).
+    return [replace(state, waiting=(("wake", len(state.queue or ())),)) for state in states]
 
 
 def _scan(client: Any, namespace: str) -> Iterable[Tuple[str, str]]:
@@ -410,7 +454,7 @@ def find(
 
 
 def force_release(client: Any, namespace: str, kind: str, name: str) -> bool:
-    """Delete a primitive's hash and wake every waiter on each of its channels.
+    """End every hold of a primitive and hand it over to its queue, in order.
 
     Returns True when there was a primitive to release, False when no such hash exists.
     One atomic script (``lua/force_release.lua``). Live holders find their holds lost at
@@ -418,10 +462,11 @@ def force_release(client: Any, namespace: str, kind: str, name: str) -> bool:
     """
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(KINDS)}")
-    keys = [keys_for(namespace, kind, name).hash]
-    keys += [channel for _role, channel in channels_for(namespace, kind, name)]
+    keys = keys_for(namespace, kind, name).queued()
     command = "SPUBLISH" if is_cluster(client) else "PUBLISH"
-    return run(client, _FORCE_RELEASE, keys, (command,)).granted
+    # fair = 1: the freed primitive is granted to the queue head(s) at once; 2000 ms: the
+    # engine's entry lease (Primitive._entry_ms), the grants' lease until adopted.
+    return run(client, _FORCE_RELEASE, keys, ("", command, 1, 2000, kind)).granted
 
 
-_FORCE_RELEASE = load("force_release")
+_FORCE_RELEASE = load_queued("force_release")

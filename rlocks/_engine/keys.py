@@ -14,7 +14,7 @@ unicode, is kept as it is, so keys stay readable in ``redis-cli``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 __all__ = ["PrimitiveKeys", "escape", "keys_for"]
 
@@ -38,6 +38,22 @@ class PrimitiveKeys(NamedTuple):
         in the same hash tag, so a release wakes only waiters that can proceed.
         """
         return f"{self.channel}:{role}" if role else self.channel
+
+    def queued(self) -> Tuple[str, str, str, str, str, str]:
+        """The six KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``), in
+        order: holds hash, holder lease ends, queue, entries, entry lease ends, channel.
+
+        All carry the hash's tag, so one script touches one cluster slot.
+        """
+        base = self.hash
+        return (
+            base,
+            f"{base}:leases",
+            f"{base}:queue",
+            f"{base}:entries",
+            f"{base}:times",
+            self.channel,
+        )
 
 
 def keys_for(namespace: str, kind: str, name: str) -> PrimitiveKeys:

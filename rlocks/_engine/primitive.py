@@ -28,9 +28,10 @@ from .clock import monotonic
 from .constructors import public_init
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
+from .queued import CALL, WAIT, Steps, take_steps
 from .renewal import Lease, Renewer, renewer_for
-from .scripts import Arg, Call, Reply, Script, Wait, foreign
-from .waiting import LINK_ERRORS, QUEUED, hub_for, wait_until_granted
+from .scripts import UPGRADE, Arg, Call, Reply, Script, Wait, foreign
+from .waiting import LINK_ERRORS, QUEUED, existing_hub, hub_for, serial, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
 
@@ -103,6 +104,7 @@ class Primitive:
         "_calls",
         "_channel",
         "_wait",
+        "_fair",
         "__weakref__",
     )
 
@@ -117,6 +119,14 @@ class Primitive:
     _acquire_script: ClassVar[Script]
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
+    #: Whether the primitive runs the queue-and-hand-over scripts (``lua/queue_lib.lua``):
+    #: waiters queue on the server and a release hands over (see :mod:`.queued`).
+    _queued: ClassVar[bool] = False
+    #: ms a queue entry, and a hand-over grant not adopted yet, lives without renewal:
+    #: the most a dead waiter (or a process dead just after being handed the primitive)
+    #: delays the next hand-over.
+    _entry_ms: ClassVar[int] = 2000
+    _leave_script: ClassVar[Script]
 
     @public_init
     def __init__(
@@ -130,6 +140,7 @@ class Primitive:
         on_lost: Optional[Callable[[Any], object]] = None,
         replicas: int = 0,
         replica_wait: float = 1.0,
+        fair: bool = True,
     ) -> None:
         label = self._label
         self._name = checks.check_name(name, label)
@@ -155,6 +166,9 @@ class Primitive:
                 "(WAIT has no key to be routed by); see docs/operations.md"
             )
         self._auto_renew = bool(auto_renew)
+        if not isinstance(fair, bool):
+            raise TypeError(f"{label}({name!r}): fair must be a bool, not {type(fair).__name__}")
+        self._fair = fair
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
         self._channel = self._keys.wake(self._wake_role)
@@ -309,6 +323,142 @@ class Primitive:
         """
         return None
 
+    # -- queue scripts (``_queued`` primitives; see :mod:`.queued`) ----------------------
+
+    def _context(self) -> Tuple[Arg, ...]:
+        """The context ARGV every queue script starts with: now ('' = server TIME), the
+        publish command, fair, the entry lease (ms)."""
+        return ("", self._publish, 1 if self._fair else 0, self._entry_ms)
+
+    @staticmethod
+    def _entry_id(waiting: bool) -> str:
+        """The queue entry id an acquire names: the process token when it may queue.
+
+        A single try names an id no entry has: the process's entry belongs to its head
+        waiter, and another thread's try must neither take its place nor its turn.
+        """
+        token = identity.process_token()
+        return token if waiting else f"{token}:try"
+
+    def _acquire_call(self, owner: str, count: int, reentry: bool, waiting: bool) -> Call:
+        """The prepared acquire call (``waiting``: queue if not granted)."""
+        return self._prepared(
+            ("acquire", owner, count, reentry, waiting),
+            self._acquire_script,
+            lambda: self._acquire_arguments(owner, count, reentry, waiting),
+            self._wait,
+        )
+
+    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of the leave script for waiter ``owner`` (no next waiter)."""
+        raise NotImplementedError
+
+    def _leave_call(self, owner: str) -> Call:
+        return self._prepared(
+            ("leave", owner), self._leave_script, lambda: self._leave_arguments(owner)
+        )
+
+    def _renew_items(self, owner: str) -> Tuple[str, ...]:
+        """The renew items of ``owner``'s hold: ``('h', owner)`` (an RWLock side: its side)."""
+        return ("h", owner)
+
+    def _hold_field(self, owner: str) -> str:
+        """The field of ``owner``'s hold in the holds hash (queue_lib.lua's ``hfield``):
+        the owner id, or ``<side>:<owner>`` on an RWLock side."""
+        kind, _ = self._renew_items(owner)
+        return owner if kind == "h" else f"{kind}:{owner}"
+
+    def _items_call(self, items: Sequence[str], lease_ms: Optional[int] = None) -> Call:
+        """A renew script call for ``items`` (pairs kind, id) with a lease of ``lease_ms``."""
+        args = (*self._context(), lease_ms or self._ttl_ms, *items)
+        return Call(self._renew_script, self._keys.queued(), args, self._wait)
+
+    def _acquire_check(self, owner: str) -> Optional[Call]:
+        """After a lost acquire reply: whether ``owner`` holds (item 1 = yes), adopting a
+        hand-over grant too; ``None``: cannot tell (see ``_lost_reply_check``)."""
+        if self._lost_reply_check(owner) is None:
+            return None
+        return self._items_call((*self._renew_items(owner), "a", owner))
+
+    def _adopt_call(self, owner: str) -> Call:
+        """Adopt ``owner``'s hand-over grant and extend it to ``ttl`` (no renewer here)."""
+        return self._items_call((*self._renew_items(owner), "a", owner))
+
+    def _renewal_arguments(self, lease: Lease) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of one renewal by the renewer: a hold, or a queue entry."""
+        if not self._queued:
+            return self._renew_arguments(lease.owner)
+        if lease.kind == "e":
+            items: Tuple[str, ...] = ("e", lease.owner)
+            lease_ms: Optional[int] = None
+        else:
+            items = self._renew_items(lease.owner)
+            if lease.sending:
+                items += ("a", lease.sending)
+            lease_ms = None
+        return self._keys.queued(), (*self._context(), lease_ms or self._ttl_ms, *items)
+
+    def _renewed(self, lease: Lease, reply: Reply, adopted: Optional[str]) -> bool:
+        """Whether a renewal kept ``lease`` alive (False: the hold is lost / the entry
+        left). ``adopted``: the waiter whose grant the renewal adopted, if any."""
+        if not self._queued:
+            return reply.granted
+        if not reply.items or reply.items[0] != 1:
+            return False
+        if adopted is not None and lease.adopt == adopted:
+            lease.adopt = None
+            if len(reply.items) > 1 and reply.items[1] != 1:
+                # Not adopted by this process's own acquire or release meanwhile (they
+                # adopt on the server and clear ``adopt`` first): the grant was revoked.
+                return False
+        return True
+
+    def _adopting(self, owner: str) -> bool:
+        """``owner`` is about to send an acquire or a release here, which adopts its
+        hand-over grant on the server: the renewer must not count that grant's marker,
+        gone by then, as a revocation (no I/O). Returns whether one was pending."""
+        with _bookkeeping:
+            hold = self._holds.get(owner)
+            if hold is not None and hold.lease is not None and hold.lease.adopt:
+                hold.lease.adopt = None
+                return True
+            return False
+
+    def _local_hub(self) -> Any:
+        """This process's hub for the primitive's pool, if one exists (no creation)."""
+        return existing_hub(self._client, self._namespace)
+
+    def _deliver(self, reply: Reply, sent: int) -> None:
+        """Signal waiters of this process that ``reply``'s wake lines name (fast path)."""
+        if reply.wakes:
+            hub = self._local_hub()
+            if hub is not None:
+                hub.deliver(self._channel, reply.wakes, sent)
+
+    def _drive(self, steps: Steps) -> bool:
+        """The threading driver of a :mod:`.queued` dialogue: block as it asks."""
+        send: Any = None
+        error: Optional[BaseException] = None
+        client = self._client
+        while True:
+            try:
+                op = steps.send(send) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return bool(stop.value)
+            send = error = None
+            try:
+                if op.kind == CALL:
+                    assert op.call is not None
+                    send = op.call(client, op.set_late)
+                elif op.kind == WAIT:
+                    assert op.waiter is not None
+                    send = op.waiter.event.wait(op.timeout)
+                else:
+                    assert op.waiter is not None
+                    send = op.waiter.channel.confirmed.wait(op.timeout)
+            except BaseException as exc:  # noqa: BLE001 - thrown into the dialogue
+                error = exc
+
     # -- prepared script calls -----------------------------------------------------------
 
     def _prepared(
@@ -387,7 +537,12 @@ class Primitive:
             if hold.count > 0:
                 _orphans.append((self._hold_key(owner), hold.count))
 
-    def _record_grant(self, owner: str, count: int, since: float) -> None:
+    def _record_grant(self, owner: str, count: int, since: float, handed: bool = False) -> None:
+        """Record ``count`` holds granted to ``owner``; start renewing them.
+
+        ``handed``: a hand-over grant (queue scripts), still on the entry lease and not
+        adopted: the renewer adopts it (item ``a``) and extends it on its next turn.
+        """
         key = self._hold_key(owner)
         with _bookkeeping:
             _forget_orphans_locked()
@@ -405,6 +560,11 @@ class Primitive:
                     lease = None  # type: ignore[assignment]
             if lease is not None:  # released meanwhile by another thread of this owner
                 self._renewer().cancel(lease)
+        if handed and self._auto_renew:
+            with _bookkeeping:
+                current = hold.lease
+            if current is not None:
+                self._renewer().hurry(current, owner, self._entry_ms / 1000.0)
 
     def _record_release(self, owner: str, count: int) -> int:
         """Drop ``count`` local holds of ``owner``; returns how many are left."""
@@ -432,6 +592,8 @@ class Primitive:
             else:
                 _process_holds.pop(key, None)
             lost = hold.lost
+            if hold.lease is not None:
+                hold.lease.adopt = None  # a release adopts the owner's hand-over grant
             if hold.count <= 0:
                 del self._holds[owner]
                 lease, hold.lease = hold.lease, None
@@ -486,6 +648,21 @@ class Primitive:
         re-entry whose hold ended unnoticed: re-entering a critical section that is no
         longer protected would hide the loss), and Redis errors.
         """
+        if self._queued:
+            hub = hub_for(self._client, self._namespace) if wait != 0.0 else None
+            mark = self._books(owner)  # what the local books say before this acquire
+            try:
+                return self._drive(take_steps(self, owner, count, wait, hub))
+            except RLocksError:
+                raise  # a refusal: nothing granted is kept
+            except BaseException as exc:
+                if foreign(exc):
+                    # An exception from outside (a signal handler's) anywhere from the
+                    # send to the last bookkeeping step: Redis may hold a grant that the
+                    # books lack, or the books a part of one. Make both what they were.
+                    self._roll_back(owner, mark)
+                    self._reconcile(owner, count)
+                raise
         call, waiting = self._begin_take(owner, count, wait)
         mark = self._books(owner)  # what the local books say before this acquire
         client = self._client
@@ -580,6 +757,8 @@ class Primitive:
         """The I/O-free end of an acquire: record a grant, or raise a refusal."""
         if reply.not_owner:
             raise self._refused(owner, self._held(owner) > 0)
+        if reply.status == UPGRADE:
+            raise self._refused(owner, False)
         if not reply.granted:
             return False
         self._record_grant(owner, count, since)
@@ -658,10 +837,12 @@ class Primitive:
         to read the count, one more only if there is something to give back. Never
         raises: on failure what is left ends with its lease."""
         try:
-            reply = Call(self._renew_script, *self._renew_arguments(owner))(self._client)
-            if not reply.granted:
+            # A plain read of the owner's field (see _hold_field): the renew script's
+            # reply counts items renewed, not holds.
+            held = self._client.hget(self._keys.hash, self._hold_field(owner))
+            if held is None:
                 return  # the owner holds nothing here: nothing to give back
-            excess = min(most, reply.holds - self._held_by_all_objects(owner))
+            excess = min(most, int(held) - self._held_by_all_objects(owner))
             if excess > 0:
                 self._undo_call(owner, excess)(self._client)
                 log.debug("%s: %d interrupted level(s) of %s given back",
@@ -697,6 +878,7 @@ class Primitive:
         """
         own, everywhere = self._books(owner)
         call = self._begin_give_back(owner, count, everything)
+        sent = serial()
         try:
             # The no-op callback has an interrupted read fenced (see Call): the script
             # has then surely run when _reconcile looks.
@@ -713,6 +895,9 @@ class Primitive:
             else:
                 self._record_release(owner, count)
             raise
+        # Outside the try: the release is complete; an interrupt while signalling local
+        # waiters leaves them to their re-check, it does not undo the release.
+        self._deliver(reply, sent)
 
     def _begin_give_back(self, owner: str, count: int, everything: bool) -> Call:
         """The I/O-free start of a release: refuse what is not held or known lost."""
@@ -724,6 +909,7 @@ class Primitive:
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
+        self._adopting(owner)
         return self._prepared(
             ("release", owner, count, everything),
             self._release_script,
@@ -760,7 +946,7 @@ class Primitive:
 
     def _finish_extend(self, owner: str, reply: Reply) -> None:
         """The I/O-free end of ``extend``: a hold found gone is reported lost and raised."""
-        if reply.not_owner:
+        if reply.not_owner or (self._queued and (not reply.items or reply.items[0] != 1)):
             self._hold_lost(owner, "its hold was gone at extend")
             raise self._lost_error()
         if self._wait is not None and reply.replicas < self._wait[0]:

@@ -67,11 +67,18 @@ EARLY = 0.25  # a lease due within this fraction of its period joins the current
 class Lease:
     """One owner's hold on one primitive, as the renewer sees it."""
 
-    __slots__ = ("ref", "owner", "ttl", "period", "due", "expires")
+    __slots__ = ("ref", "owner", "ttl", "period", "due", "expires", "kind", "adopt", "sending")
 
-    def __init__(self, primitive: "Primitive", owner: str, ttl: float, since: float) -> None:
+    def __init__(
+        self, primitive: "Primitive", owner: str, ttl: float, since: float, kind: str = "h"
+    ) -> None:
         self.ref: "weakref.ReferenceType[Primitive]" = weakref.ref(primitive)
         self.owner = owner
+        #: "h": a hold; "e": a queue entry (``owner`` is then the process token)
+        self.kind = kind
+        #: a hand-over grant to adopt with the next renewal (its waiter id), if any
+        self.adopt: Optional[str] = None
+        self.sending: Optional[str] = None  # the adopt item of the renewal being sent
         self.ttl = ttl
         self.period = ttl / 3.0
         self.due = since + self.period
@@ -104,6 +111,31 @@ class Renewer:
             elif lease.due < self._next_wake:
                 self._notify_locked()
         return lease
+
+    def add_entry(self, primitive: "Primitive", token: str, lease: float) -> Lease:
+        """Start renewing this process's queue entry on ``primitive`` (lease ``lease`` s,
+        renewed every third of it); cancel it when the wait ends."""
+        entry = Lease(primitive, token, lease, monotonic(), kind="e")
+        with self._mutex:
+            self._leases[id(entry)] = entry
+            if self._thread is None:
+                self._start_locked()
+            elif entry.due < self._next_wake:
+                self._notify_locked()
+        return entry
+
+    def hurry(self, lease: Lease, waiter: str, short: float) -> None:
+        """A hand-over grant was recorded on ``lease``: adopt it (and extend the hold from
+        its short lease of ``short`` s) in the next pass, now."""
+        with self._mutex:
+            now = monotonic()
+            lease.adopt = waiter
+            lease.due = now
+            lease.expires = min(lease.expires, now + short)
+            if self._thread is None:
+                self._start_locked()
+            else:
+                self._notify_locked()
 
     def _start_locked(self) -> None:
         """Start the renewer's loop (a daemon thread here); called under the mutex."""
@@ -204,6 +236,7 @@ class Renewer:
 
     def _renew_on(self, client: Any, items: List[Item]) -> None:
         sent = monotonic()
+        adopts = _snapshot_adopts(items)
         client = io_client(client)
         try:
             results = self._pipeline(client, items)
@@ -216,10 +249,19 @@ class Renewer:
             # RedisClusterException (no slot map, every node unreachable) is not a
             # RedisError, yet means the same here: the renewal could not be made.
             results = [exc] * len(items)
-        self._apply(items, results, sent)
+        self._apply(items, results, sent, adopts)
 
-    def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
-        """Act on a batch's replies (no I/O): extend leases, report lost holds."""
+    def _apply(
+        self,
+        items: List[Item],
+        results: List[Any],
+        sent: float,
+        adopts: Optional[Dict[int, Optional[str]]] = None,
+    ) -> None:
+        """Act on a batch's replies (no I/O): extend leases, report lost holds.
+
+        ``adopts``: per lease (by id), the hand-over grant its renewal adopted, if any."""
+        adopts = adopts or {}
         if len(results) == len(items) + 1:  # the batch ended with a WAIT
             acks = results.pop()
             for _, primitive, _ in items:
@@ -238,7 +280,7 @@ class Renewer:
                 self._failed(lease, primitive, result)
                 continue
             reply = decode(result, script.name)
-            if reply.granted:
+            if primitive._renewed(lease, reply, adopts.get(id(lease))):
                 lease.expires = sent + lease.ttl
                 lease.due = sent + lease.period
                 metrics.renewed(primitive)
@@ -260,7 +302,7 @@ class Renewer:
         """
         pipe = client.pipeline(transaction=False)
         for lease, primitive, script in items:
-            keys, args = primitive._renew_arguments(lease.owner)
+            keys, args = primitive._renewal_arguments(lease)
             # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the
             # evalsha method but routes a plain EVALSHA command by its keys' slot.
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -286,6 +328,14 @@ class Renewer:
         else:
             log.debug("renewal of %r failed, retrying: %s", primitive, error)
             lease.due = now + min(RETRY, lease.period)
+
+
+def _snapshot_adopts(items: List[Item]) -> Dict[int, Optional[str]]:
+    """Fix, per lease, the grant its renewal adopts (sent and judged by the same value)."""
+    adopts: Dict[int, Optional[str]] = {}
+    for lease, _, _ in items:
+        lease.sending = adopts[id(lease)] = lease.adopt
+    return adopts
 
 
 # Keyed by the pool itself, weakly: the registry keeps no pool alive and forgets a

@@ -17,6 +17,14 @@ status     value
            lease ends, which caps how long a waiter sleeps before it looks again
 -1         not owner: this owner holds nothing there (lost, or never held)
 =========  ==========================================================================
+
+The queue-and-hand-over scripts (``queue_lib.lua`` prepended, see :func:`load_queued`)
+answer ``{status, value, aux, wakes[, items]}`` (the table in that file's header and in
+docs/design/handover.md): besides the three above, 2 = ADOPTED (a hand-over grant this
+waiter had missed, recorded now), 3 = QUEUED (``aux``: ms to the earliest holder lease end,
+the re-check hint), 4 = PASSED (a leaving waiter's grant given back and passed on), -2 =
+UPGRADE refused, -3 = OVER (bounded semaphore). ``wakes`` are the lines the script
+published ("g <waiter>" granted, "w <waiter>" woken to try again).
 """
 
 from __future__ import annotations
@@ -34,8 +42,13 @@ from ..errors import RLocksError
 from .clients import io_client
 
 __all__ = [
+    "ADOPTED",
     "GRANTED",
     "BUSY",
+    "OVER",
+    "PASSED",
+    "QUEUED_STATUS",
+    "UPGRADE",
     "NOT_OWNER",
     "Call",
     "Reply",
@@ -44,6 +57,7 @@ __all__ = [
     "decode",
     "foreign",
     "load",
+    "load_queued",
     "run",
     "unsent",
 ]
@@ -51,6 +65,12 @@ __all__ = [
 GRANTED = 1
 BUSY = 0
 NOT_OWNER = -1
+ADOPTED = 2
+QUEUED_STATUS = 3
+PASSED = 4
+UPGRADE = -2
+OVER = -3
+_STATUSES = (GRANTED, BUSY, NOT_OWNER, ADOPTED, QUEUED_STATUS, PASSED, UPGRADE, OVER)
 
 Arg = Union[str, int, float, bytes]
 
@@ -62,10 +82,21 @@ class Reply(NamedTuple):
     value: int
     #: Replicas that acknowledged the script's writes (WAIT); -1 when not asked.
     replicas: int = -1
+    #: Queue scripts: the third reply element (lease ms, re-check hint, entries queued).
+    aux: int = 0
+    #: Queue scripts: the wake-up lines the script published, in queue order.
+    wakes: Tuple[str, ...] = ()
+    #: Queue renew script: each item's status (1 done, -1 not there).
+    items: Tuple[int, ...] = ()
 
     @property
     def granted(self) -> bool:
-        return self.status == GRANTED
+        """Whether the caller holds what it asked for (ADOPTED: a missed hand-over)."""
+        return self.status == GRANTED or self.status == ADOPTED
+
+    @property
+    def queued(self) -> bool:
+        return self.status == QUEUED_STATUS
 
     @property
     def busy(self) -> bool:
@@ -78,7 +109,7 @@ class Reply(NamedTuple):
     @property
     def holds(self) -> int:
         """Hold count after a granted acquire, a release or a renewal."""
-        assert self.status == GRANTED
+        assert self.status in (GRANTED, ADOPTED)
         return self.value
 
     @property
@@ -88,17 +119,31 @@ class Reply(NamedTuple):
         return self.value / 1000.0 if self.value >= 0 else -1.0
 
 
+def _line(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
 def decode(raw: Any, script_name: str = "script") -> Reply:
-    """Turn a raw ``{status, value}`` script reply into a :class:`Reply`."""
+    """Turn a raw script reply into a :class:`Reply`: ``{status, value}``, or a queue
+    script's ``{status, value, aux, wakes[, items]}``."""
+    wakes: Tuple[str, ...]
+    items: Tuple[int, ...]
     try:
-        status, value = raw
-        status = int(status)
-        value = int(value)
-    except (TypeError, ValueError):
+        status = int(raw[0])
+        value = int(raw[1])
+        if len(raw) == 2:
+            aux, wakes, items = 0, (), ()
+        elif len(raw) in (4, 5):
+            aux = int(raw[2])
+            wakes = tuple(_line(line) for line in raw[3])
+            items = tuple(int(item) for item in raw[4]) if len(raw) == 5 else ()
+        else:
+            raise ValueError(raw)
+    except (TypeError, ValueError, IndexError):
         raise RLocksError(f"unexpected reply from {script_name}: {raw!r}") from None
-    if status not in (GRANTED, BUSY, NOT_OWNER):
+    if status not in (_STATUSES if len(raw) > 2 else (GRANTED, BUSY, NOT_OWNER)):
         raise RLocksError(f"unexpected status from {script_name}: {raw!r}")
-    return Reply(status, value)
+    return Reply(status, value, -1, aux, wakes, items)
 
 
 class Script:
@@ -123,13 +168,20 @@ def _read(name: str) -> str:
 def load(name: str, prelude: str = "") -> Script:
     """The script in ``lua/<name>.lua``, read and hashed once per process.
 
-    ``prelude`` names a library file (``rw_lib``, ``sem_lib``) whose functions the script
-    uses; it is put in front, so each operation still is one script and one round trip.
+    ``prelude`` names a library file (``queue_lib``) whose functions the script uses; it
+    is put in front, so each operation still is one script and one round trip.
     """
     source = _read(name)
     if prelude:
         source = _read(prelude) + "\n" + source
     return Script(name, source)
+
+
+@cache
+def load_queued(name: str) -> Script:
+    """The queue-and-hand-over script ``lua/<name>.lua`` with ``queue_lib.lua`` in front
+    (its KEYS, context ARGV and reply contract), read and hashed once per process."""
+    return load(name, prelude="queue_lib")
 
 
 #: ``(replicas, ms)``: after the script, WAIT until that many replicas have its writes, or

@@ -57,6 +57,7 @@ and a waiter that leaves with an unconsumed wake-up passes it on to the next wai
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import select
@@ -80,7 +81,10 @@ __all__ = [
     "WaitPlan",
     "WakeHub",
     "Waiter",
+    "existing_hub",
+    "link_lost",
     "hub_for",
+    "serial",
     "wait_until_granted",
     "wake_count",
 ]
@@ -149,14 +153,41 @@ class _Channel:
         self.node: Optional[str] = None  # cluster only: the node subscribed on
 
 
+#: States of a queued waiter (see "Hand-over" in the module doc); changed under the hub mutex.
+WAITING, GRANTED, LEAVING = 0, 1, 2
+
+# Registration serials: a release reply's wake lines may only grant waiters registered
+# before the release was sent (see WakeHub.deliver).
+_serials = itertools.count(1)
+
+
+def serial() -> int:
+    """The next registration serial (thread-safe: ``itertools.count`` is atomic)."""
+    return next(_serials)
+
+
 class Waiter:
-    """One waiting thread's registration on one channel."""
+    """One waiting thread's (or task's) registration on one channel."""
 
-    __slots__ = ("event", "channel")
+    __slots__ = ("event", "channel", "id", "state", "seq", "hub_seen", "other_seen", "counts")
 
-    def __init__(self, channel: _Channel, event_type: Callable[[], Any] = threading.Event) -> None:
+    def __init__(
+        self,
+        channel: _Channel,
+        event_type: Callable[[], Any] = threading.Event,
+        waiter_id: str = "",
+    ) -> None:
         self.event = event_type()
         self.channel = channel
+        #: The waiter id named in wake lines ("g <id>"): the owner that waits.
+        self.id = waiter_id
+        self.state = WAITING
+        self.seq = serial()
+        self.hub_seen = False  # the hub delivered this waiter's grant line
+        self.other_seen = False  # a reply (release, ADOPTED, PASSED) told of the grant first
+        # Queued only once its channel was confirmed subscribed: then the hub is sure to
+        # receive its grant line, and a grant learnt elsewhere must make it drop that line.
+        self.counts = False
 
     @property
     def subscribed(self) -> bool:
@@ -184,10 +215,14 @@ class WakeHub:
         self._thread: Optional[Any] = None  # the running reader (thread, or asyncio task)
         self._control_seen = False
         self._idle_since: Optional[float] = None  # when the table last became empty
+        # (channel, waiter id) -> grant lines the hub must still drop: grants this process
+        # learnt from a script reply before the hub read their line (see "Hand-over").
+        self._echo: Dict[Tuple[str, str], int] = {}
+        self._mine = identity.process_token() + ":"
 
     # -- called by waiting threads -------------------------------------------------------
 
-    def register(self, channel: str) -> Waiter:
+    def register(self, channel: str, waiter_id: str = "") -> Waiter:
         """Add a waiter on ``channel``; make sure the hub subscribes to it."""
         with self._mutex:
             ch = self._channels.get(channel)
@@ -195,7 +230,7 @@ class WakeHub:
             if ch is None:
                 ch = self._channels[channel] = _Channel(channel, self._event_type)
             ch.idle_since = None
-            waiter = Waiter(ch, self._event_type)
+            waiter = Waiter(ch, self._event_type, waiter_id)
             ch.waiters.append(waiter)
             started = self._thread is None
             if started:
@@ -245,6 +280,95 @@ class WakeHub:
         """Whether threads of this process already wait on ``channel`` (no I/O)."""
         ch = self._channels.get(channel)
         return ch is not None and bool(ch.waiters)
+
+    def is_confirmed(self, channel: str) -> bool:
+        """Whether ``channel`` is subscribed and confirmed now (no I/O)."""
+        ch = self._channels.get(channel)
+        return ch is not None and bool(ch.confirmed.is_set())
+
+    # -- hand-over grants (queue scripts) ------------------------------------------------
+
+    def claim(self, waiter: Waiter, leaving: bool = False) -> bool:
+        """Close ``waiter``'s wait: True if it was granted (and not recorded yet), else
+        it is marked leaving (with ``leaving``) so a grant line arriving now is ignored.
+        Exactly one of the hub's line and the waiter's own ending wins."""
+        with self._mutex:
+            if waiter.state == GRANTED:
+                waiter.state = LEAVING  # recorded by the caller: never twice
+                return True
+            if leaving:
+                waiter.state = LEAVING
+            return False
+
+    def rewait(self, waiter: Waiter) -> None:
+        """``waiter``'s grant was revoked before it was recorded: it waits again."""
+        with self._mutex:
+            waiter.state = WAITING
+            waiter.hub_seen = waiter.other_seen = False
+
+    def note_grant(self, waiter: Waiter) -> None:
+        """A reply told ``waiter`` of its grant (ADOPTED, PASSED, a release's wakes): the
+        hub must drop that grant's line when it reads it, unless it already did."""
+        with self._mutex:
+            self._note_locked(waiter)
+
+    def _note_locked(self, waiter: Waiter) -> None:
+        if waiter.hub_seen or waiter.other_seen or not waiter.counts:
+            return
+        waiter.other_seen = True
+        key = (waiter.channel.name, waiter.id)
+        self._echo[key] = self._echo.get(key, 0) + 1
+
+    def deliver(self, channel: str, wakes: Any, sent: int) -> None:
+        """The fast path: a script reply's wake lines, for this process's waiters.
+
+        ``sent``: a serial drawn before the script was sent. Only waiters registered
+        before it can be the ones named (a later waiter of the same id had no entry yet),
+        so a late reply never grants a newer wait. Lines for other processes are skipped.
+        """
+        with self._mutex:
+            ch = self._channels.get(channel)
+            if ch is None:
+                return
+            for line in wakes:
+                what, _, wid = line.partition(" ")
+                if not wid.startswith(self._mine):
+                    continue
+                for waiter in ch.waiters:
+                    if waiter.id == wid and waiter.seq < sent:
+                        if what == "g":
+                            if waiter.state == WAITING:
+                                waiter.state = GRANTED
+                            self._note_locked(waiter)
+                        waiter.event.set()
+                        break
+
+    def _lines_locked(self, ch: _Channel, payload: str) -> None:
+        """Act on a queue script's wake-up message (under the mutex): each line names one
+        waiter; lines for other processes are dropped unread (every subscriber of the
+        channel receives every message)."""
+        for line in payload.split("\n"):
+            what, _, wid = line.partition(" ")
+            if not wid.startswith(self._mine):
+                continue
+            key = (ch.name, wid)
+            if what == "g":
+                pending = self._echo.get(key, 0)
+                if pending > 0:
+                    # A reply already told this process of that grant.
+                    if pending == 1:
+                        del self._echo[key]
+                    else:
+                        self._echo[key] = pending - 1
+                    continue
+            for waiter in ch.waiters:
+                if waiter.id == wid:
+                    if what == "g":
+                        waiter.hub_seen = True
+                        if waiter.state == WAITING:
+                            waiter.state = GRANTED
+                    waiter.event.set()
+                    break
 
     def wait_subscribed(self, waiter: Waiter, timeout: float) -> bool:
         """Block until ``waiter``'s channel is confirmed subscribed, at most ``timeout`` s."""
@@ -359,7 +483,16 @@ class WakeHub:
         if kind == "message":
             if channel == self._control:
                 return  # a nudge: the loop's next _sync does the work
-            count = wake_count(message.get("data"))
+            data = message.get("data")
+            if isinstance(data, bytes):
+                data = data.decode("utf-8", "replace")
+            if isinstance(data, str) and data[:2] in ("g ", "w "):
+                with self._mutex:
+                    ch = self._channels.get(channel)
+                    if ch is not None:
+                        self._lines_locked(ch, data)
+                return
+            count = wake_count(data)
             with self._mutex:
                 ch = self._channels.get(channel)
                 if ch is not None:
@@ -369,6 +502,8 @@ class WakeHub:
                 # A second confirmation means redis-py reconnected and re-subscribed on its
                 # own: wake-ups may have been lost in between, so everyone looks again.
                 if self._control_seen:
+                    with self._mutex:
+                        self._echo.clear()  # lines published meanwhile are lost
                     self._wake_everyone()
                 self._control_seen = True
                 return
@@ -381,6 +516,7 @@ class WakeHub:
 
     def _connection_lost(self) -> None:
         with self._mutex:
+            self._echo.clear()  # lines published meanwhile are lost, not read late
             for ch in self._channels.values():
                 ch.sent = False
                 ch.confirmed.clear()
@@ -568,6 +704,17 @@ def hub_for(client: Any, namespace: str) -> WakeHub:
                 kind = ShardedWakeHub if is_cluster(client) else WakeHub
                 hub = _hubs[key] = kind(client, namespace)
     return hub
+
+
+def link_lost(error: BaseException) -> None:
+    """Log that a waiter lost its link to Redis and will retry (one message, one logger)."""
+    log.debug("waiter lost its link to Redis, retrying: %s", error)
+
+
+def existing_hub(client: Any, namespace: str) -> Optional[WakeHub]:
+    """The process's hub for ``client``'s pool and ``namespace`` if one exists (no I/O,
+    nothing created): where a release reply's wake lines for local waiters go."""
+    return _hubs.get((id(pool_of(client)), namespace))
 
 
 def _pause(reply: Reply, subscribed: bool) -> float:

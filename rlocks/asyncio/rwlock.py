@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from redis.exceptions import NoScriptError
+
 from .._engine.aio import AsyncReentrantLock
-from .._engine.scripts import arun
+from .._engine.clients import io_client
 from ..rwlock import _ReadCore, _RWPair, _SideCore, _WriteCore
 
 __all__ = ["RWLock", "ReadLock", "WriteLock"]
@@ -16,8 +18,12 @@ class _AsyncSide(AsyncReentrantLock, _SideCore):
 
     async def locked(self) -> bool:
         """Whether any owner, anywhere, holds this side now (one round trip)."""
-        call = self._holders_call()
-        return (await arun(self._aclient(), call.script, call.keys, call.args)).holds > 0
+        client = io_client(self._aclient())
+        results = await self._holders_pipeline(client).execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):
+            await client.script_load(self._renew_script.source)
+            results = await self._holders_pipeline(client).execute(raise_on_error=False)
+        return self._holders_from(results) > 0
 
 
 class ReadLock(_AsyncSide, _ReadCore):
@@ -36,10 +42,10 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     """A readers-writer lock across processes and hosts, for asyncio tasks.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0)``; ``.read_lock`` and ``.write_lock``
+    on_lost=None, replicas=0, replica_wait=1.0, fair=True)``; ``.read_lock`` and ``.write_lock``
     work like :class:`rlocks.asyncio.RLock` (``await acquire()``, ``await release()``,
-    ``async with``), with the rules of :class:`rlocks.RWLock` between them (writer
-    preference, downgrade allowed, upgrade refused with UpgradeError). Same Redis state
+    ``async with``), with the rules of :class:`rlocks.RWLock` between them (first come,
+    first served, downgrade allowed, upgrade refused with UpgradeError). Same Redis state
     as :class:`rlocks.RWLock` of the same name.
     """
 

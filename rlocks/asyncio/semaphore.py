@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
+from .._engine.waiting import serial
 from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -19,7 +20,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
     """:class:`rlocks.Semaphore` for asyncio: ``await acquire()``, ``await release(n)``.
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
-    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0)`` with ``client`` a
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0, fair=True)`` with ``client`` a
     ``redis.asyncio.Redis``. Same Redis state and rules as :class:`rlocks.Semaphore`,
     with the task in the thread's place: each permit is accounted to the task that took
     it, and any task may release.
@@ -54,10 +55,12 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
                 # Shielded, as RLock's release: a release cancelled half-way (opening its
                 # connection) still reaches Redis instead of leaving the permits there,
                 # off the local books and unrenewed, until their lease ends.
+                sent = serial()
                 reply = await asyncio.shield(self._arun_call(step.call))
             except ResponseError as exc:
                 raise self._release_refused(step, since, exc) from None
             step = self._finish_release(step, since, reply)
+            self._deliver(reply, sent)
 
     def owned(self) -> bool:
         """Whether the running task holds a permit (local state, no I/O, not a coroutine)."""

@@ -1,30 +1,38 @@
--- force_release: end every hold of a primitive at once (the CLI's `release --force`).
+-- force_release: end every hold of a primitive at once (the CLI's `release --force`) and
+-- hand it over to the queue, which is kept in order.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
 --
--- For an operator clearing a lock whose holder is stuck: it does not ask who holds what.
--- Holders still alive find their hold gone at their next renewal or release and report it
--- lost (LockLostError, on_lost); a semaphore comes back at its initial value.
+-- For an operator clearing a primitive whose holder is stuck. Holders still alive find
+-- their hold gone at their next renewal or release and report it lost; a semaphore comes
+-- back at its initial value (read from the hash before it goes).
 --
--- KEYS[1]     the primitive's hash (any kind: rlock, rw, sem)
--- KEYS[2..n]  every wake-up channel of that primitive (an RWLock has two); passed as
---             KEYS so a cluster routes the script to their common hash-tag slot
--- ARGV[1]     publish command: 'PUBLISH' or 'SPUBLISH' (chosen by the engine, never user input)
+-- ARGV[5]  kind of the primitive: 'rlock', 'rw' or 'sem'
 --
--- Returns {status, value}:
---   {  1, 0 }  released: the hash was deleted, and "*" (wake every waiter) was published
---              on each channel, so waiters try again now instead of at the lease's end
---   { -1, 0 }  nothing to release: no such key, or a key that is not a hash (not an
---              rlocks primitive; left untouched). Nothing was published.
-local command = ARGV[1]
-
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
-    return {-1, 0}
+-- Replies: 1 released (the holds hash and lease set were deleted; the queue head(s) the
+-- freed primitive covers were granted, named in wakes); -1 there was no holds hash (or a
+-- key of another type: left untouched); queued waiters were still offered what is free.
+local ctx = context('force')
+local kind = ARGV[5]
+if kind ~= 'rlock' and kind ~= 'rw' and kind ~= 'sem' then
+    bad = bad or 'RLOCKS_BAD_ARG kind'
 end
-redis.call('DEL', KEYS[1])
-for i = 2, #KEYS do
-    if command == 'SPUBLISH' then
-        redis.call('SPUBLISH', KEYS[i], '*')
-    else
-        redis.call('PUBLISH', KEYS[i], '*')
-    end
+if bad then return redis.error_reply(bad) end
+ctx.kind = kind
+local kind_of = redis.call('TYPE', H).ok
+if kind_of ~= 'hash' and kind_of ~= 'none' then
+    return {-1, 0, 0, {}}
 end
-return {1, 0}
+local status = -1
+if kind == 'sem' then
+    local m = redis.call('HMGET', H, '#value', '#bounded')
+    if not m[1] then return {-1, 0, 0, {}} end
+    ctx.value, ctx.bounded = tonumber(m[1]), tonumber(m[2])
+end
+if kind_of == 'hash' then
+    redis.call('DEL', H, L)
+    status = 1
+end
+open(ctx)
+purge(ctx)
+handover(ctx)
+return finish(ctx, status, 0, 0)

@@ -1,36 +1,26 @@
--- rlock_acquire: take, or re-enter, an exclusive reentrant hold.
+-- rlock_acquire: take or re-enter an exclusive reentrant lock, or queue for it.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
 --
--- KEYS[1]  the lock's hash: field = owner id, value = hold count (one field at most)
--- ARGV[1]  owner id (opaque string)
--- ARGV[2]  lease, ms (> 0): the hash's PEXPIRE after a grant, unless it has longer left
---          (never shortened: another object of the same name, with a longer ttl, may
---          hold outer levels of this owner's hold and renew it less often)
--- ARGV[3]  holds to add, count (>= 1): 1 for acquire(), n for _acquire_restore()
--- ARGV[4]  1 = the caller believes this owner already holds the lock (re-entry); 0 = not
+-- ARGV[5]   owner id: the thread (or task) that takes the lock; it is also the waiter
+--           named in wake-ups
+-- ARGV[6]   entry id: the caller's process token (one queue entry per process)
+-- ARGV[7]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
+-- ARGV[8]   holds to add, count (>= 1): 1 for acquire(), n for _acquire_restore()
+-- ARGV[9]   1 = the caller believes it holds the lock already (re-entry); 0 = not
+-- ARGV[10]  1 = queue if not granted (or keep the entry's place, re-pointed to this
+--           owner); 0 = a single try, nothing queued
 --
--- Returns {status, value}:
---   { 1, count }  granted; count = the owner's hold count now
---   { 0, ms }     held by another owner; ms = that hold's remaining lease
---                 (-1 if the key has no expiry: never left behind by rlocks)
---   {-1, 0 }      re-entry refused: the owner believed it held the lock but its hold is
---                 gone (lease ended unnoticed, key deleted); nothing was changed
-local owner = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-local add = tonumber(ARGV[3])
-local reentry = tonumber(ARGV[4])
-
--- Granting a "re-entry" as a fresh hold would let the owner's later releases free a lock
--- it still believes it holds in an outer frame.
-if reentry == 1 and redis.call('HEXISTS', KEYS[1], owner) == 0 then
-    return {-1, 0}
-end
-
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], owner) == 1 then
-    local count = redis.call('HINCRBY', KEYS[1], owner, add)
-    -- Compared here, not PEXPIRE ... GT, which needs Redis 7 (PTTL -1: no expiry yet).
-    if redis.call('PTTL', KEYS[1]) < lease_ms then
-        redis.call('PEXPIRE', KEYS[1], lease_ms)
-    end
-    return {1, count}
-end
-return {0, redis.call('PTTL', KEYS[1])}
+-- Replies: 1 granted (value = holds, aux = lease ms); 2 adopted a hand-over grant to
+-- this owner it had not seen (nothing added); 3 queued (value = position, aux = ms to the
+-- holder's lease end); 0 busy (wait = 0); -1 re-entry refused (the hold is gone).
+-- Re-entry is granted at once, never queued. fair = 1: granted only when free and no
+-- other live entry is ahead of the caller's.
+local ctx, i = context('rlock')
+local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'), side = 'x',
+           ttl = int_arg(i + 2, 'ttl', 1), add = int_arg(i + 3, 'add', 1),
+           reentry = int_arg(i + 4, 'reentry', 0, 1), wait = int_arg(i + 5, 'wait', 0, 1)}
+a.waiter = a.owner
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_acquire(ctx, a)

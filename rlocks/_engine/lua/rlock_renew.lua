@@ -1,21 +1,19 @@
--- rlock_renew: extend the lease of a hold, if the owner still has it.
+-- rlock_renew: extend this process's holds and queue entry on one lock, adopt hand-over
+-- grants; one call per lock per renewal pass.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
 --
--- KEYS[1]  the lock's hash: field = owner id, value = hold count
--- ARGV[1]  owner id
--- ARGV[2]  lease, ms (> 0): the hash's PEXPIRE becomes at least this (never shortened:
---          another object of the same owner, or an extend, may have set a longer lease)
+-- ARGV[5]   ttl, ms (>= 1): a renewed hold's lease ends ttl from now (never shortened)
+-- ARGV[6..] pairs (kind, id): 'h' <owner> renew that owner's hold; 'e' <entry> renew the
+--           queue entry (entry lease, ARGV[4]); 'a' <waiter> adopt the hand-over grant of
+--           that waiter (send it with the 'h' of the same owner: an unadopted grant is
+--           revoked when its short lease ends, whatever its hold's lease says)
 --
--- Returns {status, value}:
---   {  1, count }  renewed; count = the owner's hold count
---   { -1, 0 }      this owner holds nothing here: the hold is lost, nothing was changed
-local owner = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-
-local count = redis.call('HGET', KEYS[1], owner)
-if not count then
-    return {-1, 0}
-end
-if redis.call('PTTL', KEYS[1]) < lease_ms then
-    redis.call('PEXPIRE', KEYS[1], lease_ms)
-end
-return {1, tonumber(count)}
+-- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there: the hold is
+-- lost / the entry left or expired / no grant to adopt)}. Dead state found on the way is
+-- recovered and handed over (wakes).
+local ctx, i = context('rlock')
+local ttl = renew_args(ctx, i)
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_renew(ctx, ttl, i + 1)

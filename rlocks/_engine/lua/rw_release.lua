@@ -1,48 +1,21 @@
--- rw_release: give back read or write holds of an RWLock, and wake who may now proceed.
--- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
+-- rw_release: give back read or write holds of an RWLock; what becomes free is handed
+-- over in the same script (the next writer, or every reader queued before it).
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
 --
--- KEYS[1]  the lock's hash
--- KEYS[2]  the readers' wake-up channel
--- KEYS[3]  the writers' wake-up channel
--- ARGV[1]  owner id
--- ARGV[2]  side: 'r' or 'w'
--- ARGV[3]  holds to give back, count (>= 1)
--- ARGV[4]  1 = give back every hold of this owner on that side (_release_save);
---          0 = give back ARGV[3] holds
--- ARGV[5]  publish command: 'PUBLISH' or 'SPUBLISH' (chosen by the engine)
+-- ARGV[5]   owner id
+-- ARGV[6]   side: 'r' or 'w'
+-- ARGV[7]   holds to give back, count (>= 1)
+-- ARGV[8]   1 = give back every hold of this owner on that side (_release_save); 0 = not
+-- ARGV[9..] waiter ids of this process whose hand-over grants the caller recorded and has
+--           not adopted yet (adopted now; usually none)
 --
--- Wake policy: the owner's last write hold publishes "*" (wake everyone) on both
--- channels; the last read hold of the lock, with no writer left, publishes "1" (wake one
--- writer) on the writers' channel.
---
--- Returns {status, value}:
---   {  1, count }  released; count = the owner's holds left on that side
---   { -1, 0 }      this owner holds nothing on that side (lease ended, key deleted):
---                  nothing but dead entries was changed
-local owner = ARGV[1]
-local side = ARGV[2]
-local give = tonumber(ARGV[3])
-local everything = tonumber(ARGV[4])
-local command = ARGV[5]
-
-local st = load_state(KEYS[1], server_ms())
-local held = held_on(st, side, owner)
-if held == nil then
-    finish(st)
-    return {-1, 0}
-end
-local left = held - give
-if left > 0 and everything == 0 then
-    redis.call('HSET', KEYS[1], side .. ':' .. owner, left)
-    finish(st)
-    return {1, left}
-end
-drop(st, side, owner)
-if side == 'w' then
-    publish(command, KEYS[2], '*')
-    publish(command, KEYS[3], '*')
-elseif st.nr == 0 and st.writer == nil then
-    publish(command, KEYS[3], '1')
-end
-finish(st)
-return {1, 0}
+-- Replies: 1 released (value = holds left on that side; grants in wakes); -1 this owner
+-- holds nothing on that side (nothing changed but expired state).
+local ctx, i = context('rw')
+local r = {owner = str_arg(i, 'owner'), side = side_arg(i + 1, 'side', 'rw'),
+           n = int_arg(i + 2, 'holds', 1), all = int_arg(i + 3, 'all', 0, 1)}
+for j = i + 4, #ARGV do str_arg(j, 'adopt') end
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_release(ctx, r, i + 4)

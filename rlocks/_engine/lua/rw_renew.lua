@@ -1,27 +1,15 @@
--- rw_renew: extend one owner's lease on one side of an RWLock, if it still holds it.
--- (Runs after rw_lib.lua, which scripts.load prepends; the hash layout is described there.)
+-- rw_renew: extend this process's holds and queue entry on one RWLock, adopt hand-over
+-- grants; one call per lock per renewal pass. Cost O(items x log n): no hash scan.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
 --
--- KEYS[1]  the lock's hash
--- ARGV[1]  owner id
--- ARGV[2]  side: 'r' or 'w'
--- ARGV[3]  lease, ms (> 0): the owner's lease on that side ends at least this long from
---          now (a longer one, set by another object of this owner or an extend, is kept)
+-- ARGV[5]   ttl, ms (>= 1): a renewed hold's lease ends ttl from now (never shortened)
+-- ARGV[6..] pairs (kind, id): 'r' / 'w' <owner> renew that owner's read / write hold;
+--           'e' <entry> renew the queue entry; 'a' <waiter> adopt its hand-over grant
 --
--- Returns {status, value}:
---   {  1, count }  renewed; count = the owner's holds on that side
---   { -1, 0 }      this owner holds nothing on that side (its lease had ended): lost
-local owner = ARGV[1]
-local side = ARGV[2]
-local lease_ms = tonumber(ARGV[3])
-
-local st = load_state(KEYS[1], server_ms())
-local held = held_on(st, side, owner)
-if held == nil then
-    finish(st)
-    return {-1, 0}
-end
-local ends_at = lease_end(st, side, owner, lease_ms)
-redis.call('HSET', KEYS[1], '#' .. side .. ':' .. owner, ends_at)
-if side == 'r' then st.r[owner][2] = ends_at else st.wend = ends_at end
-finish(st)
-return {1, held}
+-- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)}.
+local ctx, i = context('rw')
+local ttl = renew_args(ctx, i)
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_renew(ctx, ttl, i + 1)

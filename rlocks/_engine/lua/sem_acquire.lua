@@ -1,36 +1,26 @@
--- sem_acquire: take permits of a (Bounded)Semaphore for an owner (a thread or task).
--- (Runs after sem_lib.lua, which scripts.load prepends; the hash layout is described there.)
+-- sem_acquire: take permits of a (Bounded)Semaphore, or queue for them.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there;
+-- ARGV[5] initial value, ARGV[6] bounded.)
 --
--- KEYS[1]  the semaphore's hash
--- ARGV[1]  owner id (opaque string; the taking thread's or task's owner id)
--- ARGV[2]  lease, ms (> 0): the owner's lease on all its permits ends this long from now,
---          or later if it already did (never shortened; see lease_end in sem_lib)
--- ARGV[3]  permits to take, count (>= 1)
--- ARGV[4]  initial value, count (>= 0), as given to the constructor
--- ARGV[5]  1 = BoundedSemaphore, 0 = Semaphore
+-- ARGV[7]   owner id: whose record the permits go to (the taking thread or task, as in
+--           lua/ since permits became the taking thread's)
+-- ARGV[8]   waiter id: the thread (or task) that waits; named in wake-ups (today = owner)
+-- ARGV[9]   entry id: the process token (one queue entry per process)
+-- ARGV[10]  ttl, ms (>= 1): the owner's lease on its permits (never shortened)
+-- ARGV[11]  permits to take, count (>= 1)
+-- ARGV[12]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
 --
--- Returns {status, value}:
---   { 1, count }  granted; count = the owner's permits now
---   { 0, ms }     not enough free permits; ms = time until the earliest holder's lease
---                 ends (its permits may come back then), -1 when nobody holds any
---   error "RLOCKS_SEM_MISMATCH <value> <bounded>"  the hash was made with another initial
---                 value or kind (shown); nothing was changed
-local owner = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-local take = tonumber(ARGV[3])
-
-local st, stored_value, stored_bounded = load_state(KEYS[1], server_ms(),
-    tonumber(ARGV[4]), tonumber(ARGV[5]))
-if st == nil then
-    return mismatch(stored_value, stored_bounded)
-end
-if st.free < take then
-    if st.exists then finish(st) end
-    return {0, ms_until_recovery(st)}
-end
-st.free = st.free - take
-local count = take
-if st.held[owner] ~= nil then count = count + st.held[owner][1] end
-set_held(st, owner, count, lease_end(st, owner, lease_ms))
-finish(st)
-return {1, count}
+-- Strict FIFO (fair = 1): granted when enough permits are free and no live entry is ahead
+-- of the caller's; a head that wants more than is free blocks those behind it.
+-- Replies: 1 granted (value = the owner's permits, aux = lease ms); 2 adopted a missed
+-- hand-over grant to this waiter (nothing added); 3 queued (value = position, aux = ms to
+-- the earliest holder lease end); 0 busy (wait = 0); error RLOCKS_SEM_MISMATCH.
+local ctx, i = context('sem')
+local a = {owner = str_arg(i, 'owner'), waiter = str_arg(i + 1, 'waiter'),
+           entry = str_arg(i + 2, 'entry'), side = 's', ttl = int_arg(i + 3, 'ttl', 1),
+           add = int_arg(i + 4, 'permits', 1), reentry = 0,
+           wait = int_arg(i + 5, 'wait', 0, 1)}
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+return op_acquire(ctx, a)

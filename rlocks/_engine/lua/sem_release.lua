@@ -1,64 +1,51 @@
--- sem_release: give permits back to a (Bounded)Semaphore and wake that many waiters.
--- (Runs after sem_lib.lua, which scripts.load prepends; the hash layout is described there.)
+-- sem_release: give permits back to a (Bounded)Semaphore and hand them over in the same
+-- script to as many queued waiters, in order, as they cover.
+-- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
 --
--- KEYS[1]  the semaphore's hash
--- KEYS[2]  its wake-up channel
--- ARGV[1]  permits released, count (>= 1): added to #free, as threading.Semaphore does
--- ARGV[2]  initial value, count (>= 0), as given to the constructor
--- ARGV[3]  1 = BoundedSemaphore, 0 = Semaphore
--- ARGV[4]  publish command: 'PUBLISH' or 'SPUBLISH' (chosen by the engine)
--- ARGV[5], ARGV[6], ...  pairs (owner id, count >= 1): permits taken off each owner's own
---          record (the releasing thread's first, then other threads of its process, as
---          semaphore.py chose from its local books); their counts sum to at most ARGV[1].
---          The rest of ARGV[1] is a release by nobody's permit (threading's counter model).
+-- ARGV[7]    permits released, count (>= 1): added to #free, as threading.Semaphore does
+-- ARGV[8], ARGV[9], ...  pairs (owner id, count >= 1): permits taken off each owner's own
+--            record (the releasing thread's first, then other threads of its process, as
+--            the engine chose from its local books; the same rule as lua/sem_release.lua);
+--            counts sum to at most ARGV[7]. The rest is a release by nobody's permit.
+--            Releasing an owner's permits adopts that owner's unadopted hand-over grant.
 --
--- Returns {status, value}:
---   {  1, free }  released; free = permits free now. ARGV[1] is published (wake that
---                 many waiters per process).
---   {  0, -1 }    refused: a BoundedSemaphore would have more permits in circulation
---                 (free plus held by live owners) than its initial value; nothing was
---                 changed
---   { -1, i }     refused: the owner of pair i (1-based) holds fewer permits than listed
---                 (its lease ended and they were given back already, or the key was
---                 deleted); nothing was changed
---   error "RLOCKS_SEM_MISMATCH <value> <bounded>"  as for sem_acquire
-local give = tonumber(ARGV[1])
-local command = ARGV[4]
-local takes = {}
-local owned = 0
-for i = 5, #ARGV - 1, 2 do
-    local n = tonumber(ARGV[i + 1])
-    takes[#takes + 1] = {ARGV[i], n}
+-- Replies (a semaphore release names no single owner, so value is the free count):
+--    1  released; value = permits free after the hand-over (grants in wakes), aux = 0
+--   -1  the owner of pair value (1-based) holds fewer permits than listed
+--   -3  a BoundedSemaphore would have more permits in circulation (free plus held by
+--       live owners) than its value
+-- Refusals change nothing but expired state.
+local ctx, i = context('sem')
+local give = int_arg(i, 'permits', 1)
+local takes, owned = {}, 0
+if (#ARGV - i) % 2 ~= 0 then bad = bad or 'RLOCKS_BAD_ARG pairs' end
+for j = i + 1, #ARGV - 1, 2 do
+    local n = int_arg(j + 1, 'pair count', 1)
+    takes[#takes + 1] = {str_arg(j, 'pair owner'), n}
     owned = owned + n
 end
-
-local st, stored_value, stored_bounded = load_state(KEYS[1], server_ms(),
-    tonumber(ARGV[2]), tonumber(ARGV[3]))
-if st == nil then
-    return mismatch(stored_value, stored_bounded)
-end
-for i, take in ipairs(takes) do
-    local hold = st.held[take[1]]
-    if hold == nil or hold[1] < take[2] then
-        if st.exists then finish(st) end
-        return {-1, i}
+if owned > give then bad = bad or 'RLOCKS_BAD_ARG pairs' end
+if bad then return redis.error_reply(bad) end
+local err = open(ctx)
+if err then return err end
+purge(ctx)
+for k, take in ipairs(takes) do
+    local held = held_by(ctx, 's', take[1]) or 0
+    if held < take[2] then
+        handover(ctx)
+        return finish(ctx, -1, k, 0)
     end
 end
 -- Permits given back by their holders only move from held to free; the rest would add
 -- permits to circulation, which a BoundedSemaphore never lets exceed its value.
-if st.bounded == 1 and st.free + st.total + (give - owned) > st.value then
-    if st.exists then finish(st) end
-    return {0, -1}
+if ctx.bounded == 1 and ctx.free + ctx.held + (give - owned) > ctx.value then
+    handover(ctx)
+    return finish(ctx, -3, 0, 0)
 end
-st.free = st.free + give
+ctx.free = ctx.free + give
 for _, take in ipairs(takes) do
-    local hold = st.held[take[1]]
-    set_held(st, take[1], hold[1] - take[2], hold[2])
+    if ctx.tn > 0 then clear_marker(ctx, take[1]) end
+    drop(ctx, 's', take[1], take[2], false)
 end
-finish(st)
-if command == 'SPUBLISH' then
-    redis.call('SPUBLISH', KEYS[2], give)
-else
-    redis.call('PUBLISH', KEYS[2], give)
-end
-return {1, st.free}
+handover(ctx)
+return finish(ctx, 1, ctx.free, 0)

@@ -11,7 +11,8 @@
 --   KEYS[2]  L  holder lease ends, ZSET: member = H field of the hold, score = end (ms)
 --   KEYS[3]  Q  the queue, ZSET: member = entry id (a process token), score = sequence
 --   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
---              n = holds wanted, k = 1 once woken without a grant (fair = 0)};
+--              n = holds wanted, k = 1 once woken without a grant (fair = 0),
+--              t = when the entry took its place (server ms; for inspection only)};
 --              'g:<waiter>' -> JSON {o, s, n}: a hand-over grant the waiter has not
 --              adopted yet; '#seq' -> last sequence number
 --   KEYS[5]  T  entry lease ends, ZSET: 'e:<entry>' and 'g:<waiter>' -> end (ms)
@@ -248,6 +249,11 @@ local function enqueue(ctx, entry, e)
     ctx.tn = ctx.tn + 1
     if redis.call('ZSCORE', Q, entry) == false then
         redis.call('ZADD', Q, redis.call('HINCRBY', W, '#seq', 1), entry)
+        e.t = ctx.now
+    else
+        -- re-pointed: the place, and so the time it was taken, stay
+        local old = get_entry(entry)
+        e.t = (old and old.t) or ctx.now
     end
     redis.call('HSET', W, 'e:' .. entry, cjson.encode(e))
     redis.call('ZADD', T, ctx.now + ctx.elease, 'e:' .. entry)

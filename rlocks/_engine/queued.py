@@ -1,0 +1,314 @@
+"""Acquire through the server-side queue: the wait written once, without I/O.
+
+Why a generator
+---------------
+A blocking acquire is a dialogue: try, queue, wait for the hub, re-check, leave. Written
+as a generator that *yields* what it needs (:class:`Op`: run this script call, wait on
+this waiter's event, wait for the subscription) and receives the result, the dialogue
+exists once; the threading driver (``Primitive._drive``) and the asyncio driver
+(``AsyncPrimitive._adrive``) are a dozen lines each and only decide *how* to block. A
+change to the wait policy is one edit, and the two surfaces cannot drift.
+
+The dialogue (docs/design/handover.md, "Client side")
+------------------------------------------------------
+1. A caller with no local waiter ahead of it tries once (``wait = 0``): the uncontended
+   acquire stays one round trip and subscribes to nothing. A holder re-entering (or a
+   writer taking the read side) always goes this way: the script grants it at once.
+2. Refused, it registers in the process's hub (one local FIFO per primitive: only its
+   head talks to Redis, so the process has one queue entry), waits until the channel is
+   subscribed (so its grant line cannot be published unseen), and asks with ``wait = 1``:
+   granted, or QUEUED. Queued, the entry is renewed by the renewer (item ``e``) and the
+   head waits for the hub at most until the re-check hint (``aux``), the entry lease or
+   the deadline.
+3. The hub's ``g <waiter>`` line (or the releasing thread of this process, from its
+   release reply) marks the waiter GRANTED: it records the hold with no round trip; the
+   renewer adopts the grant (item ``a``) and extends it to ``ttl`` on its next turn.
+   ``w`` (``fair=False``), or no line in time, makes it ask again: that re-check renews
+   the entry and answers ADOPTED for a grant whose line was missed (recorded once).
+4. Deadline, cancel or interrupt: under the hub mutex the waiter either finds itself
+   granted (the grant won: returned, or given back when unwinding) or becomes LEAVING
+   (a late line is ignored) and calls ``leave``; PASSED means a grant that raced the
+   time-out was given back and passed on.
+
+A lost reply (broken link) is ridden through as before (:class:`.waiting.WaitPlan`):
+after an attempt whose reply may have been lost, the primitive's check (a renewal of the
+owner's hold) says whether it was granted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Generator, Optional
+
+from . import identity, metrics
+from .clock import monotonic
+from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply
+from .waiting import LINK_ERRORS, RECONNECT_BACKOFF, Waiter, WaitPlan, WakeHub, link_lost, serial
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .primitive import Primitive
+
+__all__ = ["CALL", "SUBSCRIBE", "WAIT", "Op", "Steps", "take_steps"]
+
+log = logging.getLogger(__name__)
+
+CALL, WAIT, SUBSCRIBE = "call", "wait", "subscribe"
+
+
+class Op:
+    """One thing the dialogue needs from its driver.
+
+    ``CALL``: run ``call``; the result is its :class:`Reply`. A driver whose round trip
+    was cut short by an interrupt or a cancel after the command was sent stores the
+    script's answer, when it can still read it, in ``late`` before raising. ``WAIT``:
+    wait on ``waiter``'s event at most ``timeout`` s (the result is ignored).
+    ``SUBSCRIBE``: wait at most ``timeout`` s for ``waiter``'s channel to be confirmed.
+    """
+
+    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent")
+
+    def __init__(
+        self,
+        kind: str,
+        call: Optional[Call] = None,
+        waiter: Optional[Waiter] = None,
+        timeout: float = 0.0,
+    ) -> None:
+        self.kind = kind
+        self.call = call
+        self.waiter = waiter
+        self.timeout = timeout
+        self.late: Optional[Reply] = None
+        # Drawn before the call is sent: its reply's wake lines may only grant waiters
+        # registered before this (see WakeHub.deliver).
+        self.sent = serial()
+
+    def set_late(self, reply: Reply) -> None:
+        self.late = reply
+
+
+#: What ``take_steps`` is: yields :class:`Op`, receives results, returns the outcome.
+Steps = Generator[Op, Any, bool]
+
+
+class _Take:
+    """The dialogue's own state, visible to its clean-up."""
+
+    __slots__ = ("op", "waiter", "queued", "entry")
+
+    def __init__(self) -> None:
+        self.op: Optional[Op] = None  # the acquire call in flight, if any
+        self.waiter: Optional[Waiter] = None
+        self.queued = False  # an entry of this waiter may be in the queue
+        self.entry: Any = None  # the renewer's lease of the queue entry
+
+
+def take_steps(
+    prim: "Primitive", owner: str, count: int, wait: Optional[float], hub: Optional[WakeHub]
+) -> Steps:
+    """Acquire ``count`` holds of ``prim`` for ``owner``, waiting ``wait`` s (``None``:
+    forever; 0: a single try, then ``hub`` is ``None``). Returns whether it was granted.
+
+    Raises what the primitive raises for a refusal (lost re-entry, upgrade), and Redis
+    errors; on any exception (an interrupt or a cancel included) what was granted but
+    not recorded is given back and a queued entry leaves, before the exception goes on.
+    """
+    st = _Take()
+    first = monotonic()
+    try:
+        granted = yield from _take(prim, owner, count, wait, hub, st)
+        if st.waiter is not None:
+            prim._log_wait(owner, first, Reply(GRANTED if granted else BUSY, 0))
+        return granted
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        yield from _abandon(prim, owner, count, hub, st, exc)
+        raise
+    finally:
+        if st.entry is not None:
+            prim._renewer().cancel(st.entry)
+        if st.waiter is not None and hub is not None:
+            hub.unregister(st.waiter)
+
+
+def _call(st: _Take, call: Call) -> Op:
+    st.op = Op(CALL, call)
+    return st.op
+
+
+def _take(
+    prim: "Primitive",
+    owner: str,
+    count: int,
+    wait: Optional[float],
+    hub: Optional[WakeHub],
+    st: _Take,
+) -> Steps:
+    prim._check_take(owner)
+    if prim._adopting(owner):
+        # A hand-over grant of this owner is recorded but not adopted yet: adopt it first,
+        # or a semaphore's acquire (which has no re-entry flag) would be taken for the
+        # re-check after a missed wake-up and answered ADOPTED, adding nothing.
+        yield _call(st, prim._adopt_call(owner))
+        st.op = None
+    reentry = prim._held(owner) > 0
+    first = monotonic()
+    deadline = None if wait is None else first + wait
+    channel = prim._channel
+    direct = hub is None or not prim._queues_locally(owner)
+    if direct or not hub.has_waiters(channel):  # type: ignore[union-attr]
+        since = monotonic()
+        reply = yield _call(st, prim._acquire_call(owner, count, reentry, False))
+        st.op = None
+        if hub is None or reply.status != BUSY:
+            return (yield from _granted(prim, owner, count, reply, since, st))
+        if deadline is not None and monotonic() >= deadline:
+            return False
+    assert hub is not None
+    plan = WaitPlan(deadline)
+    metrics.wait_began(prim, first)
+    waiter = st.waiter = hub.register(channel, owner)
+    entry_s = prim._entry_ms / 1000.0
+    while True:
+        if hub.claim(waiter):
+            if (yield from _handed(prim, owner, count, first, st)):
+                return True
+            # Revoked before this process could adopt it: queue again (at the tail).
+            hub.rewait(waiter)
+            st.queued = False
+        if not hub.is_head(waiter):
+            pause = plan.idle()
+            if pause is None:
+                return False  # never asked Redis: nothing to leave
+            yield Op(WAIT, waiter=waiter, timeout=pause)
+            continue
+        if deadline is not None and monotonic() >= deadline:
+            break
+        if not waiter.subscribed:
+            yield Op(SUBSCRIBE, waiter=waiter, timeout=plan.subscribe_bound())
+        waiter.event.clear()
+        if not st.queued:
+            # Only an entry made while subscribed is sure to have its grant line read.
+            waiter.counts = hub.is_confirmed(channel)
+        try:
+            if plan.unsure:
+                check = prim._acquire_check(owner)
+                if check is not None:
+                    found = yield _call(st, check)
+                    plan.unsure = False
+                    if found.items and found.items[0] == 1:
+                        hub.claim(waiter, leaving=True)
+                        if found.items[1:2] == (1,):  # it adopted a hand-over grant
+                            hub.note_grant(waiter)
+                        since = monotonic()
+                        return (yield from _granted(prim, owner, count, found, since, st))
+            since = monotonic()
+            st.queued = True  # from the moment it is sent, an entry may exist
+            op = _call(st, prim._acquire_call(owner, count, reentry, True))
+            reply = yield op
+            st.op = None
+        except LINK_ERRORS as exc:
+            st.op = None
+            pause = plan.failed(exc, prim._acquire_check(owner) is not None)
+            if pause is None:
+                raise
+            link_lost(exc)
+            yield Op(WAIT, waiter=waiter, timeout=pause)
+            continue
+        plan.backoff = RECONNECT_BACKOFF[0]
+        hub.deliver(channel, reply.wakes, op.sent)
+        if reply.queued:
+            if st.entry is None:
+                st.entry = prim._renewer().add_entry(prim, identity.process_token(), entry_s)
+            hint = reply.aux / 1000.0 + 0.001 if reply.aux >= 0 else entry_s
+            pause = min(hint, entry_s)
+            if deadline is not None:
+                pause = min(pause, deadline - monotonic())
+            if pause > 0:
+                yield Op(WAIT, waiter=waiter, timeout=pause)
+            continue
+        # Granted directly, ADOPTED, or refused: the wait is over either way.
+        st.queued = False
+        if hub.claim(waiter, leaving=True) and not reply.granted:  # pragma: no cover
+            log.debug("%s: hub grant beside a refusal", prim._describe())
+        if reply.status == ADOPTED:
+            # A hand-over whose line the hub has not read yet: it must drop that line.
+            # (A direct grant, status 1, published no line: nothing to drop.)
+            hub.note_grant(waiter)
+        return (yield from _granted(prim, owner, count, reply, since, st))
+    # The deadline passed: the grant and the leave race under the hub mutex.
+    if hub.claim(waiter, leaving=True):
+        return (yield from _handed(prim, owner, count, first, st))
+    if st.queued:
+        st.queued = False
+        try:
+            op = _call(st, prim._leave_call(owner))
+            reply = yield op
+        except LINK_ERRORS:
+            # The entry (and any grant that raced) ends with its short lease.
+            log.debug("%s: leave failed; the entry ends with its lease", prim._describe())
+            return False
+        finally:
+            st.op = None
+        hub.deliver(channel, reply.wakes, op.sent)
+        if reply.status == PASSED:
+            hub.note_grant(waiter)
+    return False
+
+
+def _granted(
+    prim: "Primitive", owner: str, count: int, reply: Reply, since: float, st: _Take
+) -> Steps:
+    """End of an answered acquire: record a grant (or give back one that cannot be
+    kept), raise a refusal, or False for busy."""
+    refusal = prim._grant_refusal(owner, count, reply) if reply.granted else None
+    if refusal is not None:
+        yield _call(st, prim._undo_call(owner, count))
+        st.op = None
+        raise refusal
+    return prim._finish_take(owner, count, reply, since)
+    yield  # pragma: no cover - makes this a generator
+
+
+def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
+    """Record a hand-over grant the hub (or a release reply) announced: no round trip,
+    unless nothing renews this primitive, which then adopts it here (False: the grant's
+    short lease had ended and it was revoked, so there is nothing to record)."""
+    if not prim._auto_renew:
+        reply = yield _call(st, prim._adopt_call(owner))
+        st.op = None
+        if not reply.items or reply.items[0] != 1:
+            return False
+    prim._record_grant(owner, count, since, handed=True)
+    return True
+
+
+def _abandon(
+    prim: "Primitive",
+    owner: str,
+    count: int,
+    hub: Optional[WakeHub],
+    st: _Take,
+    exc: BaseException,
+) -> Generator[Op, Any, None]:
+    """Clean up after an exception inside the dialogue; failures are left to leases."""
+    late = st.op.late if st.op is not None else None
+    st.op = None
+    give_back = late is not None and late.granted and late.status != PASSED
+    waiter = st.waiter
+    if waiter is not None and hub is not None and hub.claim(waiter, leaving=True):
+        give_back = True  # handed over just as the wait ended: nobody recorded it
+    try:
+        if give_back:
+            yield Op(CALL, prim._undo_call(owner, count))
+            log.debug("%s: grant to %s given back while unwinding", prim._describe(), owner)
+        elif st.queued and waiter is not None and hub is not None:
+            if isinstance(exc, LINK_ERRORS):
+                return  # the link is down: the entry ends with its lease
+            op = Op(CALL, prim._leave_call(owner))
+            reply = yield op
+            if reply.status == PASSED:
+                hub.note_grant(waiter)
+    except BaseException:  # noqa: BLE001 - the first exception is what propagates
+        log.debug("%s: clean-up of %s left to leases", prim._describe(), owner)

@@ -1,0 +1,368 @@
+"""The engine on the queue-and-hand-over scripts (issue 12), across processes.
+
+Dead waiters (killed while queued, or killed after being handed the primitive before
+they could adopt it) delay the next holder at most the entry lease; a time-out or a
+cancel racing a grant leaves no hold and passes it on; waiters of several processes are
+served in arrival order; ``fair=False`` lets a free primitive be taken past the queue.
+Every kind, on a single server and on the local cluster. Bounds come from the entry
+lease (``Primitive._entry_ms``) and are polled with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Tuple
+
+import pytest
+import redis
+
+import rlocks
+import rlocks.asyncio
+from rlocks._engine import aio, waiting
+from rlocks._engine.keys import keys_for
+from rlocks._engine.primitive import Primitive
+from rlocks._engine.scripts import run
+
+from . import _procs
+from ._servers import LocalCluster, server_version, wait_until
+
+SPAWN = multiprocessing.get_context("spawn")
+NS = "rlocks-handover-test"
+ENTRY_S = Primitive._entry_ms / 1000.0
+# A dead waiter's grant lives one entry lease; the survivor looks again at least every
+# entry lease (its renewal every third of it tidies and hands over too); plus slack for a
+# loaded machine, well under the 30 s holder lease a wrong fix would wait for.
+BOUND = 2 * ENTRY_S + 3.0
+_KEY_KIND = {"rlock": "rlock", "write": "rw", "read": "rw", "sem": "sem", "bsem": "sem"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    if server_version() < (7, 0):
+        pytest.skip("sharded pub/sub needs redis-server 7.0 or newer")
+    with LocalCluster(3) as c:
+        yield c
+
+
+@pytest.fixture(params=["single", "cluster"])
+def target(
+    request: pytest.FixtureRequest, redis_url: str
+) -> Iterator[Tuple[Any, Dict[str, Any]]]:
+    """(client, client spec for worker processes) on a single server or the cluster."""
+    if request.param == "single":
+        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        yield client, {"url": redis_url}
+    else:
+        cluster = request.getfixturevalue("cluster")
+        client = cluster.client()
+        yield client, {"cluster": cluster.startup_nodes}
+    client.close()
+
+
+def _queue_key(kind: str, name: str) -> str:
+    return keys_for(NS, _KEY_KIND[kind], name).queued()[2]
+
+
+def _worker(spec: Dict[str, Any], kind: str, name: str, data: str, timeout: float = 60.0,
+            hold: float = 0.0, fair: bool = True) -> Any:
+    proc = SPAWN.Process(
+        target=_procs.queue_worker, args=(spec, kind, name, NS, data, timeout, hold, fair)
+    )
+    proc.start()
+    return proc
+
+
+def _pids(client: Any, key: str) -> List[int]:
+    return [int(x) for x in client.lrange(key, 0, -1)]
+
+
+def _reap(*procs: Any) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+            except OSError:
+                pass
+            proc.kill()
+        proc.join(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["killed-while-queued", "killed-after-hand-over"])
+@pytest.mark.parametrize("kind", _procs.KINDS)
+def test_a_dead_waiter_delays_the_next_holder_at_most_the_entry_lease(
+    target: Tuple[Any, Dict[str, Any]], kind: str, mode: str, name: str
+) -> None:
+    client, spec = target
+    data = f"{NS}:data:{{{name}}}"
+    _prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    queue = _queue_key(kind, name)
+    victim = _worker(spec, kind, name, data)
+    survivor = None
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 60, "the victim to queue")
+        survivor = _worker(spec, kind, name, data)
+        wait_until(lambda: client.zcard(queue) == 2, 60, "the survivor to queue")
+        entries = keys_for(NS, _KEY_KIND[kind], name).queued()[3]
+        if mode == "killed-while-queued":
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(10)
+        else:
+            # Stopped, it cannot read its grant nor adopt it; killed once it was handed.
+            os.kill(victim.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        for _ in range(nesting):
+            release()
+        if mode == "killed-after-hand-over":
+            wait_until(lambda: any(k.startswith(b"g:") for k in client.hkeys(entries)), 10,
+                       "the hand-over to the stopped victim")
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(10)
+        wait_until(lambda: client.llen(f"{data}:got") == 1, BOUND, "the survivor's grant")
+        assert time.monotonic() - began < BOUND
+        survivor.join(30)
+        assert survivor.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        assert _pids(client, f"{data}:got") == [survivor.pid]
+    finally:
+        _reap(victim, *([survivor] if survivor is not None else []))
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", _procs.KINDS)
+def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
+) -> None:
+    client, spec = target
+    data = f"{NS}:data:{{{name}}}"
+    prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    queue = _queue_key(kind, name)
+    timeout = ENTRY_S / 2  # its deadline passes while stopped, before its grant's lease ends
+    victim = _worker(spec, kind, name, data, timeout=timeout)
+    survivor = None
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 60, "the victim to queue")
+        os.kill(victim.pid, signal.SIGSTOP)
+        queued_at = time.monotonic()
+        survivor = _worker(spec, kind, name, data)
+        # By its entry (ids are host:pid:nonce): on a slow machine the stopped victim's
+        # entry may have ended before the survivor's process got going (then the release
+        # goes to the survivor; the checks below hold either way).
+        wait_until(lambda: any(f":{survivor.pid}:".encode() in member
+                               for member in client.zrange(queue, 0, -1)),
+                   60, "the survivor to queue")
+        for _ in range(nesting):
+            release()  # handed to the stopped victim
+        wait_until(lambda: time.monotonic() - queued_at > timeout, 10, "the victim's deadline")
+        os.kill(victim.pid, signal.SIGCONT)  # its time-out and its grant now race
+        victim.join(30)
+        assert victim.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        wait_until(lambda: survivor.pid in _pids(client, f"{data}:got"), BOUND,
+                   "the survivor's grant")
+        survivor.join(30)
+        assert survivor.exitcode == _procs.EXIT_OK
+        # Whichever won, nothing is left held: the victim released, or passed it on.
+        outcomes = _pids(client, f"{data}:got") + _pids(client, f"{data}:timed-out")
+        assert sorted(outcomes) == sorted([victim.pid, survivor.pid])
+        holds = {k: v for k, v in client.hgetall(keys_for(NS, _KEY_KIND[kind], name).hash)
+                 .items() if not k.startswith(b"#")}
+        assert holds == {}
+    finally:
+        _reap(victim, *([survivor] if survivor is not None else []))
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", _procs.KINDS)
+def test_waiting_processes_are_served_in_arrival_order(
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
+) -> None:
+    client, spec = target
+    data = f"{NS}:data:{{{name}}}"
+    _prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    queue = _queue_key(kind, name)
+    workers: List[Any] = []
+    try:
+        for i in range(4):
+            workers.append(_worker(spec, kind, name, data, hold=0.05))
+            wait_until(lambda: client.zcard(queue) == i + 1, 60, f"waiter {i} to queue")
+        for _ in range(nesting):
+            release()
+        for proc in workers:
+            proc.join(60)
+            assert proc.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        assert _pids(client, f"{data}:got") == [proc.pid for proc in workers]
+    finally:
+        _reap(*workers)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", _procs.KINDS)
+def test_an_unfair_primitive_wakes_its_waiter_which_takes_it(
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
+) -> None:
+    client, spec = target
+    data = f"{NS}:data:{{{name}}}"
+    _prim, acquire, release, nesting = _procs.make_mutex(
+        kind, name, client, NS, ttl=30, fair=False
+    )
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    worker = _worker(spec, kind, name, data, fair=False)
+    try:
+        wait_until(lambda: client.zcard(_queue_key(kind, name)) == 1, 60, "the waiter")
+        began = time.monotonic()
+        for _ in range(nesting):
+            release()
+        # Woken ("w"), it asks again and takes the free primitive: no lease to wait for.
+        wait_until(lambda: client.llen(f"{data}:got") == 1, BOUND, "the woken waiter")
+        assert time.monotonic() - began < BOUND
+        worker.join(30)
+        assert worker.exitcode == _procs.EXIT_OK
+    finally:
+        _reap(worker)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+
+
+@pytest.mark.parametrize("fair", [True, False])
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_fair_decides_whether_a_free_primitive_goes_past_the_queue(
+    client: "redis.Redis[bytes]", kind: str, fair: bool, name: str
+) -> None:
+    prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, 30, fair=fair)
+    other, try_other, release_other, _ = _procs.make_mutex(kind, name, client, NS, 30, fair=fair)
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    # A waiter of another process (its entry made by the script itself) queues.
+    ghost = "ghost:1:x"
+    owner = f"{ghost}:1"
+    if kind == "sem":
+        args = [*prim._context(), owner, owner, ghost, 30000, 1, 1]
+    else:
+        args = [*prim._context(), owner, ghost, 30000, 1, 0, 1]
+    assert run(client, prim._acquire_script, prim._keys.queued(), args).queued
+    for _ in range(nesting):
+        release()
+    box: List[Any] = []
+
+    def barge() -> None:
+        box.append(try_other(blocking=False))
+        if box[0]:
+            release_other()
+
+    thread = threading.Thread(target=barge)
+    thread.start()
+    thread.join(10)
+    # Fair: the release handed it to the ghost, and a try never barges. Unfair: the
+    # release only woke the ghost, so a try takes the free primitive.
+    assert box == [not fair]
+    client.delete(*prim._keys.queued()[:5])
+
+
+def test_fair_must_be_a_bool(client: "redis.Redis[bytes]", name: str) -> None:
+    for make in (
+        lambda: rlocks.RLock(name, client=client, fair="yes"),  # type: ignore[arg-type]
+        lambda: rlocks.RWLock(name, client=client, fair=1),  # type: ignore[arg-type]
+        lambda: rlocks.Semaphore(name, 2, client=client, fair=None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match="fair must be a bool"):
+            make()
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
+    redis_url: str, kind: str, name: str
+) -> None:
+    async def main() -> None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
+
+        def make() -> Any:
+            if kind == "rlock":
+                return rlocks.asyncio.RLock(name, client=client, namespace=NS)
+            if kind == "write":
+                return rlocks.asyncio.RWLock(name, client=client, namespace=NS).write_lock
+            return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS)
+
+        a, b, c = make(), make(), make()
+        assert await a.acquire()
+        queue = a._keys.queued()[2]
+        task_b = asyncio.ensure_future(b.acquire())
+        deadline = time.monotonic() + 20
+        while await client.zcard(queue) != 1:
+            assert time.monotonic() < deadline, "task b never queued"
+            await asyncio.sleep(0.01)
+        seen: List[Any] = []
+
+        async def take_c() -> bool:
+            got = bool(await c.acquire())
+            seen.append({k: v for k, v in (await client.hgetall(a._keys.hash)).items()
+                         if not k.startswith(b"#")})
+            await c.release()
+            return got
+
+        task_c = asyncio.ensure_future(take_c())
+        hub = aio.async_hub_for(client, NS)
+        while len(hub._channels[a._channel].waiters) != 2:
+            assert time.monotonic() < deadline, "task c never waited"
+            await asyncio.sleep(0.01)
+        await a.release()  # hands it to b (its reply signals b at once)...
+        head = hub._channels[a._channel].waiters[0]
+        assert head.state == waiting.GRANTED
+        task_b.cancel()  # ...and b is cancelled before it ran again
+        cancelled = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task_b
+        assert await asyncio.wait_for(task_c, 20)
+        # Given back at once by b, not revoked when its grant's entry lease ran out.
+        assert time.monotonic() - cancelled < ENTRY_S / 2
+        assert len(seen[0]) == 1  # c's hold, and nothing of b's
+        assert not await client.exists(a._keys.hash)
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", _procs.KINDS)
+def test_alternating_processes_never_wait_out_the_entry_lease(
+    client: "redis.Redis[bytes]", redis_url: str, kind: str, name: str
+) -> None:
+    # Two processes take turns with short holds: every wait is about one critical section
+    # and one hand-over. (A direct grant once made the hub drop the next hand-over's line,
+    # so every later wait ran into the entry-lease re-check: 2 s each.)
+    data = f"{NS}:data:{{{name}}}"
+    spec = {"url": redis_url}
+    workers = [
+        SPAWN.Process(target=_procs.alternating_worker, args=(spec, kind, name, NS, data, 40))
+        for _ in range(2)
+    ]
+    try:
+        for proc in workers:
+            proc.start()
+        for proc in workers:
+            proc.join(120)
+            assert proc.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        longest = [float(x) for x in client.lrange(f"{data}:longest", 0, -1)]
+        assert len(longest) == 2 and max(longest) < ENTRY_S / 2, longest
+    finally:
+        _reap(*workers)
+        client.delete(f"{data}:longest", f"{data}:errors")
