@@ -71,6 +71,13 @@ class _SideCore(Primitive):
         pool, key, _owner = super()._hold_key(owner)
         return pool, key, f"{self._side}:{owner}"
 
+    def _queues_locally(self, owner: str) -> bool:
+        # Either side counts: a writer taking the read side (a downgrade) is granted at
+        # once by the script, and queueing it behind local readers that wait for this
+        # very writer would deadlock. The books count the sides apart (as Redis does).
+        pool, key, _field = super()._hold_key(owner)
+        return all(self._held_in_process((pool, key, f"{side}:{owner}")) == 0 for side in "rw")
+
     def _describe_class(self) -> str:
         return f"{self._label}.{self._side_name}"
 

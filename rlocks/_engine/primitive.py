@@ -519,10 +519,15 @@ class Primitive:
 
     def _held_by_all_objects(self, owner: str) -> int:
         """Holds ``owner`` has on this primitive through every object of its name here."""
+        return self._held_in_process(self._hold_key(owner))
+
+    @staticmethod
+    def _held_in_process(hold_key: Tuple[int, str, str]) -> int:
+        """The process-wide count under ``hold_key`` (see ``_hold_key``)."""
         if _orphans:
             with _bookkeeping:
                 _forget_orphans_locked()
-        return _process_holds.get(self._hold_key(owner), 0)
+        return _process_holds.get(hold_key, 0)
 
     def __del__(self) -> None:
         # An object dropped while it holds: its renewal stops (the lease only refers to it
