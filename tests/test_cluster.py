@@ -22,6 +22,7 @@ from rlocks._engine import waiting
 
 from . import _procs
 from ._servers import LocalCluster, server_version, wait_until
+from .conftest import without_counters
 
 SPAWN = multiprocessing.get_context("spawn")
 NAMESPACE = "rlocks-cluster-test"
@@ -72,7 +73,7 @@ def channel_of(prim: Any) -> str:
 def cluster_keys(client: Any) -> List[bytes]:
     found: List[bytes] = []
     for node in client.get_primaries():
-        found.extend(node.redis_connection.keys(f"{NAMESPACE}:*"))
+        found.extend(without_counters(node.redis_connection.keys(f"{NAMESPACE}:*")))
     return found
 
 

@@ -33,7 +33,7 @@ from rlocks._engine import clients
 from rlocks.server import TemporaryRedisServer, free_port
 
 from ._servers import make_tls_files, server_version, wait_until
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, without_counters
 
 # -- hostile names -------------------------------------------------------------------------
 
@@ -68,7 +68,8 @@ def test_hostile_names_and_namespaces_are_inert(client: Any, name: str, namespac
     def fuzz_keys() -> Set[bytes]:
         # Only this test's namespaces (filtered here, not by a glob the hostile namespace
         # could subvert): other tests' keys expire or appear on their own schedule.
-        return {k for k in client.keys("*") if k.startswith(f"{NAMESPACE}-fuzz".encode())}
+        return {k for k in without_counters(client.keys("*"))
+                if k.startswith(f"{NAMESPACE}-fuzz".encode())}
 
     before = fuzz_keys()
     lock = rlocks.RLock(name, client=client, namespace=namespace, ttl=10)
@@ -197,7 +198,7 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     assert results["rlock"] is True and results["write"] is True, results
     assert results["rlock-took"] < 5 and results["write-took"] < 5  # woken, not timed out
     assert not lost
-    assert client.keys(f"{ACL_NAMESPACE}:*") == []
+    assert without_counters(client.keys(f"{ACL_NAMESPACE}:*")) == []
     # The same user may not touch anything outside its namespace.
     with pytest.raises(redis.exceptions.NoPermissionError):
         rlocks.RLock("x", client=limited, namespace=NAMESPACE).acquire(blocking=False)

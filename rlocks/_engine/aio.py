@@ -588,6 +588,12 @@ class AsyncReentrantLock(AsyncPrimitive):
         not a coroutine); see :meth:`rlocks.RLock.owned`."""
         return self._owns(identity.task_owner())
 
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token of the running task's current hold, or None when it holds
+        nothing here (no I/O, not a coroutine); see :attr:`rlocks.RLock.token`."""
+        return self._token(identity.task_owner())
+
     async def extend(self, ttl: Optional[float] = None) -> None:
         """Make the running task's hold last at least ``ttl`` seconds from now (one round
         trip; ``None``: the lock's ``ttl``). Never shortens a lease. Same errors as

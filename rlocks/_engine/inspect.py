@@ -377,7 +377,7 @@ def _snapshot(
         pipe = client.pipeline(transaction=True)
         pipe.time()
         for kind, name in batch:
-            key, leases, queue, table, times, _ = keys_for(namespace, kind, name).queued()
+            key, leases, queue, table, times = keys_for(namespace, kind, name).queued()[:5]
             pipe.hgetall(key)
             pipe.pttl(key)
             pipe.zrange(leases, 0, -1, withscores=True)

@@ -10,13 +10,65 @@ Inside the namespace and the name, ``%``, ``{`` and ``}`` are percent-escaped: a
 then never end the hash tag early, and the mapping from (namespace, kind, name) to key is
 one-to-one (two different names never share a key). Everything else, ``:``, spaces,
 unicode, is kept as it is, so keys stay readable in ``redis-cli``.
+
+Fencing tokens come from a counter per namespace and cluster slot,
+``<namespace>:fence:{<tag>}``, whose tag is chosen to land in the primitive's slot (so
+a script may touch it with the primitive's keys): at most 16,384 such keys per
+namespace, whatever the number of names, each shared by every primitive of its slot.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+import binascii
+from functools import lru_cache
+from typing import List, NamedTuple, Optional, Tuple
 
-__all__ = ["PrimitiveKeys", "escape", "keys_for"]
+__all__ = ["PrimitiveKeys", "escape", "fence_key", "keys_for"]
+
+_SLOTS = 16384  # Redis Cluster's hash slots: a key's slot is CRC16(tag) mod 16384
+_slot_tags: List[Optional[str]] = []
+
+
+def _slot_tag(slot: int) -> str:
+    """A short hash tag whose keys land in ``slot`` (the table is built on first use)."""
+    if not _slot_tags:
+        # Four letters from '`'..'o', one nibble each: CRC16 is linear in those 16 bits
+        # and the first 16,384 strings already reach every slot (about 20 ms, once).
+        table: List[Optional[str]] = [None] * _SLOTS
+        left = _SLOTS
+        for i in range(1 << 16):
+            raw = bytes((0x60 | i >> 12, 0x60 | (i >> 8) & 15, 0x60 | (i >> 4) & 15, 0x60 | i & 15))
+            slot_of = binascii.crc_hqx(raw, 0) % _SLOTS
+            if table[slot_of] is None:
+                table[slot_of] = raw.decode("ascii")
+                left -= 1
+                if not left:
+                    break
+        assert all(table), "every slot has a tag"
+        _slot_tags[:] = table
+    found = _slot_tags[slot]
+    assert found is not None
+    return found
+
+
+def _slot(key: str) -> int:
+    """The cluster slot of ``key`` (redis-py's rule: the first non-empty ``{...}``)."""
+    raw = key.encode("utf-8")
+    start = raw.find(b"{")
+    if start > -1:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1:end]
+    return binascii.crc_hqx(raw, 0) % _SLOTS
+
+
+@lru_cache(maxsize=4096)
+def fence_key(hash_key: str) -> str:
+    """The fencing token counter of the primitive whose holds hash is ``hash_key``:
+    ``<namespace>:fence:{<tag>}``, in the same cluster slot."""
+    # hash_key is "<escaped namespace>:<kind>:{<escaped name>}": neither part has a '{'
+    namespace = hash_key[: hash_key.index("{") - 1].rsplit(":", 1)[0]
+    return f"{namespace}:fence:{{{_slot_tag(_slot(hash_key))}}}"
 
 
 def escape(part: str) -> str:
@@ -39,11 +91,13 @@ class PrimitiveKeys(NamedTuple):
         """
         return f"{self.channel}:{role}" if role else self.channel
 
-    def queued(self) -> Tuple[str, str, str, str, str, str]:
-        """The six KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``), in
-        order: holds hash, holder lease ends, queue, entries, entry lease ends, channel.
+    def queued(self) -> Tuple[str, str, str, str, str, str, str]:
+        """The seven KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``), in
+        order: holds hash, holder lease ends, queue, entries, entry lease ends, channel,
+        fencing token counter.
 
-        All carry the hash's tag, so one script touches one cluster slot.
+        The first six carry the hash's tag and the counter a tag of the same slot, so
+        one script touches one cluster slot.
         """
         base = self.hash
         return (
@@ -53,6 +107,7 @@ class PrimitiveKeys(NamedTuple):
             f"{base}:entries",
             f"{base}:times",
             self.channel,
+            fence_key(base),
         )
 
 

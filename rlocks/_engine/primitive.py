@@ -47,6 +47,11 @@ _process_holds: Dict[Tuple[int, str, str], int] = {}
 # (a collection triggered by an allocation there), so it must not take that lock: it
 # appends here (deque.append needs no lock) and the next user of the table subtracts them.
 _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
+# The fencing token of each hold of this process, whichever object took it: ((pool id,
+# hash key, owner), renew item kind: 'h', or an RWLock side) -> token. A second object of
+# the same name is granted re-entry, for which Redis issues no token: it takes it from
+# here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
+_process_tokens: Dict[Tuple[Tuple[int, str, str], str], int] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -54,6 +59,7 @@ def _reset_after_fork() -> None:
     global _bookkeeping
     _bookkeeping = threading.Lock()
     _process_holds.clear()  # a child holds nothing: its owner ids are new
+    _process_tokens.clear()
     _orphans.clear()
 
 
@@ -66,6 +72,14 @@ def _forget_orphans_locked() -> None:
             _process_holds[key] = left
         else:
             _process_holds.pop(key, None)
+            _forget_tokens_locked(key)
+
+
+def _forget_tokens_locked(key: Tuple[int, str, str]) -> None:
+    """The owner holds nothing of that hash any more: its tokens go; under _bookkeeping."""
+    if _process_tokens:
+        for side in ("h", "r", "w"):
+            _process_tokens.pop((key, side), None)
 
 
 if hasattr(os, "register_at_fork"):
@@ -75,13 +89,15 @@ if hasattr(os, "register_at_fork"):
 class Hold:
     """What one owner of this process holds on one primitive (local view)."""
 
-    __slots__ = ("count", "lease", "lost", "granted")
+    __slots__ = ("count", "lease", "lost", "granted", "token")
 
     def __init__(self) -> None:
         self.count = 0
         self.lease: Optional[Lease] = None
         self.lost = False
         self.granted = monotonic()  # when its first level was granted (hold duration)
+        #: The fencing token of this hold (RLock, RWLock sides); None if none was issued.
+        self.token: Optional[int] = None
 
 
 class Primitive:
@@ -512,6 +528,12 @@ class Primitive:
 
     # -- local bookkeeping (no I/O) ------------------------------------------------------
 
+    def _token(self, owner: str) -> Optional[int]:
+        """The fencing token of ``owner``'s hold here, or None when it holds nothing or
+        no token was issued (no I/O)."""
+        hold = self._holds.get(owner)
+        return hold.token if hold is not None and hold.count > 0 else None
+
     def _held(self, owner: str) -> int:
         """How many holds ``owner`` has here, as far as this process knows."""
         hold = self._holds.get(owner)
@@ -542,11 +564,15 @@ class Primitive:
             if hold.count > 0:
                 _orphans.append((self._hold_key(owner), hold.count))
 
-    def _record_grant(self, owner: str, count: int, since: float, handed: bool = False) -> None:
+    def _record_grant(
+        self, owner: str, count: int, since: float, handed: bool = False, token: int = 0
+    ) -> None:
         """Record ``count`` holds granted to ``owner``; start renewing them.
 
         ``handed``: a hand-over grant (queue scripts), still on the entry lease and not
         adopted: the renewer adopts it (item ``a``) and extends it on its next turn.
+        ``token``: the grant's fencing token (0: none issued, as on re-entry, which keeps
+        the hold's token).
         """
         key = self._hold_key(owner)
         with _bookkeeping:
@@ -554,6 +580,12 @@ class Primitive:
             hold = self._holds.get(owner)
             if hold is None:
                 hold = self._holds[owner] = Hold()
+            held_key = (key, self._renew_items(owner)[0])
+            if token:
+                hold.token = _process_tokens[held_key] = token
+            elif hold.token is None:
+                # re-entry through this object of a hold another object of its name took
+                hold.token = _process_tokens.get(held_key)
             hold.count += count
             _process_holds[key] = _process_holds.get(key, 0) + count
             start_lease = self._auto_renew and hold.lease is None
@@ -596,6 +628,7 @@ class Primitive:
                 _process_holds[key] = left
             else:
                 _process_holds.pop(key, None)
+                _forget_tokens_locked(key)
             lost = hold.lost
             if hold.lease is not None:
                 hold.lease.adopt = None  # a release adopts the owner's hand-over grant
@@ -766,7 +799,7 @@ class Primitive:
             raise self._refused(owner, False)
         if not reply.granted:
             return False
-        self._record_grant(owner, count, since)
+        self._record_grant(owner, count, since, token=reply.token)
         if log.isEnabledFor(logging.DEBUG):  # _describe() formats a string: not per call
             log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.holds)
         return True

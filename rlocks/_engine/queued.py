@@ -280,7 +280,9 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
         st.op = None
         if not reply.items or reply.items[0] != 1:
             return False
-    prim._record_grant(owner, count, since, handed=True)
+    # the fencing token came with the grant line (or the release reply that named it)
+    token = st.waiter.token if st.waiter is not None else 0
+    prim._record_grant(owner, count, since, handed=True, token=token)
     return True
 
 

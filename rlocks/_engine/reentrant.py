@@ -78,6 +78,23 @@ class ReentrantLock(Primitive):
         """
         return self._owns(identity.thread_owner())
 
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token of the calling thread's current hold, or None when it holds
+        nothing here (no I/O).
+
+        Every fresh grant of this lock (of this side, for an RWLock) gets a larger token
+        than every earlier grant of it, in any process, even across lease expiries,
+        forced releases, hand-overs and a Redis restart that lost the counter (tokens
+        never fall below the server clock in microseconds). Re-entry keeps the token; a
+        ``Condition.wait`` gives the lock up, so the hold it takes back has a new one.
+        Pass it with every write to the resource the lock protects, and have the resource
+        refuse a token smaller than the largest it has seen (README, "Fencing tokens"):
+        a holder whose lease ended unnoticed then cannot overwrite its successor's work.
+        A hold known lost keeps its (stale) token until it is released.
+        """
+        return self._token(identity.thread_owner())
+
     def extend(self, ttl: Optional[float] = None) -> None:
         """Make the calling thread's hold last at least ``ttl`` seconds from now (one round
         trip); ``None`` means the lock's own ``ttl``.

@@ -19,12 +19,14 @@ status     value
 =========  ==========================================================================
 
 The queue-and-hand-over scripts (``queue_lib.lua`` prepended, see :func:`load_queued`)
-answer ``{status, value, aux, wakes[, items]}`` (the table in that file's header and in
+answer ``{status, value, aux, wakes[, items[, token]]}`` (the table in that file's header and in
 docs/design/handover.md): besides the three above, 2 = ADOPTED (a hand-over grant this
 waiter had missed, recorded now), 3 = QUEUED (``aux``: ms to the earliest holder lease end,
 the re-check hint), 4 = PASSED (a leaving waiter's grant given back and passed on), -2 =
 UPGRADE refused, -3 = OVER (bounded semaphore). ``wakes`` are the lines the script
-published ("g <waiter>" granted, "w <waiter>" woken to try again).
+published ("g <waiter> <token>" granted, a semaphore's without the token; "w <waiter>"
+woken to try again). ``token``: the fencing token of the hold an RLock or RWLock acquire
+granted fresh or adopted (0 when the reply carries none: re-entry keeps its token).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class Reply(NamedTuple):
     wakes: Tuple[str, ...] = ()
     #: Queue renew script: each item's status (1 done, -1 not there).
     items: Tuple[int, ...] = ()
+    #: Acquire of an RLock/RWLock side: the fencing token of the fresh or adopted hold;
+    #: 0 when none was issued (re-entry, a semaphore, every other script).
+    token: int = 0
 
     @property
     def granted(self) -> bool:
@@ -125,25 +130,28 @@ def _line(raw: Any) -> str:
 
 def decode(raw: Any, script_name: str = "script") -> Reply:
     """Turn a raw script reply into a :class:`Reply`: ``{status, value}``, or a queue
-    script's ``{status, value, aux, wakes[, items]}``."""
+    script's ``{status, value, aux, wakes[, items[, token]]}``."""
     wakes: Tuple[str, ...]
     items: Tuple[int, ...]
+    token = 0
     try:
         status = int(raw[0])
         value = int(raw[1])
         if len(raw) == 2:
             aux, wakes, items = 0, (), ()
-        elif len(raw) in (4, 5):
+        elif len(raw) in (4, 5, 6):
             aux = int(raw[2])
             wakes = tuple(_line(line) for line in raw[3])
-            items = tuple(int(item) for item in raw[4]) if len(raw) == 5 else ()
+            items = tuple(int(item) for item in raw[4]) if len(raw) >= 5 else ()
+            if len(raw) == 6:
+                token = int(raw[5])
         else:
             raise ValueError(raw)
     except (TypeError, ValueError, IndexError):
         raise RLocksError(f"unexpected reply from {script_name}: {raw!r}") from None
     if status not in (_STATUSES if len(raw) > 2 else (GRANTED, BUSY, NOT_OWNER)):
         raise RLocksError(f"unexpected status from {script_name}: {raw!r}")
-    return Reply(status, value, -1, aux, wakes, items)
+    return Reply(status, value, -1, aux, wakes, items, token)
 
 
 class Script:

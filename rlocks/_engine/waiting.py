@@ -166,10 +166,28 @@ def serial() -> int:
     return next(_serials)
 
 
+def wake_line(line: str) -> Tuple[str, str, int]:
+    """Split a queue script's wake line into (what, waiter id, fencing token or 0):
+    ``g <waiter> <token>`` (a semaphore's ``g <waiter>``) or ``w <waiter>``."""
+    what, _, rest = line.partition(" ")
+    wid, _, token = rest.partition(" ")
+    return what, wid, int(token) if token.isdigit() else 0
+
+
 class Waiter:
     """One waiting thread's (or task's) registration on one channel."""
 
-    __slots__ = ("event", "channel", "id", "state", "seq", "hub_seen", "other_seen", "counts")
+    __slots__ = (
+        "event",
+        "channel",
+        "id",
+        "state",
+        "seq",
+        "hub_seen",
+        "other_seen",
+        "counts",
+        "token",
+    )
 
     def __init__(
         self,
@@ -188,6 +206,8 @@ class Waiter:
         # Queued only once its channel was confirmed subscribed: then the hub is sure to
         # receive its grant line, and a grant learnt elsewhere must make it drop that line.
         self.counts = False
+        #: The fencing token its grant line carried (0: none, or a semaphore's grant).
+        self.token = 0
 
     @property
     def subscribed(self) -> bool:
@@ -305,6 +325,7 @@ class WakeHub:
         with self._mutex:
             waiter.state = WAITING
             waiter.hub_seen = waiter.other_seen = False
+            waiter.token = 0
 
     def note_grant(self, waiter: Waiter) -> None:
         """A reply told ``waiter`` of its grant (ADOPTED, PASSED, a release's wakes): the
@@ -331,7 +352,7 @@ class WakeHub:
             if ch is None:
                 return
             for line in wakes:
-                what, _, wid = line.partition(" ")
+                what, wid, token = wake_line(line)
                 if not wid.startswith(self._mine):
                     continue
                 for waiter in ch.waiters:
@@ -339,6 +360,7 @@ class WakeHub:
                         if what == "g":
                             if waiter.state == WAITING:
                                 waiter.state = GRANTED
+                                waiter.token = token
                             self._note_locked(waiter)
                         waiter.event.set()
                         break
@@ -348,7 +370,7 @@ class WakeHub:
         waiter; lines for other processes are dropped unread (every subscriber of the
         channel receives every message)."""
         for line in payload.split("\n"):
-            what, _, wid = line.partition(" ")
+            what, wid, token = wake_line(line)
             if not wid.startswith(self._mine):
                 continue
             key = (ch.name, wid)
@@ -367,6 +389,7 @@ class WakeHub:
                         waiter.hub_seen = True
                         if waiter.state == WAITING:
                             waiter.state = GRANTED
+                            waiter.token = token
                     waiter.event.set()
                     break
 

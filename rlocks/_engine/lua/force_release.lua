@@ -9,7 +9,8 @@
 -- ARGV[5]  kind of the primitive: 'rlock', 'rw' or 'sem'
 --
 -- Replies: 1 released (the holds hash and lease set were deleted; the queue head(s) the
--- freed primitive covers were granted, named in wakes); -1 there was no holds hash (or a
+-- freed primitive covers were granted, named in wakes with their fencing tokens, which
+-- stay above those of the holds ended here); -1 there was no holds hash (or a
 -- key of another type: left untouched); queued waiters were still offered what is free.
 local ctx = context('force')
 local kind = ARGV[5]

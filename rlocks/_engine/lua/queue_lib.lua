@@ -3,7 +3,7 @@
 -- every operation still runs as one script; on its own it does nothing.
 -- docs/design/handover.md explains the design; this header is the contract.
 --
--- KEYS (the same six, in this order, for every script; one hash tag, so one cluster slot):
+-- KEYS (the same seven, in this order, for every script; all in one cluster slot):
 --   KEYS[1]  H  holds hash. rlock: <owner> -> count. rw: r:<owner> / w:<owner> -> count,
 --              '#w' -> the writing owner, '#nr' -> number of reading owners.
 --              sem: <owner> (a thread or task) -> permits, '#free', '#value', '#bounded',
@@ -13,10 +13,15 @@
 --   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
 --              n = holds wanted, k = 1 once woken without a grant (fair = 0),
 --              t = when the entry took its place (server ms; for inspection only)};
---              'g:<waiter>' -> JSON {o, s, n}: a hand-over grant the waiter has not
+--              'g:<waiter>' -> JSON {o, s, n, t}: a hand-over grant (t = its fencing
+--              token as a string, '0' for a semaphore) the waiter has not
 --              adopted yet; '#seq' -> last sequence number
 --   KEYS[5]  T  entry lease ends, ZSET: 'e:<entry>' and 'g:<waiter>' -> end (ms)
 --   KEYS[6]  the wake-up channel
+--   KEYS[7]  F  the fencing token counter, a hash: 'last' -> the last token issued to any
+--              primitive of the namespace whose keys hash to this cluster slot (its own
+--              hash tag is chosen to land there), so the number of such keys is bounded
+--              (16,384 per namespace) whatever the number of names. No expiry.
 --
 -- Context ARGV (the first ARGV of every script):
 --   ARGV[1]  now, server ms; '' = read redis TIME (production always sends ''; tests send
@@ -28,7 +33,7 @@
 --            until its owner adopts it
 --   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
 --
--- ONE reply shape for every script: {status, value, aux, wakes}
+-- ONE reply shape for every script: {status, value, aux, wakes[, items, token]}
 --    1  OK        acquire: granted, value = the caller's holds now (on that side),
 --                 aux = the hold's lease left (ms). release: value = holds left.
 --                 leave: the entry was removed (value 0) or re-pointed (value = its
@@ -47,8 +52,20 @@
 --   -2  UPGRADE   rw acquire of the write side by an owner that only reads: refused
 --   -3  OVER      sem release that would lift a bounded semaphore above its value
 --   wakes: the lines published on KEYS[6] by this call, in queue order, joined by '\n'
---   in the message: 'g <waiter>' = granted (the waiter now holds what its entry asked,
---   with the short lease), 'w <waiter>' = woken to try again (fair = 0 only).
+--   in the message: 'g <waiter> <token>' = granted (the waiter now holds what its entry
+--   asked, with the short lease; token = the grant's fencing token; a semaphore's line
+--   is 'g <waiter>'),
+--   'w <waiter>' = woken to try again (fair = 0 only).
+--   items: renew only, each item's status; {} in other replies that carry a token.
+--   token: acquire replies 1 and 2 of rlock and rw when the caller's hold on that side
+--   is new (a fresh grant, or the adopted hand-over grant): its fencing token; absent
+--   (a 4-element reply) when the call issued none (re-entry keeps the caller's token).
+--
+-- Fencing tokens (rlock and rw; a semaphore issues none): every fresh hold of a side
+-- gets token = max(F + 1, server TIME in microseconds; ARGV[1] * 1000 when given) and F
+-- becomes it. F orders grants through expiries, forced releases and hand-overs; after
+-- a restart that lost F the clock does, so tokens still grow unless the server clock
+-- stepped back (F only runs ahead of the clock by grants made within one microsecond).
 --   Errors: 'RLOCKS_BAD_ARG <name>' (a malformed ARGV; nothing changed),
 --   'RLOCKS_SEM_MISMATCH <value> <bounded>' (sem made with another value or kind).
 
@@ -57,7 +74,8 @@ if redis.replicate_commands then
     redis.replicate_commands()
 end
 
-local H, L, Q, W, T, CHANNEL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local H, L, Q, W, T, CHANNEL, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+    KEYS[7]
 local MAXINT = 9007199254740991
 
 -- First malformed ARGV, as an error message; checked before anything is written.
@@ -102,8 +120,10 @@ local function context(kind)
     if ARGV[1] == '' then
         local t = redis.call('TIME')
         ctx.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        ctx.us = tonumber(t[1]) * 1000000 + tonumber(t[2])
     else
         ctx.now = int_arg(1, 'now', 0)
+        ctx.us = ctx.now * 1000
     end
     ctx.publish = ARGV[2]
     if ctx.publish ~= 'PUBLISH' and ctx.publish ~= 'SPUBLISH' then
@@ -137,6 +157,16 @@ local function open(ctx)
         ctx.nheld = redis.call('HLEN', H)
     end
     return nil
+end
+
+-- The next fencing token of this primitive (see "Fencing tokens" in the header).
+local function next_token(ctx)
+    -- a hash, not a string: the hash commands are those an ACL user already has
+    if ctx.tok == nil then ctx.tok = tonumber(redis.call('HGET', F, 'last')) or 0 end
+    local t = math.max(ctx.tok + 1, ctx.us)
+    ctx.tok = t
+    redis.call('HSET', F, 'last', fmt(t))
+    return t
 end
 
 local function hfield(ctx, side, owner)
@@ -191,16 +221,19 @@ local function extend(zset, member, ends)
     return cur
 end
 
--- Add holds; returns the owner's count on that side now and its lease end.
+-- Add holds; returns the owner's count on that side now, its lease end and the fencing
+-- token of a fresh rlock/rw hold (0: re-entry, or a semaphore).
 local function grant(ctx, side, owner, add, ends)
     local field = hfield(ctx, side, owner)
     local count = redis.call('HINCRBY', H, field, add)
     take(ctx, ctx, side, owner, add, count == add)
     if count == add then
         redis.call('ZADD', L, ends, field) -- a fresh hold: no lease to compare with
-        return count, ends
+        local token = 0
+        if ctx.kind ~= 'sem' then token = next_token(ctx) end
+        return count, ends, token
     end
-    return count, extend(L, field, ends)
+    return count, extend(L, field, ends), 0
 end
 
 -- Remove `n` holds (nil = all) of `side` from `owner`; returns how many were removed.
@@ -225,8 +258,10 @@ local function drop(ctx, side, owner, n, refund)
     return n
 end
 
-local function wake(ctx, what, waiter)
-    ctx.wakes[#ctx.wakes + 1] = what .. ' ' .. waiter
+local function wake(ctx, what, waiter, token)
+    local line = what .. ' ' .. waiter
+    if token ~= nil then line = line .. ' ' .. fmt(token) end
+    ctx.wakes[#ctx.wakes + 1] = line
 end
 
 local function get_entry(entry)
@@ -336,12 +371,15 @@ local function handover(ctx)
         take(ctx, cap, e.s, e.o, e.n, fresh)
         if ctx.fair == 1 or e.k == 1 then
             remove_entry(ctx, top)
-            grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
+            -- the token travels to the waiter in its line and in the marker (ADOPTED)
+            local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
             -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
-            redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = e.n}))
+            redis.call('HSET', W, 'g:' .. e.w,
+                cjson.encode({o = e.o, s = e.s, n = e.n, t = fmt(token)}))
             redis.call('ZADD', T, ctx.now + ctx.elease, 'g:' .. e.w)
             ctx.granted = ctx.granted + 1
-            wake(ctx, 'g', e.w)
+            if ctx.kind == 'sem' then token = nil end
+            wake(ctx, 'g', e.w, token)
         else
             e.k = 1
             ctx.qdirty = true
@@ -417,6 +455,9 @@ local function finish(ctx, status, value, aux)
     if #ctx.wakes > 0 then
         redis.call(ctx.publish, CHANNEL, table.concat(ctx.wakes, '\n'))
     end
+    if ctx.token ~= nil and ctx.token > 0 then
+        return {status, value, aux, ctx.wakes, {}, ctx.token}
+    end
     return {status, value, aux, ctx.wakes}
 end
 
@@ -435,6 +476,7 @@ local function op_acquire(ctx, a)
         local count = held_by(ctx, m.s, m.o)
         if a.reentry == 0 and count ~= nil and m.s == a.side then
             extend(L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
+            ctx.token = tonumber(m.t) -- a string: cjson would round 16 digits
             handover(ctx)
             return finish(ctx, 2, count, lease_left(ctx, m.s, m.o))
         end
@@ -457,8 +499,10 @@ local function op_acquire(ctx, a)
         end
     end
     if ctx.kind ~= 'sem' and mine ~= nil then
-        -- Re-entry never queues: the holder is not waiting for anyone.
-        local count, ends = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
+        -- Re-entry never queues: the holder is not waiting for anyone. (A downgrade's
+        -- read hold is fresh: it gets a token of its own.)
+        local count, ends, token = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
+        ctx.token = token
         handover(ctx)
         return finish(ctx, 1, count, ends - ctx.now)
     end
@@ -478,7 +522,8 @@ local function op_acquire(ctx, a)
     end
     if first and fits(ctx, ctx, a.side, a.owner, a.add) then
         if rank ~= false then remove_entry(ctx, a.entry) end
-        local count, ends = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
+        local count, ends, token = grant(ctx, a.side, a.owner, a.add, ctx.now + a.ttl)
+        ctx.token = token
         handover(ctx)
         return finish(ctx, 1, count, ends - ctx.now)
     end
@@ -590,7 +635,7 @@ local function op_renew(ctx, ttl, first)
     handover(ctx)
     local reply = finish(ctx, 1, ok, 0)
     reply[5] = results
-    return reply
+    return reply -- (renew issues no token: reply[6] is never set)
 end
 
 -- Checks renew's item list; returns the ttl.

@@ -10,8 +10,9 @@
 -- ARGV[10]  1 = queue if not granted (or keep the entry's place, re-pointed to this
 --           owner); 0 = a single try, nothing queued
 --
--- Replies: 1 granted (value = holds, aux = lease ms); 2 adopted a hand-over grant to
--- this owner it had not seen (nothing added); 3 queued (value = position, aux = ms to the
+-- Replies: 1 granted (value = holds, aux = lease ms; a fresh hold adds a sixth element,
+-- its fencing token; re-entry adds none); 2 adopted a hand-over grant to this owner it
+-- had not seen (nothing added; sixth element: the grant's token); 3 queued (value = position, aux = ms to the
 -- holder's lease end); 0 busy (wait = 0); -1 re-entry refused (the hold is gone).
 -- Re-entry is granted at once, never queued. fair = 1: granted only when free and no
 -- other live entry is ahead of the caller's.

@@ -13,8 +13,9 @@
 -- queued. Otherwise FIFO by arrival (fair = 1): a writer when nobody holds either side,
 -- a reader when nobody writes, and only with no live entry ahead of the caller's. A
 -- release hands over to the next writer, or to every reader queued before the next one.
--- Replies: 1 granted (value = holds on that side, aux = lease ms); 2 adopted a missed
--- hand-over grant (nothing added); 3 queued (value = position, aux = ms to the earliest
+-- Replies: 1 granted (value = holds on that side, aux = lease ms; a fresh hold of that
+-- side, a downgrade's read hold included, adds a sixth element, its fencing token); 2
+-- adopted a missed hand-over grant (nothing added; sixth element: its token); 3 queued (value = position, aux = ms to the earliest
 -- holder lease end); 0 busy (wait = 0); -1 re-entry refused; -2 upgrade refused (the
 -- owner reads but does not write: two upgraders would deadlock).
 local ctx, i = context('rw')

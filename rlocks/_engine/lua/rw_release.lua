@@ -9,7 +9,8 @@
 -- ARGV[9..] waiter ids of this process whose hand-over grants the caller recorded and has
 --           not adopted yet (adopted now; usually none)
 --
--- Replies: 1 released (value = holds left on that side; grants in wakes); -1 this owner
+-- Replies: 1 released (value = holds left on that side; grants in wakes, each with its
+-- fencing token); -1 this owner
 -- holds nothing on that side (nothing changed but expired state).
 local ctx, i = context('rw')
 local r = {owner = str_arg(i, 'owner'), side = side_arg(i + 1, 'side', 'rw'),

@@ -15,6 +15,7 @@
 -- Replies: 1 granted (value = the owner's permits, aux = lease ms); 2 adopted a missed
 -- hand-over grant to this waiter (nothing added); 3 queued (value = position, aux = ms to
 -- the earliest holder lease end); 0 busy (wait = 0); error RLOCKS_SEM_MISMATCH.
+-- A semaphore issues no fencing tokens (several holders at once: nothing to fence).
 local ctx, i = context('sem')
 local a = {owner = str_arg(i, 'owner'), waiter = str_arg(i + 1, 'waiter'),
            entry = str_arg(i + 2, 'entry'), side = 's', ttl = int_arg(i + 3, 'ttl', 1),

@@ -1,0 +1,436 @@
+"""Fencing tokens (``lock.token``): issue 13, part 2.
+
+Tokens of successive grants of one primitive strictly increase, across processes, lease
+expiries, forced releases, hand-overs and a server restart; re-entry keeps the token;
+``None`` when the caller holds nothing. Real servers only: the session's server, the
+local cluster, and throwaway servers for the restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+import redis
+import redis.asyncio
+import redis.crc
+
+import rlocks
+import rlocks.asyncio
+from rlocks._engine.inspect import force_release
+from rlocks._engine.keys import fence_key, keys_for
+from rlocks.server import TemporaryRedisServer
+
+from . import _fence_workers
+from ._servers import LocalCluster, wait_until
+from .conftest import NAMESPACE
+from .test_handover_scripts import T0, _Prim
+
+SPAWN = multiprocessing.get_context("spawn")
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fencing.py"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as c:
+        yield c
+
+
+@pytest.fixture(params=["single", "cluster"])
+def target(
+    request: pytest.FixtureRequest, redis_url: str
+) -> Iterator[Tuple[Any, Dict[str, Any]]]:
+    """(client, client spec for worker processes) on a single server or the cluster."""
+    if request.param == "single":
+        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        yield client, {"url": redis_url}
+    else:
+        cluster = request.getfixturevalue("cluster")
+        client = cluster.client()
+        yield client, {"cluster": cluster.startup_nodes}
+    client.close()
+
+
+def _in_thread(fn: Any) -> Any:
+    """Run ``fn()`` in another thread (another owner) and return its result."""
+    out: List[Any] = []
+    errors: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+def _errors(client: Any, data: str) -> List[str]:
+    return [e.decode() for e in client.lrange(f"{data}:errors", 0, -1)]
+
+
+def _tokens(client: Any, data: str) -> List[int]:
+    return [int(t) for t in client.lrange(f"{data}:tokens", 0, -1)]
+
+
+def _reap(*procs: Any) -> None:
+    for proc in procs:
+        proc.join(60)
+        if proc.is_alive():  # pragma: no cover - only on a hung worker
+            proc.kill()
+            proc.join(5)
+        assert proc.exitcode == 0, proc.exitcode
+
+
+# -- the scripts' contract -----------------------------------------------------------------
+
+
+def test_acquire_reply_and_hand_over_line_carry_the_token(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    rl = _Prim(client, "rlock", name)
+    # rlock acquire: owner, entry, ttl, add, reentry, wait (now = T0 ms: tokens in µs)
+    first = rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 0, 1)
+    assert first == [1, 1, 30000, [], [], T0 * 1000]
+    # re-entry issues none: a four-element reply, the caller keeps its token
+    assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 1, 1) == [1, 2, 30000, []]
+    assert rl.raw("acquire", T0, "p2.a", "p2", 30000, 1, 0, 1)[:2] == [3, 1]
+    sub = client.pubsub()
+    sub.subscribe(rl.keys[5])
+    assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+    # the same "now": the counter, not the clock, makes it larger
+    released = rl.raw("release", T0, "p1.a", 2, 1)
+    handed = T0 * 1000 + 1
+    assert released == [1, 0, 0, [f"g p2.a {handed}"]]
+    message = sub.get_message(timeout=5)
+    assert message is not None and message["data"] == f"g p2.a {handed}".encode()
+    sub.close()
+    # p2 missed its line: its re-check adopts the grant, with the marker's token
+    assert rl.raw("acquire", T0 + 5, "p2.a", "p2", 30000, 1, 0, 1) == [
+        2, 1, 30000, [], [], handed]
+    assert client.hget(rl.keys[6], "last") == str(handed).encode()
+
+
+def test_tokens_of_one_script_and_a_later_clock(client: "redis.Redis[bytes]", name: str) -> None:
+    rw = _Prim(client, "rw", name)
+    # rw acquire: owner, entry, side, ttl, add, reentry, wait
+    assert rw.raw("acquire", T0, "w.a", "w", "w", 30000, 1, 0, 1)[5] == T0 * 1000
+    assert rw.raw("acquire", T0, "r1.a", "r1", "r", 30000, 1, 0, 1)[0] == 3
+    assert rw.raw("acquire", T0, "r2.a", "r2", "r", 30000, 1, 0, 1)[0] == 3
+    # one release hands the read side to both readers: two tokens in one microsecond
+    assert rw.raw("release", T0, "w.a", "w", 1, 0)[3] == [
+        f"g r1.a {T0 * 1000 + 1}", f"g r2.a {T0 * 1000 + 2}"]
+    # a later clock wins over the counter
+    rw.raw("release", T0, "r1.a", "r", 1, 0)
+    rw.raw("release", T0, "r2.a", "r", 1, 0)
+    assert rw.raw("acquire", T0 + 7, "w.a", "w", "w", 30000, 1, 0, 1)[5] == (T0 + 7) * 1000
+    # a downgrade's read hold is fresh: a token of its own
+    assert rw.raw("acquire", T0 + 7, "w.a", "w", "r", 30000, 1, 0, 1)[5] == (T0 + 7) * 1000 + 1
+
+
+def test_a_semaphore_issues_no_tokens(client: "redis.Redis[bytes]", name: str) -> None:
+    sem = _Prim(client, "sem", name, value=1)
+    # sem acquire: owner, waiter, entry, ttl, permits, wait
+    assert sem.raw("acquire", T0, "p1.a", "p1.a", "p1", 30000, 1, 1) == [1, 1, 30000, []]
+    assert sem.raw("acquire", T0, "p2.a", "p2.a", "p2", 30000, 1, 1)[0] == 3
+    assert sem.raw("release", T0, 1, "p1.a", 1) == [1, 0, 0, ["g p2.a"]]
+    assert client.hget(sem.keys[6], "last") is None
+    s = rlocks.Semaphore(name, 1, client=client, namespace=NAMESPACE)
+    assert not hasattr(s, "token")
+
+
+def test_the_counter_is_one_key_per_slot_in_the_primitive_slot() -> None:
+    names = [f"n{i}" for i in range(3000)]
+    counters = set()
+    for n in names:
+        keys = keys_for("ns", "rlock", n).queued()
+        assert len({redis.crc.key_slot(k.encode()) for k in keys}) == 1, keys
+        counters.add(keys[6])
+    # shared by the names of a slot: bounded by the slots, not by the names
+    slots = {redis.crc.key_slot(keys_for("ns", "rlock", n).hash.encode()) for n in names}
+    assert len(counters) == len(slots) < len(names)
+    assert fence_key(keys_for("ns", "rw", "n1").hash) == fence_key(keys_for("ns", "rlock", "n1").hash)
+    assert fence_key(keys_for("a:b", "rlock", "x").hash).startswith("a:b:fence:{")
+
+
+# -- lock.token ----------------------------------------------------------------------------
+
+
+def test_rlock_token_none_int_kept_on_reentry(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    assert lock.token is None
+    with lock:
+        token = lock.token
+        assert isinstance(token, int) and token > 0
+        assert _in_thread(lambda: lock.token) is None  # another thread holds nothing
+        with lock:
+            assert lock.token == token
+        assert lock.token == token
+    assert lock.token is None
+    assert lock.acquire()
+    try:
+        assert lock.token is not None and lock.token > token
+    finally:
+        lock.release()
+
+
+def test_two_objects_of_one_name_share_the_hold_and_its_token(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    a = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    b = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    with a:
+        token = a.token
+        with b:  # re-entry of the same hold: the same token
+            assert b.token == token and a.token == token
+        assert b.token is None and a.token == token
+    rw1 = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    rw2 = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    with rw1.write_lock, rw1.read_lock:
+        assert rw1.read_lock.token != rw1.write_lock.token
+        with rw2.write_lock, rw2.read_lock:
+            assert rw2.write_lock.token == rw1.write_lock.token
+            assert rw2.read_lock.token == rw1.read_lock.token
+    with a:
+        assert token is not None and a.token is not None and a.token > token
+
+
+def test_rwlock_sides_have_tokens(client: "redis.Redis[bytes]", name: str) -> None:
+    rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    assert rw.read_lock.token is None and rw.write_lock.token is None
+    with rw.write_lock:
+        wt = rw.write_lock.token
+        assert isinstance(wt, int)
+        with rw.read_lock:  # downgrade
+            rt = rw.read_lock.token
+            assert rt is not None and rt > wt
+            assert rw.write_lock.token == wt
+        assert rw.read_lock.token is None
+    with rw.read_lock:
+        mine = rw.read_lock.token
+        assert mine is not None and mine > wt
+        other = _in_thread(lambda: _read_token(rw))
+        assert other > mine  # readers at once: each its own, later is larger
+
+
+def _read_token(rw: Any) -> Optional[int]:
+    with rw.read_lock:
+        return rw.read_lock.token  # type: ignore[no-any-return]
+
+
+def test_tokens_increase_across_a_lease_expiry(client: "redis.Redis[bytes]", name: str) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=0.3, auto_renew=False)
+    assert lock.acquire()
+    first = lock.token
+    assert first is not None
+    wait_until(lambda: not client.exists(lock._keys.hash), 10, "the lease to end")
+    other = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+
+    def take() -> Optional[int]:
+        with other:
+            return other.token
+
+    second = _in_thread(take)
+    assert second is not None and second > first
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    assert lock.token is None
+
+
+def test_tokens_increase_across_force_release_and_its_hand_over(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    assert lock.acquire()
+    first = lock.token
+    assert first is not None
+    got: List[Optional[int]] = []
+
+    def wait_for_it() -> None:
+        waiter = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+        assert waiter.acquire(timeout=30)
+        got.append(waiter.token)
+        waiter.release()
+
+    t = threading.Thread(target=wait_for_it)
+    t.start()
+    queue = keys_for(NAMESPACE, "rlock", name).queued()[2]
+    wait_until(lambda: client.zcard(queue) == 1, 10, "the waiter to queue")
+    assert force_release(client, NAMESPACE, "rlock", name)  # hands over to the waiter
+    t.join(30)
+    assert not t.is_alive() and len(got) == 1
+    assert got[0] is not None and got[0] > first
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_hand_over_to_a_waiter_of_another_process_carries_its_token(
+    target: Tuple[Any, Dict[str, Any]], name: str, kind: str
+) -> None:
+    client, spec = target
+    rw = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
+    lock: Any = rlocks.RLock(name, client=client, namespace=NAMESPACE) if kind == "rlock" \
+        else rw.write_lock
+    data = f"{NAMESPACE}:data:{{{name}}}"
+    assert lock.acquire()
+    first = lock.token
+    proc = SPAWN.Process(
+        target=_fence_workers.token_worker, args=(spec, kind, name, NAMESPACE, data, 1, 60.0)
+    )
+    proc.start()
+    try:
+        queue = keys_for(NAMESPACE, "rlock" if kind == "rlock" else "rw", name).queued()[2]
+        wait_until(lambda: client.zcard(queue) == 1, 30, "the other process to queue")
+        lock.release()
+    finally:
+        _reap(proc)
+    assert _errors(client, data) == []
+    [handed] = _tokens(client, data)
+    assert first is not None and handed > first
+    client.delete(f"{data}:tokens")
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_tokens_strictly_increase_across_processes(
+    target: Tuple[Any, Dict[str, Any]], name: str, kind: str
+) -> None:
+    client, spec = target
+    data = f"{NAMESPACE}:data:{{{name}}}"
+    procs = [
+        SPAWN.Process(
+            target=_fence_workers.token_worker,
+            args=(spec, kind, name, NAMESPACE, data, 15, 60.0),
+        )
+        for _ in range(3)
+    ]
+    for proc in procs:
+        proc.start()
+    _reap(*procs)
+    assert _errors(client, data) == []
+    tokens = _tokens(client, data)
+    assert len(tokens) == 45
+    assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+    client.delete(f"{data}:tokens")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_tokens_increase_across_a_server_restart(persistent: bool) -> None:
+    folder = tempfile.mkdtemp(prefix="rlocks-fence-")
+    # later arguments win: the data folder outlives the server object, for the restart
+    extra = ["--dir", folder, "--appendonly", "yes", "--appendfsync", "always"] \
+        if persistent else []
+    server = TemporaryRedisServer(extra_args=extra).start()
+    port = server.port
+    try:
+        c = redis.Redis(port=port, socket_timeout=5, socket_connect_timeout=2)
+        lock = rlocks.RLock("restart", client=c, namespace=NAMESPACE)
+        with lock:
+            first = lock.token
+        counter = fence_key(lock._keys.hash)
+        assert c.hget(counter, "last") == str(first).encode()
+        server.stop()
+        server = TemporaryRedisServer(port=port, extra_args=extra).start()
+        wait_until(lambda: _answers(c), 10, "the restarted server")
+        # without persistence the counter is gone: the server clock keeps tokens growing
+        assert (c.hget(counter, "last") is not None) == persistent
+        with lock:
+            second = lock.token
+        assert first is not None and second is not None and second > first
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answers(c: "redis.Redis[bytes]") -> bool:
+    try:
+        return bool(c.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_condition_wait_takes_the_lock_back_with_a_new_token(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = threading.Condition(lock)  # type: ignore[arg-type]
+    with cond:
+        before = lock.token
+        assert not cond.wait(0.05)
+        after = lock.token
+    assert before is not None and after is not None and after > before
+
+
+# -- asyncio twins -------------------------------------------------------------------------
+
+
+def test_asyncio_tokens(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lock = rlocks.asyncio.RLock(name, client=c, namespace=NAMESPACE)
+            rw = rlocks.asyncio.RWLock(name, client=c, namespace=NAMESPACE)
+            assert lock.token is None
+            await lock.acquire()
+            first = lock.token
+            assert isinstance(first, int)
+            await lock.acquire()
+            assert lock.token == first
+            await lock.release()
+            got: List[Optional[int]] = []
+
+            async def waiter() -> None:
+                async with lock:
+                    got.append(lock.token)
+                assert lock.token is None
+
+            task = asyncio.ensure_future(waiter())
+            queue = keys_for(NAMESPACE, "rlock", name).queued()[2]
+            for _ in range(1000):  # the other task queues on the server
+                if await c.zcard(queue) == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert lock.token == first  # another task's wait changes nothing here
+            await lock.release()  # hands over to the waiting task
+            await asyncio.wait_for(task, 30)
+            assert lock.token is None
+            assert got[0] is not None and got[0] > first
+            async with rw.write_lock:
+                wt = rw.write_lock.token
+                async with rw.read_lock:
+                    rt = rw.read_lock.token
+                    assert wt is not None and rt is not None and rt > wt > got[0]
+            assert rw.write_lock.token is None and rw.read_lock.token is None
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+# -- the README's example ------------------------------------------------------------------
+
+
+def test_the_fencing_example_runs(redis_url: str) -> None:
+    env = dict(os.environ, RLOCKS_URL=redis_url)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused the stale write" in done.stdout, done.stdout
