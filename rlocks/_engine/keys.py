@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Tuple
 
-__all__ = ["PrimitiveKeys", "escape", "keys_for"]
+__all__ = ["PrimitiveKeys", "escape", "keys_for", "wait_key", "wait_seq_key"]
 
 
 def escape(part: str) -> str:
@@ -61,3 +61,17 @@ def keys_for(namespace: str, kind: str, name: str) -> PrimitiveKeys:
     assert kind and ":" not in kind and "{" not in kind, kind
     base = f"{escape(namespace)}:{kind}:{{{escape(name)}}}"
     return PrimitiveKeys(hash=base, channel=f"{base}:wake")
+
+
+def wait_key(namespace: str, owner: str) -> str:
+    """The deadlock detector's wait-for edge of ``owner`` (see :mod:`.deadlock`).
+
+    Tagged by the owner, not by a primitive: an owner waits for one primitive at a time,
+    and the edges of a cycle are read one key at a time, wherever their slots are.
+    """
+    return f"{escape(namespace)}:wait:{{{escape(owner)}}}"
+
+
+def wait_seq_key(namespace: str) -> str:
+    """The counter that numbers the waits the deadlock detector records."""
+    return f"{escape(namespace)}:wait-seq"
