@@ -9,7 +9,7 @@ import logging
 
 from .condition import Condition
 from .decorators import limited, synchronized
-from .errors import LockLostError, NotOwnedError, RLocksError, UpgradeError
+from .errors import DeadlockError, LockLostError, NotOwnedError, RLocksError, UpgradeError
 from .rlock import RLock
 from .rwlock import RWLock
 from .semaphore import BoundedSemaphore, Semaphore
@@ -31,6 +31,7 @@ __all__ = [
     "NotOwnedError",
     "LockLostError",
     "UpgradeError",
+    "DeadlockError",
     "synchronized",
     "limited",
     "__version__",

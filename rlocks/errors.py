@@ -11,9 +11,16 @@ different thing from "the answer was no".
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
-__all__ = ["RLocksError", "NotOwnedError", "LockLostError", "UpgradeError", "ReplicationError"]
+__all__ = [
+    "RLocksError",
+    "NotOwnedError",
+    "LockLostError",
+    "UpgradeError",
+    "ReplicationError",
+    "DeadlockError",
+]
 
 
 class RLocksError(Exception):
@@ -66,3 +73,21 @@ class ReplicationError(RLocksError):
         super().__init__(message, name=name)
         self.acknowledged = acknowledged
         self.required = required
+
+
+class DeadlockError(RLocksError, RuntimeError):
+    """A blocking acquire was part of a cycle of waits, and this waiter was chosen to
+    break it (exactly one waiter of a cycle raises; the others keep waiting).
+
+    The waiter left the queue before this was raised; what the owner already holds stays
+    held, for its exception handler (or ``with`` blocks) to release, which lets the others
+    proceed. ``cycle`` lists each owner of the cycle as ``(owner, holds, waits_for)``:
+    owner id, the primitive of the cycle it holds and the one it waits for, both
+    described as ``"RLock 'name'"`` / ``"RWLock 'name' (write)"``.
+    """
+
+    def __init__(
+        self, message: str, *, name: str, cycle: Tuple[Tuple[str, str, str], ...]
+    ) -> None:
+        super().__init__(message, name=name)
+        self.cycle = cycle

@@ -22,6 +22,7 @@ class _RLockCore(Primitive):
 
     _kind = "rlock"
     _queued = True
+    _detects_deadlocks = True
     _acquire_script = load_queued("rlock_acquire")
     _release_script = load_queued("rlock_release")
     _renew_script = load_queued("rlock_renew")
@@ -57,7 +58,8 @@ class RLock(ReentrantLock, _RLockCore):
     """A reentrant lock shared by every process that uses the same name and Redis.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
+    on_lost=None, replicas=0, replica_wait=1.0, fair=True,
+    deadlock_timeout=1.0)``
 
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
@@ -88,6 +90,13 @@ class RLock(ReentrantLock, _RLockCore):
       release then wakes one waiting process instead of granting it. Every process using
       the name must pass the same value. A waiting process that dies delays the next
       holder at most the queue entry's lease (2 s). TypeError if not a bool.
+    - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking
+      ``acquire`` checks, and checks again every ``deadlock_timeout``, whether it is part
+      of a cycle of waits between RLocks and RWLock sides (any processes, any hosts);
+      exactly one waiter of a cycle raises :class:`~rlocks.errors.DeadlockError` (it left
+      the queue; its holds stay held). ``None`` turns detection off (a cycle through
+      this object is then not seen). TypeError/ValueError for anything but a positive
+      number of seconds or ``None``. See the README, "Deadlock detection".
 
     Construction validates arguments and does no I/O.
     """

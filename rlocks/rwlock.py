@@ -51,6 +51,7 @@ class _SideCore(Primitive):
     _kind = "rw"
     _label = "rlocks.RWLock"
     _queued = True
+    _detects_deadlocks = True
     _acquire_script = load_queued("rw_acquire")
     _release_script = load_queued("rw_release")
     _renew_script = load_queued("rw_renew")
@@ -102,6 +103,9 @@ class _SideCore(Primitive):
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:
         return (self._side, owner)
+
+    def _deadlock_side(self) -> str:
+        return self._side
 
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
@@ -240,9 +244,11 @@ class _RWPair(Generic[R, W]):
         replicas: int = 0,
         replica_wait: float = 1.0,
         fair: bool = True,
+        deadlock_timeout: Optional[float] = 1.0,
     ) -> None:
         options: Dict[str, Any] = dict(
             fair=fair,
+            deadlock_timeout=deadlock_timeout,
             client=client,
             ttl=ttl,
             auto_renew=auto_renew,
@@ -303,7 +309,8 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     """A readers-writer lock shared by every process that uses the same name and Redis.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
-    on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
+    on_lost=None, replicas=0, replica_wait=1.0, fair=True,
+    deadlock_timeout=1.0)``
 
     ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
     ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
@@ -324,10 +331,10 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
       side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
 
     ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas``,
-    ``replica_wait`` and ``fair`` mean what they mean for :class:`rlocks.RLock`; every hold (each
-    reader, the writer) has its own lease, so one dead reader stops counting ``ttl`` after
-    it died while others read on. ``on_lost`` is called with the side (``read_lock`` /
-    ``write_lock``) that was lost.
+    ``replica_wait``, ``fair`` and ``deadlock_timeout`` mean what they mean for
+    :class:`rlocks.RLock`; every hold (each reader, the writer) has its own lease, so one
+    dead reader stops counting ``ttl`` after it died while others read on. ``on_lost`` is
+    called with the side (``read_lock`` / ``write_lock``) that was lost.
 
     Construction validates arguments and does no I/O.
     """

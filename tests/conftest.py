@@ -98,9 +98,10 @@ def name(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def without_counters(keys: Any) -> List[bytes]:
-    """``keys`` without the fencing token counters (``<namespace>:fence:{<tag>}``, one
-    per namespace and cluster slot), which stay by design: tokens never go back."""
-    return [k for k in keys if b":fence:{" not in k]
+    """``keys`` without the counters that stay by design: the fencing token counters
+    (``<namespace>:fence:{<tag>}``, one per namespace and cluster slot; tokens never go
+    back) and the deadlock detector's wait numbers (``<namespace>:wait-seq``)."""
+    return [k for k in keys if b":fence:{" not in k and not k.endswith(b":wait-seq")]
 
 
 def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[bytes, Any]:

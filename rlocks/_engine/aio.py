@@ -35,7 +35,7 @@ from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .primitive import Primitive
-from .queued import CALL, WAIT, Steps, take_steps
+from .queued import CALL, READ, WAIT, Steps, take_steps
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
 from .waiting import (
@@ -441,6 +441,18 @@ class AsyncPrimitive(Primitive):
                 elif op.kind == WAIT:
                     assert op.waiter is not None
                     send = await _wait_event(op.waiter.event, op.timeout)
+                elif op.kind == READ:
+                    # Shielded as a script call is: an edge's deletion runs to its end.
+                    client = io_client(self._aclient())  # bounded, never re-sent
+                    read = asyncio.ensure_future(client.execute_command(*op.command))
+                    try:
+                        send = await asyncio.shield(read)
+                    except asyncio.CancelledError:
+                        try:
+                            await read
+                        except BaseException:  # noqa: BLE001 - the cancel is what goes on
+                            pass
+                        raise
                 else:
                     assert op.waiter is not None
                     send = await _wait_event(op.waiter.channel.confirmed, op.timeout)

@@ -143,3 +143,19 @@ def replication(
     if replicas == 0:
         return None
     return replicas, max(1, round(seconds * 1000.0))
+
+
+def deadlock_timeout(value: object, kind: str, name: str) -> Optional[float]:
+    """``deadlock_timeout``: seconds of waiting before deadlock checks begin (``None``: off)."""
+    if value is None:
+        return None
+    label = _label(kind, name)
+    if isinstance(value, bool):
+        raise TypeError(f"{label}: deadlock_timeout must be a number of seconds or None, not bool")
+    seconds = _real(value, "deadlock_timeout", label)
+    if not (0.0 < seconds <= 1e9):  # the edge's lease (ms) must stay an integer Redis takes
+        raise ValueError(
+            f"{label}: deadlock_timeout must be a positive, finite number of seconds or "
+            f"None, got {value!r}"
+        )
+    return seconds

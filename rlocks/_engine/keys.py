@@ -23,7 +23,7 @@ import binascii
 from functools import lru_cache
 from typing import List, NamedTuple, Optional, Tuple
 
-__all__ = ["PrimitiveKeys", "escape", "fence_key", "keys_for"]
+__all__ = ["PrimitiveKeys", "escape", "fence_key", "keys_for", "wait_key", "wait_seq_key"]
 
 _SLOTS = 16384  # Redis Cluster's hash slots: a key's slot is CRC16(tag) mod 16384
 _slot_tags: List[Optional[str]] = []
@@ -116,3 +116,17 @@ def keys_for(namespace: str, kind: str, name: str) -> PrimitiveKeys:
     assert kind and ":" not in kind and "{" not in kind, kind
     base = f"{escape(namespace)}:{kind}:{{{escape(name)}}}"
     return PrimitiveKeys(hash=base, channel=f"{base}:wake")
+
+
+def wait_key(namespace: str, owner: str) -> str:
+    """The deadlock detector's wait-for edge of ``owner`` (see :mod:`.deadlock`).
+
+    Tagged by the owner, not by a primitive: an owner waits for one primitive at a time,
+    and the edges of a cycle are read one key at a time, wherever their slots are.
+    """
+    return f"{escape(namespace)}:wait:{{{escape(owner)}}}"
+
+
+def wait_seq_key(namespace: str) -> str:
+    """The counter that numbers the waits the deadlock detector records."""
+    return f"{escape(namespace)}:wait-seq"

@@ -23,12 +23,13 @@ from typing import Any, Callable, ClassVar, Deque, Dict, Hashable, List, Optiona
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError, RLocksError
 from . import callbacks, checks, identity, metrics
-from .clients import default_client, is_cluster, pool_of
+from .clients import default_client, io_client, is_cluster, pool_of
 from .clock import monotonic
 from .constructors import public_init
+from .deadlock import Detector
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
-from .queued import CALL, WAIT, Steps, take_steps
+from .queued import CALL, READ, WAIT, Steps, take_steps
 from .renewal import Lease, Renewer, renewer_for
 from .scripts import UPGRADE, Arg, Call, Reply, Script, Wait, foreign
 from .waiting import LINK_ERRORS, QUEUED, existing_hub, hub_for, serial, wait_until_granted
@@ -121,6 +122,7 @@ class Primitive:
         "_channel",
         "_wait",
         "_fair",
+        "_deadlock_timeout",
         "__weakref__",
     )
 
@@ -143,6 +145,9 @@ class Primitive:
     #: delays the next hand-over.
     _entry_ms: ClassVar[int] = 2000
     _leave_script: ClassVar[Script]
+    #: Whether a long wait records a wait-for edge and checks for deadlocks (see
+    #: :mod:`.deadlock`): RLock and RWLock sides, whose holds only their owner releases.
+    _detects_deadlocks: ClassVar[bool] = False
 
     @public_init
     def __init__(
@@ -157,6 +162,7 @@ class Primitive:
         replicas: int = 0,
         replica_wait: float = 1.0,
         fair: bool = True,
+        deadlock_timeout: Optional[float] = 1.0,
     ) -> None:
         label = self._label
         self._name = checks.check_name(name, label)
@@ -185,6 +191,7 @@ class Primitive:
         if not isinstance(fair, bool):
             raise TypeError(f"{label}({name!r}): fair must be a bool, not {type(fair).__name__}")
         self._fair = fair
+        self._deadlock_timeout = checks.deadlock_timeout(deadlock_timeout, label, name)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
         self._channel = self._keys.wake(self._wake_role)
@@ -341,6 +348,20 @@ class Primitive:
 
     # -- queue scripts (``_queued`` primitives; see :mod:`.queued`) ----------------------
 
+    def _deadlock_side(self) -> str:
+        """How a wait for this primitive is recorded in a wait-for edge: ``x`` (exclusive)."""
+        return "x"
+
+    def _detector(self, owner: str, since: float) -> Optional[Detector]:
+        """The deadlock detector of a wait by ``owner`` that began at ``since``, if any."""
+        timeout = self._deadlock_timeout
+        if timeout is None or not self._detects_deadlocks:
+            return None
+        return Detector(
+            self._namespace, owner, self._deadlock_side(), self._keys.hash, timeout, since,
+            self._describe(), self._name,
+        )
+
     def _context(self) -> Tuple[Arg, ...]:
         """The context ARGV every queue script starts with: now ('' = server TIME), the
         publish command, fair, the entry lease (ms)."""
@@ -469,6 +490,9 @@ class Primitive:
                 elif op.kind == WAIT:
                     assert op.waiter is not None
                     send = op.waiter.event.wait(op.timeout)
+                elif op.kind == READ:
+                    # Bounded and never re-sent, as rlocks' own script calls.
+                    send = io_client(client).execute_command(*op.command)
                 else:
                     assert op.waiter is not None
                     send = op.waiter.channel.confirmed.wait(op.timeout)

@@ -33,14 +33,20 @@ The dialogue (docs/design/handover.md, "Client side")
 A lost reply (broken link) is ridden through as before (:class:`.waiting.WaitPlan`):
 after an attempt whose reply may have been lost, the primitive's check (a renewal of the
 owner's hold) says whether it was granted.
+
+Deadlock detection (:mod:`.deadlock`): a waiter of a primitive with a ``deadlock_timeout``
+wakes up once it has waited that long (and every ``deadlock_timeout`` after), records its
+wait-for edge and walks the graph (``READ`` ops); the victim of a confirmed cycle leaves as
+at a deadline and raises. The edge is deleted before the acquire returns or raises. A wait
+shorter than ``deadlock_timeout`` makes none of these round trips.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Generator, Optional
+from typing import TYPE_CHECKING, Any, Generator, Optional, Tuple
 
-from . import identity, metrics
+from . import deadlock, identity, metrics
 from .clock import monotonic
 from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply
 from .waiting import LINK_ERRORS, RECONNECT_BACKOFF, Waiter, WaitPlan, WakeHub, link_lost, serial
@@ -48,11 +54,11 @@ from .waiting import LINK_ERRORS, RECONNECT_BACKOFF, Waiter, WaitPlan, WakeHub, 
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive
 
-__all__ = ["CALL", "SUBSCRIBE", "WAIT", "Op", "Steps", "take_steps"]
+__all__ = ["CALL", "READ", "SUBSCRIBE", "WAIT", "Op", "Steps", "take_steps"]
 
 log = logging.getLogger(__name__)
 
-CALL, WAIT, SUBSCRIBE = "call", "wait", "subscribe"
+CALL, WAIT, SUBSCRIBE, READ = "call", "wait", "subscribe", "read"
 
 
 class Op:
@@ -63,9 +69,11 @@ class Op:
     script's answer, when it can still read it, in ``late`` before raising. ``WAIT``:
     wait on ``waiter``'s event at most ``timeout`` s (the result is ignored).
     ``SUBSCRIBE``: wait at most ``timeout`` s for ``waiter``'s channel to be confirmed.
+    ``READ``: run the one Redis ``command`` (the deadlock detector's reads and its edge;
+    idempotent, routed by its one key); the result is the raw reply.
     """
 
-    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent")
+    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent", "command")
 
     def __init__(
         self,
@@ -73,8 +81,10 @@ class Op:
         call: Optional[Call] = None,
         waiter: Optional[Waiter] = None,
         timeout: float = 0.0,
+        command: Tuple[Any, ...] = (),
     ) -> None:
         self.kind = kind
+        self.command = command
         self.call = call
         self.waiter = waiter
         self.timeout = timeout
@@ -94,9 +104,10 @@ Steps = Generator[Op, Any, bool]
 class _Take:
     """The dialogue's own state, visible to its clean-up."""
 
-    __slots__ = ("op", "waiter", "queued", "entry")
+    __slots__ = ("op", "waiter", "queued", "entry", "detector")
 
     def __init__(self) -> None:
+        self.detector: Optional[deadlock.Detector] = None
         self.op: Optional[Op] = None  # the acquire call in flight, if any
         self.waiter: Optional[Waiter] = None
         self.queued = False  # an entry of this waiter may be in the queue
@@ -119,12 +130,26 @@ def take_steps(
         granted = yield from _take(prim, owner, count, wait, hub, st)
         if st.waiter is not None:
             prim._log_wait(owner, first, Reply(GRANTED if granted else BUSY, 0))
-        return granted
     except GeneratorExit:
         raise
     except BaseException as exc:
         yield from _abandon(prim, owner, count, hub, st, exc)
         raise
+    else:
+        if st.detector is not None and st.detector.seq is not None:
+            try:
+                yield from _drop_edge(st.detector)
+            except BaseException:
+                if granted:
+                    # Interrupted after the grant was recorded: the caller will never
+                    # release it, so give it back (as an unrecorded interrupted grant is).
+                    prim._record_release(owner, count)
+                    try:
+                        yield Op(CALL, prim._undo_call(owner, count))
+                    except BaseException:  # noqa: BLE001 - the first one propagates
+                        log.debug("%s: grant of %s left to its lease", prim._describe(), owner)
+                raise
+        return granted
     finally:
         if st.entry is not None:
             prim._renewer().cancel(st.entry)
@@ -170,6 +195,7 @@ def _take(
     metrics.wait_began(prim, first)
     waiter = st.waiter = hub.register(channel, owner)
     entry_s = prim._entry_ms / 1000.0
+    det = st.detector = prim._detector(owner, first)
     while True:
         if hub.claim(waiter):
             if (yield from _handed(prim, owner, count, first, st)):
@@ -177,10 +203,25 @@ def _take(
             # Revoked before this process could adopt it: queue again (at the tail).
             hub.rewait(waiter)
             st.queued = False
+        now = monotonic()
+        if det is not None and now >= det.due and (deadline is None or now < deadline):
+            # (Not once the deadline passed: the time-out goes first, bounded as before.)
+            error = yield from _detect(prim, det)
+            if error is not None:
+                # The victim: unless a grant won the race (then no cycle is left), leave
+                # as at a deadline (take_steps' clean-up calls leave) and raise.
+                if hub.claim(waiter, leaving=True) and (
+                    yield from _handed(prim, owner, count, first, st)
+                ):
+                    return True
+                raise error
+            continue  # the check took time: look at the hub and the deadline again
         if not hub.is_head(waiter):
             pause = plan.idle()
             if pause is None:
                 return False  # never asked Redis: nothing to leave
+            if det is not None:
+                pause = det.pause(pause)
             yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
         if deadline is not None and monotonic() >= deadline:
@@ -225,6 +266,8 @@ def _take(
             pause = min(hint, entry_s)
             if deadline is not None:
                 pause = min(pause, deadline - monotonic())
+            if det is not None:
+                pause = det.pause(pause)
             if pause > 0:
                 yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
@@ -255,6 +298,41 @@ def _take(
         if reply.status == PASSED:
             hub.note_grant(waiter)
     return False
+
+
+def _reads(reads: deadlock.Reads) -> Generator[Op, Any, Any]:
+    """Run a :mod:`.deadlock` step: each command it yields as a ``READ`` op."""
+    reply: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            command = reads.send(reply) if error is None else reads.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        reply = error = None
+        try:
+            reply = yield Op(READ, command=command)
+        except Exception as exc:  # noqa: BLE001 - the step may recover (NOSCRIPT)
+            error = exc
+
+
+def _detect(prim: "Primitive", det: deadlock.Detector) -> Generator[Op, Any, Any]:
+    """One deadlock check: the error to raise, or ``None``. A Redis failure is no finding:
+    the wait goes on and the next check comes ``deadlock_timeout`` later."""
+    try:
+        return (yield from _reads(deadlock.check(det)))
+    except Exception as exc:  # noqa: BLE001 - an interrupt or cancel goes on (BaseException)
+        det.due = monotonic() + det.timeout
+        log.debug("%s: deadlock check failed: %r", prim._describe(), exc)
+        return None
+
+
+def _drop_edge(det: deadlock.Detector) -> Generator[Op, Any, None]:
+    """Delete the wait's edge; a failure leaves it to its lease."""
+    try:
+        yield Op(READ, command=deadlock.drop_edge(det))
+    except Exception as exc:  # noqa: BLE001
+        log.debug("deadlock edge of %s left to its lease: %r", det.owner, exc)
 
 
 def _granted(
@@ -314,3 +392,9 @@ def _abandon(
                 hub.note_grant(waiter)
     except BaseException:  # noqa: BLE001 - the first exception is what propagates
         log.debug("%s: clean-up of %s left to leases", prim._describe(), owner)
+    det = st.detector
+    if det is not None and det.seq is not None and not isinstance(exc, LINK_ERRORS):
+        try:
+            yield from _drop_edge(det)
+        except BaseException:  # noqa: BLE001 - the first exception is what propagates
+            log.debug("deadlock edge of %s left to its lease", owner)
