@@ -26,6 +26,7 @@ class _RLockCore(Primitive):
     _release_script = load_queued("rlock_release")
     _renew_script = load_queued("rlock_renew")
     _leave_script = load_queued("rlock_leave")
+    _quorum_refusal = None
 
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
 

@@ -36,6 +36,7 @@ from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, po
 from .clock import monotonic
 from .primitive import Primitive
 from .queued import CALL, WAIT, Steps, take_steps
+from .quorum import Quorum
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
 from .waiting import (
@@ -365,6 +366,14 @@ class AsyncPrimitive(Primitive):
             # Built lazily, on first use inside the loop: construction does no I/O and may
             # happen outside any loop.
             return None
+        if isinstance(client, Quorum):
+            # The fan-out, validity window and quorum renewal exist for the threading
+            # primitives only so far: refuse rather than run on one master silently.
+            raise ValueError(
+                f"{label}: client is a Quorum, which the rlocks.asyncio primitives do not "
+                "support yet; use the threading primitive (rlocks."
+                f"{self._label.split('.')[-1]}) with redis.Redis clients"
+            )
         if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
             raise TypeError(
                 f"{label}: client must be a redis.asyncio.Redis or RedisCluster, not "

@@ -29,8 +29,9 @@ from .constructors import public_init
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .queued import CALL, WAIT, Steps, take_steps
+from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewer, renewer_for
-from .scripts import UPGRADE, Arg, Call, Reply, Script, Wait, foreign
+from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, foreign
 from .waiting import LINK_ERRORS, QUEUED, existing_hub, hub_for, serial, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
@@ -127,6 +128,8 @@ class Primitive:
     #: delays the next hand-over.
     _entry_ms: ClassVar[int] = 2000
     _leave_script: ClassVar[Script]
+    #: Whether a :class:`~.quorum.Quorum` is accepted as ``client=`` (and why not, if not).
+    _quorum_refusal: ClassVar[Optional[str]] = "it does not support a quorum of masters"
 
     @public_init
     def __init__(
@@ -160,6 +163,11 @@ class Primitive:
         client = self._resolve_client(client)
         self._client = client
         self._wait = checks.replication(replicas, replica_wait, label, name)
+        if self._wait is not None and isinstance(client, Quorum):
+            raise ValueError(
+                f"{label}({name!r}): replicas= is not supported with a Quorum: the masters "
+                "are meant to be independent (no replicas to wait for)"
+            )
         if self._wait is not None and is_cluster(client):
             raise ValueError(
                 f"{label}({name!r}): replicas= is not supported on Redis Cluster clients "
@@ -182,6 +190,15 @@ class Primitive:
         label = f"{self._label}({self._name!r})"
         if client is None:
             return default_client()
+        if isinstance(client, Quorum):
+            if self._quorum_refusal is not None:
+                raise ValueError(f"{label}: client is a Quorum, but {self._quorum_refusal}")
+            if client.is_async:
+                raise TypeError(
+                    f"{label}: the Quorum's clients are redis.asyncio clients; this "
+                    "primitive needs redis.Redis ones (use rlocks.asyncio for asyncio)"
+                )
+            return client
         if not callable(getattr(client, "evalsha", None)):
             raise TypeError(
                 f"{label}: client must be a redis.Redis or "
@@ -648,6 +665,8 @@ class Primitive:
         re-entry whose hold ended unnoticed: re-entering a critical section that is no
         longer protected would hide the loss), and Redis errors.
         """
+        if isinstance(self._client, Quorum):
+            return self._quorum_take(self._client, owner, count, wait)
         if self._queued:
             hub = hub_for(self._client, self._namespace) if wait != 0.0 else None
             mark = self._books(owner)  # what the local books say before this acquire
@@ -731,6 +750,79 @@ class Primitive:
                 self._gave_up_sync(owner, exc)
             raise
         raise refusal
+
+    # -- a quorum of masters (see :mod:`.quorum`) ----------------------------------------
+
+    def _quorum_take(self, quorum: Quorum, owner: str, count: int, wait: Optional[float]) -> bool:
+        """``_take`` on a quorum: single tries on every master at once, until a majority
+        grants within the validity window (or the wait ends); see :mod:`.quorum`.
+
+        Each try's minority grants are given back at once, on those masters only (a
+        failure there leaves them to their lease). Raises what ``_take`` raises: a
+        re-entry that a majority refuses is a lost hold.
+        """
+        self._check_take(owner)
+        reentry = self._held(owner) > 0
+        call = self._acquire_call(owner, count, reentry, False)
+        undo = self._undo_call(owner, count)
+        masters = quorum.masters
+        refusable = len(masters) - quorum.majority  # more refusals than this: no majority
+        drift = drift_allowance(self._ttl)
+        first = monotonic()
+        deadline = None if wait is None else first + wait
+        base = 0.0
+        while True:
+            generation = quorum.generation
+            since = monotonic()
+            results = quorum.map(call)
+            elapsed = monotonic() - since
+            replies = [r for r in results if isinstance(r, Reply)]
+            granted = [m for m, r in zip(masters, results) if isinstance(r, Reply) and r.granted]
+            if len(granted) >= quorum.majority and self._ttl - elapsed - drift > 0:
+                if wait != 0.0:
+                    self._log_wait(owner, first, Reply(1, count))
+                self._record_grant(owner, count, since)
+                return True
+            if granted:
+                for result in quorum.map(undo, granted):
+                    if isinstance(result, Exception):
+                        log.warning("%s: a minority grant of %s left to its lease: %s",
+                                    self._describe(), owner, result)
+            if sum(1 for r in replies if r.status == UPGRADE) > refusable:
+                raise self._refused(owner, False)
+            if reentry and sum(1 for r in replies if r.not_owner) > refusable:
+                raise self._refused(owner, True)
+            now = monotonic()
+            if wait == 0.0 or (deadline is not None and now >= deadline):
+                errors = [r for r in results if isinstance(r, Exception)]
+                if len(errors) > refusable:
+                    # Too few masters answered to say that someone else holds it: a
+                    # failure, not a refusal (as a single server's would be).
+                    raise errors[0]
+                return False
+            pause, base = quorum.next_pause(base)
+            if deadline is not None:
+                pause = min(pause, deadline - now)
+            quorum.pause(generation, pause)
+
+    def _quorum_reply(self, quorum: Quorum, call: Call) -> Reply:
+        """Run a release or renew ``call`` on every master; the majority's answer.
+
+        Granted (the first granting master's reply) when a majority did it; not-owner
+        when more than a minority answered not-owner (the hold is no longer on a
+        majority: lost); otherwise too many masters failed: their first error is raised.
+        """
+        results = quorum.map(call)
+        done = [r for r in results if isinstance(r, Reply) and _did(r)]
+        if len(done) >= quorum.majority:
+            return done[0]
+        refused = [r for r in results if isinstance(r, Reply) and not _did(r)]
+        if len(refused) > len(quorum.masters) - quorum.majority:
+            return Reply(NOT_OWNER, 0, items=(-1,))
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise errors[0]
+        return Reply(BUSY, 0)  # pragma: no cover - every master answered: one of the above
 
     def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
         metrics.wait_over(reply.granted)  # where a waiter learns it was granted
@@ -879,20 +971,29 @@ class Primitive:
         own, everywhere = self._books(owner)
         call = self._begin_give_back(owner, count, everything)
         sent = serial()
+        client = self._client
         try:
-            # The no-op callback has an interrupted read fenced (see Call): the script
-            # has then surely run when _reconcile looks.
-            reply = call(self._client, _ignore)
+            if isinstance(client, Quorum):
+                try:
+                    reply = self._quorum_reply(client, call)
+                finally:
+                    client.released()
+            else:
+                # The no-op callback has an interrupted read fenced (see Call): the script
+                # has then surely run when _reconcile looks.
+                reply = call(client, _ignore)
             self._finish_give_back(owner, count, reply)
         except RLocksError:
             raise  # the hold was lost: reported, and dropped from the books
         except BaseException as exc:
-            if foreign(exc):
+            if foreign(exc) and not isinstance(client, Quorum):
                 # Interrupted anywhere: finish the release, in the books (a drop done in
                 # part or not at all) and in Redis (a script that did not run).
                 self._roll_back(owner, (own - count, everywhere - count))
                 self._reconcile(owner, count)
             else:
+                # (A quorum's release went to every master at once; what an interrupt
+                # left on some of them ends with its lease.)
                 self._record_release(owner, count)
             raise
         # Outside the try: the release is complete; an interrupt while signalling local
@@ -958,7 +1059,9 @@ class Primitive:
     def _extend(self, owner: str, ttl: Optional[float]) -> None:
         """Make ``owner``'s hold last at least ``ttl`` (default: the primitive's) from now."""
         call = self._begin_extend(owner, ttl)
-        self._finish_extend(owner, call(self._client))
+        client = self._client
+        reply = self._quorum_reply(client, call) if isinstance(client, Quorum) else call(client)
+        self._finish_extend(owner, reply)
 
     def _owns(self, owner: str) -> bool:
         """Whether ``owner`` holds this primitive and its hold is not known lost (no I/O)."""
@@ -1024,6 +1127,11 @@ class Primitive:
 
 def _ignore(reply: Reply) -> None:
     """An interrupted release's answer: nothing to do with it (see _give_back)."""
+
+
+def _did(reply: Reply) -> bool:
+    """Whether a release or renew reply says the master did it (the owner held there)."""
+    return reply.granted and (not reply.items or reply.items[0] == 1)
 
 
 def _is_async_client(client: Any) -> bool:
