@@ -6,6 +6,7 @@ session's server). Faults are real too: SIGKILL and SIGSTOP of a master's proces
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import signal
@@ -211,11 +212,13 @@ def test_quorum_kind_must_match_the_primitive() -> None:
         rlocks.RLock("x", client=aio)
     with pytest.raises(TypeError, match="redis.asyncio clients"):
         rlocks.RWLock("x", client=aio)
-    # The asyncio twins do not support a quorum yet: a clear refusal, not one master.
-    with pytest.raises(ValueError, match="do not support yet"):
-        rlocks.asyncio.RLock("x", client=aio)
-    with pytest.raises(ValueError, match="do not support yet"):
+    with pytest.raises(TypeError, match="are redis.Redis clients"):
         rlocks.asyncio.RLock("x", client=sync)
+    with pytest.raises(TypeError, match="are redis.Redis clients"):
+        rlocks.asyncio.RWLock("x", client=sync)
+    for kind in (rlocks.asyncio.Semaphore, rlocks.asyncio.BoundedSemaphore):
+        with pytest.raises(ValueError, match="majorities of per-master counts do not bound"):
+            kind("s", 2, client=aio)
     with pytest.raises(ValueError, match="replicas= is not supported with a Quorum"):
         rlocks.RLock("x", client=sync, replicas=1)
 
@@ -458,3 +461,98 @@ def test_processes_never_hold_at_once(three: Masters, name: str) -> None:
         assert [c.exitcode for c in children] == [0] * procs
         assert counter.lrange("overlaps", 0, -1) == []
         assert int(counter.get("total") or 0) == rounds * procs
+
+
+# -- the asyncio twins ------------------------------------------------------------------------
+
+
+def _aquorum(m: Masters) -> rlocks.Quorum:
+    return rlocks.Quorum([
+        redis.asyncio.Redis.from_url(
+            s.url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT
+        ) for s in m.servers
+    ])
+
+
+def test_asyncio_rlock_and_rwlock(masters: Masters, name: str) -> None:
+    async def main() -> None:
+        q = _aquorum(masters)
+        lock = rlocks.asyncio.RLock(name, client=q, ttl=10)
+        assert await lock.acquire(blocking=False)
+        assert await lock.acquire(blocking=False)
+        key = rlock_key(name)
+        assert {int(c.hvals(key)[0]) for c in masters.clients} == {2}
+        assert await lock.locked()
+        other = asyncio.ensure_future(lock.acquire(timeout=20))
+        await asyncio.sleep(0.05)  # lets the other task try and start waiting
+        assert not other.done()
+        await lock.release()
+        assert not other.done()  # still one level held
+        started = time.monotonic()
+        await lock.release()
+        assert await other is True
+        assert time.monotonic() - started < 2.0  # woken by the release here
+        assert masters.holders(key) == list(range(len(masters.clients)))
+        rw = rlocks.asyncio.RWLock(name, client=q, ttl=10)
+        async with rw.read_lock:
+            assert await rw.read_lock.locked() and not await rw.write_lock.locked()
+            writer = asyncio.ensure_future(rw.write_lock.acquire(timeout=0.3))
+            assert await writer is False
+        async with rw.write_lock:
+            assert await rw.write_lock.locked()
+        assert not await rw.write_lock.locked()
+
+    asyncio.run(main())
+
+
+def test_asyncio_master_paused_and_majority_lost(three: Masters, name: str) -> None:
+    async def main() -> None:
+        lost: List[Any] = []
+        lock = rlocks.asyncio.RLock(name, client=_aquorum(three), ttl=1.0,
+                                    on_lost=lost.append)
+        assert await lock.acquire()
+        three.pause(0)
+        for op in (lock.acquire, lock.release):
+            started = time.monotonic()
+            await op()
+            assert time.monotonic() - started < BOUND
+        # Renewals keep it on the two others (a lease of 1 s outlives a few renewals).
+        before = three.clients[1].pttl(rlock_key(name))
+        deadline = time.monotonic() + 5
+        while three.clients[1].pttl(rlock_key(name)) <= before:
+            assert time.monotonic() < deadline, "no renewal"
+            await asyncio.sleep(0.01)
+        assert lost == []
+        three.clients[1].delete(rlock_key(name))  # now only master 2 has it
+        deadline = time.monotonic() + 10
+        while lost != [lock]:
+            assert time.monotonic() < deadline, "on_lost not called"
+            await asyncio.sleep(0.01)
+        with pytest.raises(rlocks.LockLostError):
+            await lock.release()
+
+    asyncio.run(main())
+
+
+def test_asyncio_cancelled_try_leaves_nothing(three: Masters, name: str) -> None:
+    """A waiter cancelled while it waits (between tries or in one) holds nothing after."""
+    async def main() -> None:
+        q = _aquorum(three)
+        lock = rlocks.asyncio.RLock(name, client=q, ttl=30)
+        single = rlocks.RLock(name, client=three.clients[2], ttl=30)
+        holder = Holder(single)  # one master busy: every try is 2 of 3, granted
+        try:
+            three.pause(1)  # ...and each try lasts a socket timeout
+            task = asyncio.ensure_future(lock.acquire())
+            await asyncio.sleep(0.1)  # the try is in flight (it lasts 0.5 s)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # Master 0 granted and got it back. (Master 1 runs the try it had queued when
+            # it resumes: that grant, made after the caller gave up, ends with its lease.)
+            assert three.holders(rlock_key(name)) == [2]
+            assert not lock.owned()
+        finally:
+            holder.release()
+
+    asyncio.run(main())

@@ -759,15 +759,12 @@ class Primitive:
 
         Each try's minority grants are given back at once, on those masters only (a
         failure there leaves them to their lease). Raises what ``_take`` raises: a
-        re-entry that a majority refuses is a lost hold.
+        re-entry that a majority refuses is a lost hold; when too few masters answered
+        at the last try, the first of their errors.
         """
         self._check_take(owner)
         reentry = self._held(owner) > 0
         call = self._acquire_call(owner, count, reentry, False)
-        undo = self._undo_call(owner, count)
-        masters = quorum.masters
-        refusable = len(masters) - quorum.majority  # more refusals than this: no majority
-        drift = drift_allowance(self._ttl)
         first = monotonic()
         deadline = None if wait is None else first + wait
         base = 0.0
@@ -775,35 +772,72 @@ class Primitive:
             generation = quorum.generation
             since = monotonic()
             results = quorum.map(call)
-            elapsed = monotonic() - since
-            replies = [r for r in results if isinstance(r, Reply)]
-            granted = [m for m, r in zip(masters, results) if isinstance(r, Reply) and r.granted]
-            if len(granted) >= quorum.majority and self._ttl - elapsed - drift > 0:
+            give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
+            if give_back is None:
                 if wait != 0.0:
                     self._log_wait(owner, first, Reply(1, count))
                 self._record_grant(owner, count, since)
                 return True
-            if granted:
-                for result in quorum.map(undo, granted):
-                    if isinstance(result, Exception):
-                        log.warning("%s: a minority grant of %s left to its lease: %s",
-                                    self._describe(), owner, result)
-            if sum(1 for r in replies if r.status == UPGRADE) > refusable:
-                raise self._refused(owner, False)
-            if reentry and sum(1 for r in replies if r.not_owner) > refusable:
-                raise self._refused(owner, True)
-            now = monotonic()
-            if wait == 0.0 or (deadline is not None and now >= deadline):
-                errors = [r for r in results if isinstance(r, Exception)]
-                if len(errors) > refusable:
-                    # Too few masters answered to say that someone else holds it: a
-                    # failure, not a refusal (as a single server's would be).
-                    raise errors[0]
+            if give_back:
+                self._quorum_gave_back(owner, quorum.map(self._undo_call(owner, count), give_back))
+            if refusal is not None:
+                raise refusal
+            pause = self._quorum_pause(quorum, results, wait, deadline, base)
+            if pause is None:
                 return False
-            pause, base = quorum.next_pause(base)
-            if deadline is not None:
-                pause = min(pause, deadline - now)
-            quorum.pause(generation, pause)
+            base = pause[1]
+            quorum.pause(generation, pause[0])
+
+    def _quorum_outcome(
+        self, quorum: Quorum, owner: str, reentry: bool, results: Sequence[Any], since: float
+    ) -> Tuple[Optional[List[Any]], Optional[BaseException]]:
+        """Judge one quorum try (no I/O): (None, None) when granted (a majority within
+        the validity window), else (the masters whose grants must be given back, the
+        error to raise after that or None).
+
+        The error is the refusal when more than a minority refused for good: an upgrade,
+        or a re-entry whose hold is gone (then reported lost).
+        """
+        masters = quorum.masters
+        refusable = len(masters) - quorum.majority  # more refusals than this: no majority
+        elapsed = monotonic() - since
+        granted = [m for m, r in zip(masters, results) if isinstance(r, Reply) and r.granted]
+        if len(granted) >= quorum.majority and self._ttl - elapsed - drift_allowance(self._ttl) > 0:
+            return None, None
+        replies = [r for r in results if isinstance(r, Reply)]
+        if sum(1 for r in replies if r.status == UPGRADE) > refusable:
+            return granted, self._refused(owner, False)
+        if reentry and sum(1 for r in replies if r.not_owner) > refusable:
+            return granted, self._refused(owner, True)
+        return granted, None
+
+    def _quorum_gave_back(self, owner: str, results: Sequence[Any]) -> None:
+        for result in results:
+            if isinstance(result, Exception):
+                log.warning("%s: a minority grant of %s left to its lease: %s",
+                            self._describe(), owner, result)
+
+    @staticmethod
+    def _quorum_pause(
+        quorum: Quorum, results: Sequence[Any], wait: Optional[float],
+        deadline: Optional[float], base: float,
+    ) -> Optional[Tuple[float, float]]:
+        """After a failed try (no I/O): (pause, next base), or None to return False.
+
+        Raises the first error when the wait is over and too few masters answered to
+        tell that another owner holds the lock: a failure, not a refusal (as a single
+        server's would be).
+        """
+        now = monotonic()
+        if wait == 0.0 or (deadline is not None and now >= deadline):
+            errors = [r for r in results if isinstance(r, Exception)]
+            if len(errors) > len(quorum.masters) - quorum.majority:
+                raise errors[0]
+            return None
+        pause, base = quorum.next_pause(base)
+        if deadline is not None:
+            pause = min(pause, deadline - now)
+        return pause, base
 
     def _quorum_reply(self, quorum: Quorum, call: Call) -> Reply:
         """Run a release or renew ``call`` on every master; the majority's answer.
@@ -812,7 +846,12 @@ class Primitive:
         when more than a minority answered not-owner (the hold is no longer on a
         majority: lost); otherwise too many masters failed: their first error is raised.
         """
-        results = quorum.map(call)
+        return self._quorum_verdict(quorum, quorum.map(call))
+
+    @staticmethod
+    def _quorum_verdict(quorum: Quorum, results: Sequence[Any]) -> Reply:
+        """The majority's answer among one release's or renewal's ``results`` (no I/O):
+        see ``_quorum_reply``."""
         done = [r for r in results if isinstance(r, Reply) and _did(r)]
         if len(done) >= quorum.majority:
             return done[0]

@@ -88,7 +88,7 @@ class Quorum:
     """
 
     __slots__ = ("_masters", "_majority", "_async", "_executor", "_pid", "_mutex",
-                 "_changed", "_generation", "__weakref__")
+                 "_changed", "_generation", "_listeners", "__weakref__")
 
     def __init__(self, clients: Sequence[Any]) -> None:
         if isinstance(clients, (str, bytes)) or not isinstance(clients, (list, tuple)):
@@ -135,6 +135,7 @@ class Quorum:
         self._mutex = threading.Lock()
         self._changed = threading.Condition(self._mutex)
         self._generation = 0
+        self._listeners: List[Callable[[], None]] = []
 
     @property
     def masters(self) -> Tuple[Any, ...]:
@@ -202,6 +203,20 @@ class Quorum:
         with self._changed:
             self._generation += 1
             self._changed.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:  # outside the mutex: a listener may take its own
+            listener()
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Have ``listener()`` called at each :meth:`released` (an asyncio waiter's
+        ``call_soon_threadsafe(event.set)``) until :meth:`unlisten`. It must not block."""
+        with self._mutex:
+            self._listeners.append(listener)
+
+    def unlisten(self, listener: Callable[[], None]) -> None:
+        with self._mutex:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     def pause(self, generation: int, seconds: float) -> None:
         """Sleep ``seconds``, or less when a release here advanced past ``generation``."""

@@ -274,7 +274,13 @@ class Renewer:
         grant is ever adopted here: quorum holds come from single tries only.
         """
         sent = monotonic()
-        per_master = quorum.map(lambda master: self._send(master, items))
+        self._apply_quorum(quorum, items, quorum.map(lambda m: self._send(m, items)), sent)
+
+    def _apply_quorum(
+        self, quorum: Quorum, items: List[Item], per_master: List[Any], sent: float
+    ) -> None:
+        """Act on each master's renewal replies (a list, or the Exception that failed the
+        whole pipeline), sent at ``sent`` (no I/O): see :meth:`_renew_quorum`."""
         refusable = len(quorum.masters) - quorum.majority
         for n, (lease, primitive, script) in enumerate(items):
             renewed = refused = 0
