@@ -328,6 +328,10 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     it died while others read on. ``on_lost`` is called with the side (``read_lock`` /
     ``write_lock``) that was lost.
 
+    With ``client=rlocks.Quorum(...)`` waiters re-try instead of queueing on the server,
+    so the first-come-first-served rule above does not hold: a steady stream of readers
+    can keep a writer out.
+
     Construction validates arguments and does no I/O.
     """
 

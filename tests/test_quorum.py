@@ -243,6 +243,8 @@ def test_rlock_exclusion_and_reentry(masters: Masters, name: str) -> None:
     assert masters.holders(key) == []
     assert not lock.locked()
     assert in_thread(lambda: (lock.acquire(blocking=False), lock.release())[0]) is True
+    with pytest.raises(NotImplementedError, match="not available on a Quorum"):
+        lock.statistics()
 
 
 def test_waiter_gets_the_lock_when_released(masters: Masters, name: str) -> None:

@@ -247,8 +247,14 @@ class Primitive:
         channels' subscriber counts). A primitive nobody holds has no key, and reports no
         holders. Redis errors propagate. The result is a frozen dataclass
         (:class:`rlocks._engine.inspect.PrimitiveState`), the same the ``rlocks`` command
-        line prints.
+        line prints. NotImplementedError on a Quorum.
         """
+        if isinstance(self._client, Quorum):
+            # Each master has its own copy; which of them is "the" state is not one answer.
+            raise NotImplementedError(
+                f"{self._describe()}: statistics() is not available on a Quorum; build the "
+                "same primitive on one master's client to read that master's copy"
+            )
         found = find(self._client, self._namespace, self._name, kind=self._kind)
         if found:
             return found[0]
