@@ -412,11 +412,24 @@ def test_a_majority_of_masters_killed_loses_the_hold(three: Masters, name: str) 
     assert time.monotonic() - started < BOUND
 
 
-def test_release_finds_a_hold_gone_from_a_majority(three: Masters, name: str) -> None:
+def test_extend_and_release_find_a_hold_gone_from_a_majority(
+    three: Masters, name: str
+) -> None:
+    lock = rlocks.RLock(name, client=three.quorum(), ttl=10, auto_renew=False)
+    assert lock.acquire()
+    key = rlock_key(name)
+    three.clients[0].delete(key)  # a minority forgot it: extend still works
+    lock.extend(60)
+    assert all(c.pttl(key) > 30_000 for c in three.clients[1:])
+    three.clients[1].delete(key)
+    with pytest.raises(rlocks.LockLostError):
+        lock.extend(60)
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
     lock = rlocks.RLock(name, client=three.quorum(), ttl=10, auto_renew=False)
     assert lock.acquire()
     for c in three.clients[1:]:
-        c.delete(rlock_key(name))
+        c.delete(key)
     with pytest.raises(rlocks.LockLostError):
         lock.release()
     assert three.holders(rlock_key(name)) == []  # master 0's copy was given back too

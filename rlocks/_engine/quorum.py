@@ -205,7 +205,10 @@ class Quorum:
             self._changed.notify_all()
             listeners = list(self._listeners)
         for listener in listeners:  # outside the mutex: a listener may take its own
-            listener()
+            try:
+                listener()
+            except RuntimeError:  # a waiter's event loop closed under it: nobody to wake
+                pass
 
     def listen(self, listener: Callable[[], None]) -> None:
         """Have ``listener()`` called at each :meth:`released` (an asyncio waiter's
