@@ -575,3 +575,30 @@ def test_asyncio_cancelled_try_leaves_nothing(three: Masters, name: str) -> None
             holder.release()
 
     asyncio.run(main())
+
+
+class _Alarm(Exception):
+    pass
+
+
+def test_an_interrupted_try_gives_back_its_grants(three: Masters, name: str) -> None:
+    """A signal handler raising while a try is in flight (one master paused makes it
+    last a socket timeout): the grants the others made are given back once they answer."""
+
+    def ring(signum: int, frame: Any) -> None:
+        raise _Alarm()
+
+    lock = rlocks.RLock(name, client=three.quorum(), ttl=30)
+    three.pause(1)
+    previous = signal.signal(signal.SIGALRM, ring)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(_Alarm):
+            lock.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not lock.owned()
+    # Masters 0 and 2 granted at once; their grants (30 s leases) go once master 1's
+    # call times out. (Master 1 runs the try when it resumes: that one ends by lease.)
+    wait_until(lambda: three.holders(rlock_key(name)) == [], 5, "the grants given back")

@@ -777,7 +777,8 @@ class Primitive:
         while True:
             generation = quorum.generation
             since = monotonic()
-            results = quorum.map(call)
+            results = quorum.map(call, abandoned=lambda late: self._quorum_abandoned(
+                quorum, owner, count, late))
             give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
             if give_back is None:
                 if wait != 0.0:
@@ -816,6 +817,20 @@ class Primitive:
         if reentry and sum(1 for r in replies if r.not_owner) > refusable:
             return granted, self._refused(owner, True)
         return granted, None
+
+    def _quorum_abandoned(
+        self, quorum: Quorum, owner: str, count: int, results: Sequence[Any]
+    ) -> None:
+        """The answers of a try whose caller was interrupted (a signal handler raised):
+        give back, one master after another, what they granted; nobody records it."""
+        undo = self._undo_call(owner, count)
+        for master, result in zip(quorum.masters, results):
+            if isinstance(result, Reply) and result.granted:
+                try:
+                    undo(master)
+                except Exception:  # noqa: BLE001 - left to its lease
+                    log.warning("%s: interrupted grant of %s left to its lease",
+                                self._describe(), owner)
 
     def _quorum_gave_back(self, owner: str, results: Sequence[Any]) -> None:
         for result in results:

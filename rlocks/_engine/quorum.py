@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import random
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -169,17 +169,32 @@ class Quorum:
             return self._executor
 
     def map(
-        self, fn: Callable[[Any], T], masters: Optional[Sequence[Any]] = None
+        self,
+        fn: Callable[[Any], T],
+        masters: Sequence[Any] | None = None,
+        abandoned: Callable[[List[T | Exception]], None] | None = None,
     ) -> List[T | Exception]:
         """``fn(master)`` on every master (or on ``masters``) at once, blocking until all
         answered: each result, or the Exception it raised, in the masters' order.
 
         Each call is as long as its client's socket timeout allows; the slowest bounds
-        the whole. A BaseException that is not an Exception (an interrupt) propagates.
+        the whole. A BaseException that is not an Exception (an interrupt raised in the
+        caller by a signal handler) propagates at once; the calls already sent still
+        run, and ``abandoned`` (if given) is then called with their results, on a worker
+        thread, once all have answered (to give back what nobody will record).
         """
         chosen = self._masters if masters is None else tuple(masters)
         futures = [self._pool().submit(fn, master) for master in chosen]
-        wait_futures(futures)
+        try:
+            wait_futures(futures)
+        except BaseException:
+            if abandoned is not None:
+                self._pool().submit(self._after_abandoned, futures, abandoned)
+            raise
+        return self._results(futures)
+
+    @staticmethod
+    def _results(futures: Sequence[Future[T]]) -> List[T | Exception]:
         results: List[T | Exception] = []
         for future in futures:
             error = future.exception()
@@ -190,6 +205,16 @@ class Quorum:
             else:
                 raise error
         return results
+
+    @staticmethod
+    def _after_abandoned(
+        futures: Sequence[Future[T]], abandoned: Callable[[List[T | Exception]], None]
+    ) -> None:
+        wait_futures(futures)
+        try:
+            abandoned(Quorum._results(futures))
+        except BaseException:  # noqa: BLE001 - best effort: what is left ends with its lease
+            pass
 
     # -- local wake-ups -----------------------------------------------------------------
 
