@@ -518,7 +518,9 @@ def test_asyncio_rlock_and_rwlock(masters: Masters, name: str) -> None:
         assert not other.done()  # still one level held
         await lock.release()
         assert await other is True
-        assert masters.holders(key) == list(range(len(masters.clients)))
+        # A majority at least: a re-try that overlapped the release may have found some
+        # masters still held (its grants there are the majority it needed).
+        assert len(masters.holders(key)) >= q.majority
         rw = rlocks.asyncio.RWLock(name, client=q, ttl=10)
         async with rw.read_lock:
             assert await rw.read_lock.locked() and not await rw.write_lock.locked()
