@@ -7,6 +7,7 @@ fork, cluster) and the differences from ``threading``.
 
 import logging
 
+from ._engine.quorum import Quorum
 from .condition import Condition
 from .decorators import limited, synchronized
 from .errors import DeadlockError, LockLostError, NotOwnedError, RLocksError, UpgradeError
@@ -24,6 +25,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __all__ = [
     "RLock",
     "RWLock",
+    "Quorum",
     "Semaphore",
     "BoundedSemaphore",
     "Condition",

@@ -27,6 +27,7 @@ class _RLockCore(Primitive):
     _release_script = load_queued("rlock_release")
     _renew_script = load_queued("rlock_renew")
     _leave_script = load_queued("rlock_leave")
+    _quorum_refusal = None
 
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
 
@@ -69,7 +70,9 @@ class RLock(ReentrantLock, _RLockCore):
     (see their docstrings for the differences).
 
     - ``client``: a ``redis.Redis`` or ``redis.cluster.RedisCluster``; ``None`` uses
-      ``RLOCKS_URL`` (default ``redis://localhost:6379/0``).
+      ``RLOCKS_URL`` (default ``redis://localhost:6379/0``); or an
+      :class:`rlocks.Quorum` of independent masters (a hold then needs a majority of
+      them; waiters re-try instead of queueing: see docs/operations.md).
     - ``ttl``: the lease in seconds. A holder that dies stops blocking others at most
       ``ttl`` seconds later. While this process lives and keeps a reference to the lock,
       the lease is renewed about every ``ttl / 3`` (``auto_renew=False`` turns that off).

@@ -33,6 +33,7 @@ from ._engine.clients import io_client
 from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
+from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load_queued
 from .errors import UpgradeError
@@ -58,6 +59,7 @@ class _SideCore(Primitive):
     _leave_script = load_queued("rw_leave")
     _side_code = ""  # 'r' or 'w', the field prefix in the hash
     _side_name = ""  # 'read_lock' or 'write_lock'
+    _quorum_refusal = None
 
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, **options)
@@ -175,14 +177,18 @@ class _SyncSide(ReentrantLock, _SideCore):
     __slots__ = ()
 
     def locked(self) -> bool:
-        """Whether any owner, anywhere, holds this side now (one round trip)."""
-        results = self._holders_pipeline(io_client(self._client)).execute(raise_on_error=False)
+        """Whether any owner, anywhere, holds this side now (one round trip; with a
+        Quorum, one to each master at once, and a majority must agree)."""
+        if isinstance(self._client, Quorum):
+            return self._client.agreed(self._client.map(self._holders_on)) > 0
+        return self._holders_on(self._client) > 0
+
+    def _holders_on(self, client: Any) -> int:
+        results = self._holders_pipeline(io_client(client)).execute(raise_on_error=False)
         if isinstance(results[0], NoScriptError):
-            self._client.script_load(self._renew_script.source)
-            results = self._holders_pipeline(io_client(self._client)).execute(
-                raise_on_error=False
-            )
-        return self._holders_from(results) > 0
+            client.script_load(self._renew_script.source)
+            results = self._holders_pipeline(io_client(client)).execute(raise_on_error=False)
+        return self._holders_from(results)
 
 
 class ReadLock(_SyncSide, _ReadCore):
@@ -335,6 +341,10 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     :class:`rlocks.RLock`; every hold (each reader, the writer) has its own lease, so one
     dead reader stops counting ``ttl`` after it died while others read on. ``on_lost`` is
     called with the side (``read_lock`` / ``write_lock``) that was lost.
+
+    With ``client=rlocks.Quorum(...)`` waiters re-try instead of queueing on the server,
+    so the first-come-first-served rule above does not hold: a steady stream of readers
+    can keep a writer out.
 
     Construction validates arguments and does no I/O.
     """

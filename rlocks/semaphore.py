@@ -89,6 +89,10 @@ class _SemaphoreCore(Primitive):
     _release_script = load_queued("sem_release")
     _renew_script = load_queued("sem_renew")
     _leave_script = load_queued("sem_leave")
+    _quorum_refusal = (
+        "a semaphore cannot run on a quorum: majorities of per-master counts do not bound "
+        "the total (3 masters allowing 2 each grant 3 holders on {A,B}, {B,C} and {A,C})"
+    )
 
     @public_init
     def __init__(

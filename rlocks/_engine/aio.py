@@ -27,7 +27,7 @@ import functools
 import inspect
 import logging
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
@@ -36,6 +36,7 @@ from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, po
 from .clock import monotonic
 from .primitive import Primitive
 from .queued import CALL, READ, WAIT, Steps, take_steps
+from .quorum import Quorum
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
 from .waiting import (
@@ -49,7 +50,7 @@ from .waiting import (
     serial,
 )
 
-__all__ = ["AsyncPrimitive", "async_hub_for", "default_async_client", "loop_renewer"]
+__all__ = ["AsyncPrimitive", "agather", "async_hub_for", "default_async_client", "loop_renewer"]
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,11 @@ class AsyncRenewer(Renewer):
             await _wait_event(self._event, max(0.0, self._next_wake - now))
 
     async def _arenew_on(self, client: Any, items: List[Item]) -> None:
+        if isinstance(client, Quorum):
+            sent = monotonic()
+            per_master = await agather(client, lambda m: self._asend(m, items))
+            self._apply_quorum(client, items, per_master, sent)
+            return
         sent = monotonic()
         adopts = renewal._snapshot_adopts(items)
         client = io_client(client)  # bounded, never re-sent (see clients.io_client)
@@ -300,6 +306,31 @@ class AsyncRenewer(Renewer):
         except (RedisError, RedisClusterException, OSError) as exc:
             results = [exc] * len(items)
         self._apply(items, results, sent, adopts)
+
+
+    async def _asend(self, client: Any, items: List[Item]) -> List[Any]:
+        """One renewal pipeline on one master of a quorum (script cache reloaded)."""
+        client = io_client(client)
+        results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in results):
+            for script in {s.sha: s for _, _, s in items}.values():
+                await client.script_load(script.source)
+            results = await self._queue(client, items).execute(raise_on_error=False)
+        return results
+
+
+async def agather(
+    quorum: Quorum, fn: Callable[[Any], Awaitable[Any]], masters: Optional[Sequence[Any]] = None
+) -> List[Any]:
+    """``await fn(master)`` on every master (or on ``masters``) at once: each result or
+    the Exception it raised, in order (the asyncio twin of ``Quorum.map``). A
+    cancellation propagates."""
+    chosen = quorum.masters if masters is None else tuple(masters)
+    results = await asyncio.gather(*(fn(m) for m in chosen), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
+    return list(results)
 
 
 _renewers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRenewer]" = (
@@ -365,6 +396,16 @@ class AsyncPrimitive(Primitive):
             # Built lazily, on first use inside the loop: construction does no I/O and may
             # happen outside any loop.
             return None
+        if isinstance(client, Quorum):
+            if self._quorum_refusal is not None:
+                raise ValueError(f"{label}: client is a Quorum, but {self._quorum_refusal}")
+            if not client.is_async:
+                raise TypeError(
+                    f"{label}: the Quorum's clients are redis.Redis clients; this primitive "
+                    f"needs redis.asyncio ones (use rlocks.{self._label.split('.')[-1]} for "
+                    "synchronous clients)"
+                )
+            return client
         if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
             raise TypeError(
                 f"{label}: client must be a redis.asyncio.Redis or RedisCluster, not "
@@ -462,6 +503,8 @@ class AsyncPrimitive(Primitive):
     @metrics.measure_async_acquire
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
+        if isinstance(self._client, Quorum):
+            return await self._aquorum_take(self._client, owner, count, wait)
         if self._queued:
             hub = async_hub_for(self._aclient(), self._namespace) if wait != 0.0 else None
             return await self._adrive(take_steps(self, owner, count, wait, hub))
@@ -505,6 +548,68 @@ class AsyncPrimitive(Primitive):
             raise refusal
         return self._finish_take(owner, count, reply, started[0])
 
+    async def _aquorum_take(
+        self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
+    ) -> bool:
+        """:meth:`Primitive._quorum_take`, awaited. A try cancelled in flight still
+        reads every master's answer and gives back what they granted."""
+        self._check_take(owner)
+        reentry = self._held(owner) > 0
+        call = self._acquire_call(owner, count, reentry, False)
+        undo = self._undo_call(owner, count)
+        first = monotonic()
+        deadline = None if wait is None else first + wait
+        base = 0.0
+        loop = _loop()
+        woken = asyncio.Event()
+
+        def released() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        quorum.listen(released)
+        try:
+            while True:
+                woken.clear()
+                since = monotonic()
+                inner = asyncio.ensure_future(agather(quorum, self._on(call)))
+                try:
+                    results = await asyncio.shield(inner)
+                except asyncio.CancelledError:
+                    try:
+                        late = await inner
+                        granted = [m for m, r in zip(quorum.masters, late)
+                                   if isinstance(r, Reply) and r.granted]
+                        await agather(quorum, self._on(undo), granted)
+                    except BaseException:  # noqa: BLE001 - a second cancel: leases end them
+                        log.debug("%s: cancelled grants left to their lease", self._label)
+                    raise
+                give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
+                if give_back is None:
+                    if wait != 0.0:
+                        self._log_wait(owner, first, Reply(1, count))
+                    self._record_grant(owner, count, since)
+                    return True
+                if give_back:
+                    gave = await asyncio.shield(agather(quorum, self._on(undo), give_back))
+                    self._quorum_gave_back(owner, gave)
+                if refusal is not None:
+                    raise refusal
+                pause = self._quorum_pause(quorum, results, wait, deadline, base)
+                if pause is None:
+                    return False
+                base = pause[1]
+                await _wait_event(woken, pause[0])
+        finally:
+            quorum.unlisten(released)
+
+    def _on(self, call: Call) -> Callable[[Any], Awaitable[Reply]]:
+        """``call`` as a function of one master's client (bounded, never re-sent)."""
+
+        async def run_on(client: Any) -> Reply:
+            return await arun(io_client(client), call.script, call.keys, call.args, call.wait)
+
+        return run_on
+
     async def _shielded(self, call: Call, owner: str, count: int) -> Reply:
         inner = asyncio.ensure_future(self._arun_call(call))
         try:
@@ -536,7 +641,19 @@ class AsyncPrimitive(Primitive):
     async def _aextend(self, owner: str, ttl: Optional[float]) -> None:
         """:meth:`Primitive._extend`, awaited."""
         call = self._begin_extend(owner, ttl)
-        self._finish_extend(owner, await self._arun_call(call))
+        self._finish_extend(owner, await self._arun_quorum_or_one(call))
+
+    async def _arun_quorum_or_one(self, call: Call) -> Reply:
+        """A release or renew ``call`` on the client, or on every master of a quorum
+        (then the majority's answer, as ``Primitive._quorum_reply``)."""
+        quorum = self._client
+        if not isinstance(quorum, Quorum):
+            return await self._arun_call(call)
+        try:
+            return self._quorum_verdict(quorum, await agather(quorum, self._on(call)))
+        finally:
+            if call.script is self._release_script:
+                quorum.released()
 
     async def _agive_back(self, owner: str, count: int, everything: bool = False) -> None:
         """:meth:`Primitive._give_back`, awaited."""
@@ -545,7 +662,7 @@ class AsyncPrimitive(Primitive):
         try:
             # Shielded: a release cancelled half-way still reaches Redis instead of
             # leaving the hold there until its lease ends.
-            reply = await asyncio.shield(self._arun_call(call))
+            reply = await asyncio.shield(self._arun_quorum_or_one(call))
         except BaseException:
             self._record_release(owner, count)
             raise

@@ -30,8 +30,9 @@ from .deadlock import Detector
 from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .queued import CALL, READ, WAIT, Steps, take_steps
+from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewer, renewer_for
-from .scripts import UPGRADE, Arg, Call, Reply, Script, Wait, foreign
+from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, foreign
 from .waiting import LINK_ERRORS, QUEUED, existing_hub, hub_for, serial, wait_until_granted
 
 __all__ = ["Hold", "Primitive"]
@@ -148,6 +149,8 @@ class Primitive:
     #: Whether a long wait records a wait-for edge and checks for deadlocks (see
     #: :mod:`.deadlock`): RLock and RWLock sides, whose holds only their owner releases.
     _detects_deadlocks: ClassVar[bool] = False
+    #: Whether a :class:`~.quorum.Quorum` is accepted as ``client=`` (and why not, if not).
+    _quorum_refusal: ClassVar[Optional[str]] = "it does not support a quorum of masters"
 
     @public_init
     def __init__(
@@ -182,6 +185,11 @@ class Primitive:
         client = self._resolve_client(client)
         self._client = client
         self._wait = checks.replication(replicas, replica_wait, label, name)
+        if self._wait is not None and isinstance(client, Quorum):
+            raise ValueError(
+                f"{label}({name!r}): replicas= is not supported with a Quorum: the masters "
+                "are meant to be independent (no replicas to wait for)"
+            )
         if self._wait is not None and is_cluster(client):
             raise ValueError(
                 f"{label}({name!r}): replicas= is not supported on Redis Cluster clients "
@@ -205,6 +213,15 @@ class Primitive:
         label = f"{self._label}({self._name!r})"
         if client is None:
             return default_client()
+        if isinstance(client, Quorum):
+            if self._quorum_refusal is not None:
+                raise ValueError(f"{label}: client is a Quorum, but {self._quorum_refusal}")
+            if client.is_async:
+                raise TypeError(
+                    f"{label}: the Quorum's clients are redis.asyncio clients; this "
+                    "primitive needs redis.Redis ones (use rlocks.asyncio for asyncio)"
+                )
+            return client
         if not callable(getattr(client, "evalsha", None)):
             raise TypeError(
                 f"{label}: client must be a redis.Redis or "
@@ -253,8 +270,14 @@ class Primitive:
         channels' subscriber counts). A primitive nobody holds has no key, and reports no
         holders. Redis errors propagate. The result is a frozen dataclass
         (:class:`rlocks._engine.inspect.PrimitiveState`), the same the ``rlocks`` command
-        line prints.
+        line prints. NotImplementedError on a Quorum.
         """
+        if isinstance(self._client, Quorum):
+            # Each master has its own copy; which of them is "the" state is not one answer.
+            raise NotImplementedError(
+                f"{self._describe()}: statistics() is not available on a Quorum; build the "
+                "same primitive on one master's client to read that master's copy"
+            )
         found = find(self._client, self._namespace, self._name, kind=self._kind)
         if found:
             return found[0]
@@ -710,6 +733,8 @@ class Primitive:
         re-entry whose hold ended unnoticed: re-entering a critical section that is no
         longer protected would hide the loss), and Redis errors.
         """
+        if isinstance(self._client, Quorum):
+            return self._quorum_take(self._client, owner, count, wait)
         if self._queued:
             hub = hub_for(self._client, self._namespace) if wait != 0.0 else None
             mark = self._books(owner)  # what the local books say before this acquire
@@ -793,6 +818,133 @@ class Primitive:
                 self._gave_up_sync(owner, exc)
             raise
         raise refusal
+
+    # -- a quorum of masters (see :mod:`.quorum`) ----------------------------------------
+
+    def _quorum_take(self, quorum: Quorum, owner: str, count: int, wait: Optional[float]) -> bool:
+        """``_take`` on a quorum: single tries on every master at once, until a majority
+        grants within the validity window (or the wait ends); see :mod:`.quorum`.
+
+        Each try's minority grants are given back at once, on those masters only (a
+        failure there leaves them to their lease). Raises what ``_take`` raises: a
+        re-entry that a majority refuses is a lost hold; when too few masters answered
+        at the last try, the first of their errors.
+        """
+        self._check_take(owner)
+        reentry = self._held(owner) > 0
+        call = self._acquire_call(owner, count, reentry, False)
+        first = monotonic()
+        deadline = None if wait is None else first + wait
+        base = 0.0
+        while True:
+            generation = quorum.generation
+            since = monotonic()
+            results = quorum.map(call, abandoned=lambda late: self._quorum_abandoned(
+                quorum, owner, count, late))
+            give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
+            if give_back is None:
+                if wait != 0.0:
+                    self._log_wait(owner, first, Reply(1, count))
+                self._record_grant(owner, count, since)
+                return True
+            if give_back:
+                self._quorum_gave_back(owner, quorum.map(self._undo_call(owner, count), give_back))
+            if refusal is not None:
+                raise refusal
+            pause = self._quorum_pause(quorum, results, wait, deadline, base)
+            if pause is None:
+                return False
+            base = pause[1]
+            quorum.pause(generation, pause[0])
+
+    def _quorum_outcome(
+        self, quorum: Quorum, owner: str, reentry: bool, results: Sequence[Any], since: float
+    ) -> Tuple[Optional[List[Any]], Optional[BaseException]]:
+        """Judge one quorum try (no I/O): (None, None) when granted (a majority within
+        the validity window), else (the masters whose grants must be given back, the
+        error to raise after that or None).
+
+        The error is the refusal when more than a minority refused for good: an upgrade,
+        or a re-entry whose hold is gone (then reported lost).
+        """
+        masters = quorum.masters
+        refusable = len(masters) - quorum.majority  # more refusals than this: no majority
+        elapsed = monotonic() - since
+        granted = [m for m, r in zip(masters, results) if isinstance(r, Reply) and r.granted]
+        if len(granted) >= quorum.majority and self._ttl - elapsed - drift_allowance(self._ttl) > 0:
+            return None, None
+        replies = [r for r in results if isinstance(r, Reply)]
+        if sum(1 for r in replies if r.status == UPGRADE) > refusable:
+            return granted, self._refused(owner, False)
+        if reentry and sum(1 for r in replies if r.not_owner) > refusable:
+            return granted, self._refused(owner, True)
+        return granted, None
+
+    def _quorum_abandoned(
+        self, quorum: Quorum, owner: str, count: int, results: Sequence[Any]
+    ) -> None:
+        """The answers of a try whose caller was interrupted (a signal handler raised):
+        give back, one master after another, what they granted; nobody records it."""
+        undo = self._undo_call(owner, count)
+        for master, result in zip(quorum.masters, results):
+            if isinstance(result, Reply) and result.granted:
+                try:
+                    undo(master)
+                except Exception:  # noqa: BLE001 - left to its lease
+                    log.warning("%s: interrupted grant of %s left to its lease",
+                                self._describe(), owner)
+
+    def _quorum_gave_back(self, owner: str, results: Sequence[Any]) -> None:
+        for result in results:
+            if isinstance(result, Exception):
+                log.warning("%s: a minority grant of %s left to its lease: %s",
+                            self._describe(), owner, result)
+
+    @staticmethod
+    def _quorum_pause(
+        quorum: Quorum, results: Sequence[Any], wait: Optional[float],
+        deadline: Optional[float], base: float,
+    ) -> Optional[Tuple[float, float]]:
+        """After a failed try (no I/O): (pause, next base), or None to return False.
+
+        Raises the first error when the wait is over and too few masters answered to
+        tell that another owner holds the lock: a failure, not a refusal (as a single
+        server's would be).
+        """
+        now = monotonic()
+        if wait == 0.0 or (deadline is not None and now >= deadline):
+            errors = [r for r in results if isinstance(r, Exception)]
+            if len(errors) > len(quorum.masters) - quorum.majority:
+                raise errors[0]
+            return None
+        pause, base = quorum.next_pause(base)
+        if deadline is not None:
+            pause = min(pause, deadline - now)
+        return pause, base
+
+    def _quorum_reply(self, quorum: Quorum, call: Call) -> Reply:
+        """Run a release or renew ``call`` on every master; the majority's answer.
+
+        Granted (the first granting master's reply) when a majority did it; not-owner
+        when more than a minority answered not-owner (the hold is no longer on a
+        majority: lost); otherwise too many masters failed: their first error is raised.
+        """
+        return self._quorum_verdict(quorum, quorum.map(call))
+
+    @staticmethod
+    def _quorum_verdict(quorum: Quorum, results: Sequence[Any]) -> Reply:
+        """The majority's answer among one release's or renewal's ``results`` (no I/O):
+        see ``_quorum_reply``."""
+        done = [r for r in results if isinstance(r, Reply) and _did(r)]
+        if len(done) >= quorum.majority:
+            return done[0]
+        refused = [r for r in results if isinstance(r, Reply) and not _did(r)]
+        if len(refused) > len(quorum.masters) - quorum.majority:
+            return Reply(NOT_OWNER, 0, items=(-1,))
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise errors[0]
+        return Reply(BUSY, 0)  # pragma: no cover - every master answered: one of the above
 
     def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
         metrics.wait_over(reply.granted)  # where a waiter learns it was granted
@@ -941,20 +1093,29 @@ class Primitive:
         own, everywhere = self._books(owner)
         call = self._begin_give_back(owner, count, everything)
         sent = serial()
+        client = self._client
         try:
-            # The no-op callback has an interrupted read fenced (see Call): the script
-            # has then surely run when _reconcile looks.
-            reply = call(self._client, _ignore)
+            if isinstance(client, Quorum):
+                try:
+                    reply = self._quorum_reply(client, call)
+                finally:
+                    client.released()
+            else:
+                # The no-op callback has an interrupted read fenced (see Call): the script
+                # has then surely run when _reconcile looks.
+                reply = call(client, _ignore)
             self._finish_give_back(owner, count, reply)
         except RLocksError:
             raise  # the hold was lost: reported, and dropped from the books
         except BaseException as exc:
-            if foreign(exc):
+            if foreign(exc) and not isinstance(client, Quorum):
                 # Interrupted anywhere: finish the release, in the books (a drop done in
                 # part or not at all) and in Redis (a script that did not run).
                 self._roll_back(owner, (own - count, everywhere - count))
                 self._reconcile(owner, count)
             else:
+                # (A quorum's release went to every master at once; what an interrupt
+                # left on some of them ends with its lease.)
                 self._record_release(owner, count)
             raise
         # Outside the try: the release is complete; an interrupt while signalling local
@@ -1020,7 +1181,9 @@ class Primitive:
     def _extend(self, owner: str, ttl: Optional[float]) -> None:
         """Make ``owner``'s hold last at least ``ttl`` (default: the primitive's) from now."""
         call = self._begin_extend(owner, ttl)
-        self._finish_extend(owner, call(self._client))
+        client = self._client
+        reply = self._quorum_reply(client, call) if isinstance(client, Quorum) else call(client)
+        self._finish_extend(owner, reply)
 
     def _owns(self, owner: str) -> bool:
         """Whether ``owner`` holds this primitive and its hold is not known lost (no I/O)."""
@@ -1086,6 +1249,11 @@ class Primitive:
 
 def _ignore(reply: Reply) -> None:
     """An interrupted release's answer: nothing to do with it (see _give_back)."""
+
+
+def _did(reply: Reply) -> bool:
+    """Whether a release or renew reply says the master did it (the owner held there)."""
+    return reply.granted and (not reply.items or reply.items[0] == 1)
 
 
 def _is_async_client(client: Any) -> bool:

@@ -50,6 +50,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from . import metrics
 from .clients import io_client, pool_of
 from .clock import monotonic
+from .quorum import Quorum, drift_allowance
 from .scripts import Script, decode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -235,6 +236,9 @@ class Renewer:
         return list(groups.values())
 
     def _renew_on(self, client: Any, items: List[Item]) -> None:
+        if isinstance(client, Quorum):
+            self._renew_quorum(client, items)
+            return
         sent = monotonic()
         adopts = _snapshot_adopts(items)
         client = io_client(client)
@@ -250,6 +254,58 @@ class Renewer:
             # RedisError, yet means the same here: the renewal could not be made.
             results = [exc] * len(items)
         self._apply(items, results, sent, adopts)
+
+    def _send(self, client: Any, items: List[Item]) -> List[Any]:
+        """One renewal pipeline on one server, its script cache reloaded if it was lost."""
+        client = io_client(client)
+        results = self._pipeline(client, items)
+        if any(isinstance(r, NoScriptError) for r in results):
+            for script in {s.sha: s for _, _, s in items}.values():
+                client.script_load(script.source)
+            results = self._pipeline(client, items)
+        return results
+
+    def _renew_quorum(self, quorum: Quorum, items: List[Item]) -> None:
+        """Renew ``items`` on every master of ``quorum`` at once (see :mod:`.quorum`).
+
+        A lease lives on while a majority renewed it; it is lost when more than a
+        minority answered that the hold is gone there; otherwise (masters unreachable)
+        the renewal is retried until the lease's own end, as on one server. No hand-over
+        grant is ever adopted here: quorum holds come from single tries only.
+        """
+        sent = monotonic()
+        self._apply_quorum(quorum, items, quorum.map(lambda m: self._send(m, items)), sent)
+
+    def _apply_quorum(
+        self, quorum: Quorum, items: List[Item], per_master: List[Any], sent: float
+    ) -> None:
+        """Act on each master's renewal replies (a list, or the Exception that failed the
+        whole pipeline), sent at ``sent`` (no I/O): see :meth:`_renew_quorum`."""
+        refusable = len(quorum.masters) - quorum.majority
+        for n, (lease, primitive, script) in enumerate(items):
+            renewed = refused = 0
+            error: Optional[Exception] = None
+            for results in per_master:
+                result = results if isinstance(results, Exception) else results[n]
+                if isinstance(result, Exception):
+                    error = error or result
+                elif primitive._renewed(lease, decode(result, script.name), None):
+                    renewed += 1
+                else:
+                    refused += 1
+            if renewed >= quorum.majority:
+                # The validity window of a renewal is measured as an acquire's is.
+                lease.expires = sent + lease.ttl - drift_allowance(lease.ttl)
+                lease.due = sent + lease.period
+            elif refused > refusable:
+                self.cancel(lease)
+                primitive._hold_lost(
+                    lease.owner,
+                    f"only {renewed} of {len(quorum.masters)} masters still had it",
+                    lease,
+                )
+            else:
+                self._failed(lease, primitive, error or RuntimeError("no majority answered"))
 
     def _apply(
         self,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .._engine.aio import AsyncReentrantLock
+from typing import Any
+
+from .._engine.aio import AsyncReentrantLock, agather
+from .._engine.quorum import Quorum
 from ..rlock import _RLockCore
 
 __all__ = ["RLock"]
@@ -28,5 +31,13 @@ class RLock(AsyncReentrantLock, _RLockCore):
     _label = "rlocks.asyncio.RLock"
 
     async def locked(self) -> bool:
-        """Whether any owner, anywhere, holds the lock now (one round trip)."""
-        return bool(await self._aclient().exists(self._keys.hash))
+        """Whether any owner, anywhere, holds the lock now (one round trip; with a
+        Quorum, one to each master at once, and a majority must agree)."""
+        client = self._aclient()
+        if isinstance(client, Quorum):
+
+            async def exists(master: Any) -> int:
+                return int(await master.exists(self._keys.hash))
+
+            return client.agreed(await agather(client, exists)) > 0
+        return bool(await client.exists(self._keys.hash))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import NoScriptError
 
-from .._engine.aio import AsyncReentrantLock
+from .._engine.aio import AsyncReentrantLock, agather
 from .._engine.clients import io_client
+from .._engine.quorum import Quorum
 from ..rwlock import _ReadCore, _RWPair, _SideCore, _WriteCore
 
 __all__ = ["RWLock", "ReadLock", "WriteLock"]
@@ -17,13 +20,20 @@ class _AsyncSide(AsyncReentrantLock, _SideCore):
     _label = "rlocks.asyncio.RWLock"
 
     async def locked(self) -> bool:
-        """Whether any owner, anywhere, holds this side now (one round trip)."""
-        client = io_client(self._aclient())
+        """Whether any owner, anywhere, holds this side now (one round trip; with a
+        Quorum, one to each master at once, and a majority must agree)."""
+        client = self._aclient()
+        if isinstance(client, Quorum):
+            return client.agreed(await agather(client, self._aholders_on)) > 0
+        return await self._aholders_on(client) > 0
+
+    async def _aholders_on(self, client: Any) -> int:
+        client = io_client(client)
         results = await self._holders_pipeline(client).execute(raise_on_error=False)
         if isinstance(results[0], NoScriptError):
             await client.script_load(self._renew_script.source)
             results = await self._holders_pipeline(client).execute(raise_on_error=False)
-        return self._holders_from(results) > 0
+        return self._holders_from(results)
 
 
 class ReadLock(_AsyncSide, _ReadCore):
