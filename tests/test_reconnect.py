@@ -27,6 +27,7 @@ from redis.retry import Retry
 import rlocks
 import rlocks.asyncio
 from rlocks._engine import clients, waiting
+from rlocks._engine import inspect as engine_inspect
 from rlocks._engine.identity import thread_owner
 from rlocks.server import TemporaryRedisServer
 
@@ -509,5 +510,41 @@ def test_a_waiter_refused_login_on_reconnect_raises_at_once(
     admin.client_kill_filter(_type="normal", skipme=True)
     changed = time.monotonic()
     thread.join(20)
+    # redis-py 8 meets the refusal as NOAUTH while connecting; 7.4 sends the script first
+    # and Redis answers "Protocol error: unauthenticated ..." and hangs up: both are this.
     assert isinstance(out.get("result"), redis.AuthenticationError), out
     assert time.monotonic() - changed < 10  # not after its 30 s deadline
+
+
+def test_an_asyncio_waiter_refused_login_on_reconnect_raises_at_once(
+    server: TemporaryRedisServer,
+) -> None:
+    admin = no_retry_client(server.url, 2.0)
+    holder = rlocks.RLock("alogin", client=admin, namespace=NAMESPACE, ttl=1)
+    assert holder.acquire()
+
+    async def scenario() -> "tuple[BaseException, float]":
+        client = redis.asyncio.Redis.from_url(
+            server.url, socket_timeout=2.0, socket_connect_timeout=2.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+        waiter = rlocks.asyncio.RLock("alogin", client=client, namespace=NAMESPACE, ttl=30)
+        task = asyncio.ensure_future(waiter.acquire(timeout=30))
+        deadline = time.monotonic() + 10
+        while not any(s.queue for s in engine_inspect.find(admin, NAMESPACE, "alogin")):
+            assert time.monotonic() < deadline, "the waiter never queued"
+            await asyncio.sleep(0.01)
+        admin.config_set("requirepass", "changed")
+        admin.client_kill_filter(_type="normal", skipme=True)
+        changed = time.monotonic()
+        try:
+            await asyncio.wait_for(task, 20)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            return exc, time.monotonic() - changed
+        finally:
+            await client.aclose()
+        raise AssertionError("the waiter was granted with a refused login")
+
+    error, took = asyncio.run(scenario())
+    assert isinstance(error, redis.AuthenticationError), error
+    assert took < 10  # not after its 30 s deadline

@@ -197,6 +197,20 @@ def load_queued(name: str) -> Script:
 Wait = Optional[Tuple[int, int]]
 
 
+#: How Redis refuses a long command from a connection that has not logged in (more than
+#: ten arguments, or a long one): it closes the connection after this error reply. Whether
+#: a client sees it or ``NOAUTH`` depends on what redis-py sent first on connecting.
+_UNAUTHENTICATED = "Protocol error: unauthenticated"
+
+
+def _login_refused(exc: ResponseError) -> Optional[redis.exceptions.AuthenticationError]:
+    """The :class:`~redis.exceptions.AuthenticationError` that ``exc`` means, if it is
+    Redis refusing a connection that is not logged in; waiting does not cure that."""
+    if not str(exc).startswith(_UNAUTHENTICATED):
+        return None
+    return redis.exceptions.AuthenticationError(str(exc))
+
+
 def run(
     client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
 ) -> Reply:
@@ -204,16 +218,23 @@ def run(
 
     One round trip normally. The first call on a server that does not know the script yet
     (new server, restart, SCRIPT FLUSH) gets NOSCRIPT, loads the script and runs it again.
-    With ``wait``, the reply also says how many replicas acknowledged. Redis errors other
+    With ``wait``, the reply also says how many replicas acknowledged. A refusal of a
+    connection that is not logged in raises ``AuthenticationError``; other Redis errors
     than NOSCRIPT propagate unchanged.
     """
-    if wait is not None:
-        return _with_wait(client, script, keys, args, wait)
     try:
-        raw = client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        client.script_load(script.source)
-        raw = client.evalsha(script.sha, len(keys), *keys, *args)
+        if wait is not None:
+            return _with_wait(client, script, keys, args, wait)
+        try:
+            raw = client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.script_load(script.source)
+            raw = client.evalsha(script.sha, len(keys), *keys, *args)
+    except ResponseError as exc:
+        refused = _login_refused(exc)
+        if refused is None:
+            raise
+        raise refused from exc
     return decode(raw, script.name)
 
 
@@ -249,19 +270,25 @@ async def arun(
     client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
 ) -> Reply:
     """:func:`run` for ``redis.asyncio`` clients: same contract, awaited I/O."""
-    if wait is not None:
-        pipe = _queue_with_wait(client, script, keys, args, wait)
-        results = await pipe.execute(raise_on_error=False)
-        if isinstance(results[0], NoScriptError):
-            await client.script_load(script.source)
+    try:
+        if wait is not None:
             pipe = _queue_with_wait(client, script, keys, args, wait)
             results = await pipe.execute(raise_on_error=False)
-        return _decode_with_wait(results, script)
-    try:
-        raw = await client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        await client.script_load(script.source)
-        raw = await client.evalsha(script.sha, len(keys), *keys, *args)
+            if isinstance(results[0], NoScriptError):
+                await client.script_load(script.source)
+                pipe = _queue_with_wait(client, script, keys, args, wait)
+                results = await pipe.execute(raise_on_error=False)
+            return _decode_with_wait(results, script)
+        try:
+            raw = await client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await client.script_load(script.source)
+            raw = await client.evalsha(script.sha, len(keys), *keys, *args)
+    except ResponseError as exc:
+        refused = _login_refused(exc)
+        if refused is None:
+            raise
+        raise refused from exc
     return decode(raw, script.name)
 
 
@@ -390,7 +417,13 @@ class Call:
         except NoScriptError:
             pool.release(connection)
             return run(client, self.script, self.keys, self.args, self.wait)
-        except ResponseError:
+        except ResponseError as exc:
+            refused = _login_refused(exc)
+            if refused is not None:
+                # Redis closes a connection it refuses for want of a login.
+                connection.disconnect()
+                pool.release(connection)
+                raise refused from exc
             # An error reply, read whole: the connection is clean and goes back to the pool.
             pool.release(connection)
             raise
