@@ -414,7 +414,8 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
     One row per primitive whose name matches the glob PATTERN (default: all): holders,
     how long the longest hold has been seen held, lease left, waiters and the oldest
     waiter's age; refreshed every --interval seconds until Ctrl-C. Primitives with
-    waiters come first, then the longest holds. With --json, one snapshot and exit.
+    waiters come first, then the longest holds. Once a refresh was shown, one that cannot
+    reach Redis keeps the last rows and retries. With --json, one snapshot and exit.
     The live view needs rich (pip install 'rlocks[top]'); --json does not.
     """
     settings = _settings()

@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import redis
+
 from ._engine.inspect import Holder, PrimitiveState
 
 if TYPE_CHECKING:  # rich is an optional dependency (the ``top`` extra)
@@ -366,11 +368,16 @@ def run_live(
 ) -> None:
     """Redraw the view every ``interval`` s until Ctrl-C (or ``count`` refreshes).
 
-    ``read`` returns the states of one refresh (its errors propagate, ending the view);
-    ``title`` makes the line above the table from the rows. On a terminal the view is
-    redrawn in place (rich ``Live``, cropped to the screen's height, the last frame left
-    on the screen); otherwise each refresh is printed after the last. Blocks; returns
-    after ``count`` refreshes or on Ctrl-C.
+    ``read`` returns the states of one refresh; ``title`` makes the line above the table
+    from the rows. On a terminal the view is redrawn in place (rich ``Live``, cropped to
+    the screen's height, the last frame left on the screen); otherwise each refresh is
+    printed after the last. Blocks; returns after ``count`` refreshes or on Ctrl-C.
+
+    A view is watched through incidents, so once a refresh has succeeded, a refresh that
+    cannot reach Redis (a redis-py ``ConnectionError`` or ``TimeoutError``: a restart, a
+    failover, a dropped link) shows the last rows under a title saying so and the next
+    refresh tries again. The first refresh's errors, and any other error, propagate and
+    end the view: a wrong URL or password is reported at once, not retried forever.
     """
     require_rich()
     from rich.console import Console
@@ -382,12 +389,21 @@ def run_live(
     def refreshes(show: Callable[["RenderableType"], None]) -> None:
         frames = 0
         next_at = time.monotonic()
+        rows: Sequence[Row] = ()
         while count is None or frames < count:
             if frames:
                 time.sleep(max(0.0, next_at - time.monotonic()))
-            states = read()
-            rows = rows_for(states, clock.observe(states))
-            show(screen(rows, title(rows)))
+            try:
+                states = read()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                if not frames:
+                    raise
+                detail = str(exc) or type(exc).__name__
+                show(screen(rows, f"Redis unreachable, retrying every {interval:g}s "
+                                  f"(showing the last refresh): {detail}"))
+            else:
+                rows = rows_for(states, clock.observe(states))
+                show(screen(rows, title(rows)))
             frames += 1
             # A slow read delays the next refresh rather than bunching the ones after it.
             next_at = max(next_at + interval, time.monotonic())

@@ -31,7 +31,7 @@ import rlocks
 from rlocks import cli, top
 from rlocks._engine import identity
 from rlocks._engine import inspect as ins
-from rlocks.server import free_port
+from rlocks.server import TemporaryRedisServer, free_port
 
 OWNER_A = "web1:100:aaaaaaaaaaaaaaaa:1"
 OWNER_B = "web2:200:bbbbbbbbbbbbbbbb:7"
@@ -383,6 +383,52 @@ def test_an_unreachable_server_is_one_line_and_hides_the_password() -> None:
         assert result.exit_code == 1, result.output
         assert one_line_error(result).startswith("Error: cannot reach Redis at redis://:***@")
         assert "hunter2" not in result.output
+
+
+def test_a_refresh_that_cannot_reach_redis_keeps_the_view_and_retries() -> None:
+    """Redis goes away after the first refresh and comes back on the same port: the view
+    says so, keeps the last rows, and resumes; it does not end on the dropped link."""
+    server = TemporaryRedisServer().start()
+    client = redis.Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=2)
+    lock = rlocks.RLock("kept", client=client, namespace="topdrop")
+    assert lock.acquire()
+    reads = 0
+
+    def read() -> List[ins.PrimitiveState]:
+        nonlocal server, reads
+        reads += 1
+        if reads == 2:
+            server.stop()  # refreshes 2 and 3 find nobody listening
+        if reads == 4:
+            server = TemporaryRedisServer(port=server.port).start()  # empty: nothing held
+        return ins.list_primitives(client, "topdrop", "*")
+
+    out = io.StringIO()
+    try:
+        top.run_live(read, lambda rows: f"frame of {len(rows)}", 0.01, count=5,
+                     console=Console(file=out, width=200))
+    finally:
+        # The restarted server forgot the hold: the release finds it lost.
+        with pytest.raises(rlocks.LockLostError):
+            lock.release()
+        server.stop()
+    titles = [line for line in out.getvalue().splitlines()
+              if line.startswith(("frame of", "Redis unreachable"))]
+    assert [title.split(",")[0] for title in titles] == [
+        "frame of 1", "Redis unreachable", "Redis unreachable", "frame of 0", "frame of 0"
+    ]
+    # While unreachable, the last rows stay on the screen.
+    frames = out.getvalue().split("Redis unreachable")
+    assert " kept " in frames[1] and " kept " in frames[2]
+
+
+def test_the_first_refresh_that_cannot_reach_redis_ends_the_view() -> None:
+    def read() -> List[ins.PrimitiveState]:
+        raise redis.exceptions.ConnectionError("nobody there")
+
+    with pytest.raises(redis.exceptions.ConnectionError):
+        top.run_live(read, lambda rows: "never", 0.01, count=3,
+                     console=Console(file=io.StringIO(), width=200))
 
 
 def test_without_rich_the_screen_says_what_to_install_and_json_still_works(
