@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import operator
 from types import TracebackType
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from redis.exceptions import ResponseError
 
-from ._engine import checks, identity
+from ._engine import checks, identity, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.inspect import PrimitiveState
@@ -62,13 +62,16 @@ def _count(value: object, what: str, label: str) -> int:
 class _Release:
     """One release in progress (no I/O): what goes back to the pool, whose permits."""
 
-    __slots__ = ("owner", "give", "takes", "call")
+    __slots__ = ("owner", "give", "takes", "ended", "call")
 
     def __init__(self, owner: str, n: int) -> None:
         self.owner = owner  # who called release()
         self.give = n  # permits to add to the free count
         # (owner, permits) taken off owners' records: the caller's first, then others'
         self.takes: List[Tuple[str, int]] = []
+        # owner -> grant time, for holds this release ends: their duration is recorded
+        # when the release is over, as a refusal restores them (see _SemaphoreCore._ended)
+        self.ended: Dict[str, float] = {}
         self.call: Optional[Call] = None
 
 
@@ -187,7 +190,7 @@ class _SemaphoreCore(Primitive):
         # Permits come off the local books before the I/O, so the local count never
         # exceeds Redis's and the renewer never sees a permit Redis lacks unless it
         # really was lost.
-        own, lost = self._drop(owner, n)
+        own, lost = self._drop(owner, n, release.ended)
         if lost:
             raise self._lost_error()
         if own:
@@ -202,7 +205,7 @@ class _SemaphoreCore(Primitive):
             others = [o for o, h in holds if o != owner and not h.lost]
             others += [o for o, h in holds if o != owner and h.lost]
             for other in others:
-                taken, was_lost = self._drop(other, left)
+                taken, was_lost = self._drop(other, left, release.ended)
                 left -= taken
                 if was_lost:
                     release.give -= taken
@@ -261,7 +264,7 @@ class _SemaphoreCore(Primitive):
 
     def _release_refused(self, release: "_Release", since: float, exc: ResponseError) -> Exception:
         # Redis refused with an error reply and changed nothing: the permits are theirs.
-        self._unreserve(release.takes, since)
+        self._unreserve(release, since)
         return self._translate(exc)
 
     def _finish_release(
@@ -272,16 +275,19 @@ class _SemaphoreCore(Primitive):
         if reply.granted:
             return None
         if reply.status == OVER:
-            self._unreserve(release.takes, since)
+            self._unreserve(release, since)
             raise ValueError(f"{self._describe()}: Semaphore released too many times")
         index = reply.value - 1
         if not 0 <= index < len(release.takes):
             raise RLocksError(f"{self._describe()}: unexpected release reply {reply}")
         lost_owner, count = release.takes.pop(index)
+        granted = release.ended.pop(lost_owner, None)
+        if granted is not None:  # its duration ended at the loss, not at this release
+            metrics.hold_ended(self, granted, "lost")
         # Nothing was changed: the other permits listed are still held by their owners.
         self._report_permits_lost(lost_owner)
         if lost_owner == release.owner:
-            self._unreserve(release.takes, since)
+            self._unreserve(release, since)
             raise self._lost_error()
         # Another thread's permit that this caller released was gone already, back in
         # the pool by its lease's end: that loss is its owner's news; release the rest.
@@ -299,10 +305,24 @@ class _SemaphoreCore(Primitive):
 
     # -- local bookkeeping of permits ----------------------------------------------------
 
-    def _unreserve(self, takes: List[Tuple[str, int]], since: float) -> None:
-        # Redis refused the release and changed nothing: those permits are held again.
-        for owner, count in takes:
+    def _unreserve(self, release: "_Release", since: float) -> None:
+        # Redis refused the release and changed nothing: those permits are held again,
+        # each hold as the one it was (granted when it was), not a new one.
+        for owner, count in release.takes:
             self._record_grant(owner, count, since)
+            granted = release.ended.pop(owner, None)
+            hold = self._holds.get(owner)
+            if granted is not None and hold is not None:
+                hold.granted = granted
+
+    def _ended(self, release: Optional["_Release"]) -> None:
+        """The release is over (done, or failed without a refusal): the holds it ended
+        locally have ended; record their durations once."""
+        if release is None:
+            return
+        ended, release.ended = release.ended, {}
+        for granted in ended.values():
+            metrics.hold_ended(self, granted, "released")
 
     def _translate(self, exc: ResponseError) -> Exception:
         text = str(exc)
@@ -420,8 +440,9 @@ class Semaphore(_SemaphoreCore):
         """
         owner = identity.thread_owner()
         own, everywhere = self._books(owner)
+        begun: Optional[_Release] = None
         try:
-            step = self._begin_release(owner, n)
+            step = begun = self._begin_release(owner, n)
             while step is not None and step.call is not None:
                 since = monotonic()
                 sent = serial()
@@ -446,6 +467,9 @@ class Semaphore(_SemaphoreCore):
                 self._roll_back(owner, (own - mine, everywhere - mine))
                 self._reconcile(owner, mine)
             raise
+        finally:
+            # What a refusal restored is no longer in it: the rest did end here.
+            self._ended(begun)
 
     def __exit__(
         self,

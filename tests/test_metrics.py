@@ -291,6 +291,50 @@ def test_kinds_and_sides(otel: Telemetry, client: Any, name: str) -> None:
         assert otel.histogram("rlocks.hold.duration", name=name, kind=kind, side=side).count == 1
 
 
+def test_a_refused_semaphore_release_ends_no_hold(
+    otel: Telemetry, client: Any, name: str
+) -> None:
+    # release(2) of a BoundedSemaphore(1) holding one permit is refused by Redis after the
+    # permit came off the local books: the hold is restored as the one it was, so the
+    # later release records one hold, from the first grant.
+    sem = rlocks.BoundedSemaphore(name, 1, client=client, namespace=NAMESPACE)
+    _, t0, t1 = timed(sem.acquire)
+    with pytest.raises(ValueError, match="released too many times"):
+        sem.release(2)
+    assert otel.points("rlocks.hold.duration", name=name) == []
+    time.sleep(0.1)  # a hold longer than the refused release's moment
+    t2 = time.monotonic()
+    _, _, t3 = timed(sem.release)
+    hold = otel.histogram("rlocks.hold.duration", name=name, end="released")
+    assert hold.count == 1
+    assert t2 - t1 <= hold.sum <= t3 - t0
+
+
+def test_a_refused_asyncio_semaphore_release_ends_no_hold(
+    otel: Telemetry, redis_url: str, name: str
+) -> None:
+    async def scenario() -> Tuple[float, float, float, float]:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        sem = ra.BoundedSemaphore(name, 1, client=aclient, namespace=NAMESPACE)
+        t0 = time.monotonic()
+        assert await sem.acquire()
+        t1 = time.monotonic()
+        with pytest.raises(ValueError, match="released too many times"):
+            await sem.release(2)
+        assert otel.points("rlocks.hold.duration", name=name) == []
+        await asyncio.sleep(0.1)
+        t2 = time.monotonic()
+        await sem.release()
+        t3 = time.monotonic()
+        await aclient.aclose()
+        return t0, t1, t2, t3
+
+    t0, t1, t2, t3 = asyncio.run(scenario())
+    hold = otel.histogram("rlocks.hold.duration", name=name, end="released")
+    assert hold.count == 1
+    assert t2 - t1 <= hold.sum <= t3 - t0
+
+
 def test_names_only_when_configured(client: Any, name: str) -> None:
     telemetry = Telemetry()
     rlocks.metrics.configure(meter_provider=telemetry.meters, tracer_provider=telemetry.tracers)

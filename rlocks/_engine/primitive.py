@@ -655,11 +655,15 @@ class Primitive:
         self._drop(owner, count)
         return self._held(owner)
 
-    def _drop(self, owner: str, most: int) -> Tuple[int, bool]:
+    def _drop(
+        self, owner: str, most: int, ended: Optional[Dict[str, float]] = None
+    ) -> Tuple[int, bool]:
         """Drop up to ``most`` local holds of ``owner``, before or after the Redis call.
 
         Returns (holds dropped, whether the hold was known lost). At zero the hold is
-        forgotten and its renewal stops.
+        forgotten and its renewal stops, and its duration is recorded as released; with
+        ``ended`` given, its grant time is put there instead, for a caller whose release
+        Redis may still refuse (then the hold is restored, and it did not end).
         """
         lease = None
         key = self._hold_key(owner)
@@ -685,7 +689,10 @@ class Primitive:
         if lease is not None:
             self._renewer().cancel(lease)
         if hold.count <= 0 and not lost:  # a lost hold's duration ended at the loss
-            metrics.hold_ended(self, hold.granted, "released")
+            if ended is None:
+                metrics.hold_ended(self, hold.granted, "released")
+            else:
+                ended[owner] = hold.granted
         return dropped, lost
 
     def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:

@@ -48,19 +48,23 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         Cancelling the task while the release is in flight still gives the permits back
         (the round trip is shielded); the CancelledError is raised as usual.
         """
-        step = self._begin_release(identity.task_owner(), n)
-        while step is not None and step.call is not None:
-            since = monotonic()
-            try:
-                # Shielded, as RLock's release: a release cancelled half-way (opening its
-                # connection) still reaches Redis instead of leaving the permits there,
-                # off the local books and unrenewed, until their lease ends.
-                sent = serial()
-                reply = await asyncio.shield(self._arun_call(step.call))
-            except ResponseError as exc:
-                raise self._release_refused(step, since, exc) from None
-            step = self._finish_release(step, since, reply)
-            self._deliver(reply, sent)
+        step = begun = self._begin_release(identity.task_owner(), n)
+        try:
+            while step is not None and step.call is not None:
+                since = monotonic()
+                try:
+                    # Shielded, as RLock's release: a release cancelled half-way (opening
+                    # its connection) still reaches Redis instead of leaving the permits
+                    # there, off the local books and unrenewed, until their lease ends.
+                    sent = serial()
+                    reply = await asyncio.shield(self._arun_call(step.call))
+                except ResponseError as exc:
+                    raise self._release_refused(step, since, exc) from None
+                step = self._finish_release(step, since, reply)
+                self._deliver(reply, sent)
+        finally:
+            # What a refusal restored is no longer in it: the rest did end here.
+            self._ended(begun)
 
     def owned(self) -> bool:
         """Whether the running task holds a permit (local state, no I/O, not a coroutine)."""
