@@ -456,12 +456,14 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
 @_kind_option
 @_global_options
 def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> None:
-    """Force-release NAME: end every hold on it and wake its waiters.
+    """Force-release NAME: end every hold on it and hand it to its queue of waiters.
 
-    Deletes the primitive's hash in one Lua script that also publishes a wake-up to all
-    its waiters, so they try again at once. Live holders are not stopped: they find
-    their hold lost at their next renewal or release (LockLostError, on_lost). Asks for
-    confirmation unless --yes; refuses without --yes when stdin is not a terminal.
+    Deletes the primitive's holds in one Lua script that also grants the freed primitive
+    to the head of its queue (a semaphore: to as many waiters as the permits cover; an
+    RWLock: to the next writer, or the readers before it), in queue order, as a release
+    would. Live holders are not stopped: they find their hold lost at their next renewal
+    or release (LockLostError, on_lost). Asks for confirmation unless --yes; refuses
+    without --yes when stdin is not a terminal.
     """
     settings = _settings()
     if not force:
@@ -483,11 +485,14 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
                           "(stdin is not a terminal to confirm on)")
         if not click.confirm(f"Force-release {summary}?", default=False, err=True):
             raise Failure("not released")
-    released = _inspect.force_release(client, settings.namespace, state.kind, name)
+    forced = _inspect.force_release(client, settings.namespace, state.kind, name)
     if settings.json:
-        _emit_json({"released": released, "primitive": state.to_dict()})
-    elif released:
-        click.echo(f"released {summary}; waiters woken")
+        _emit_json({"released": forced.released, "handed_to": forced.handed,
+                    "primitive": state.to_dict()})
+    elif forced.released:
+        handed = (f"handed to {_plural(forced.handed, 'waiting process')}"
+                  if forced.handed else "nobody was waiting")
+        click.echo(f"released {summary}; {handed}")
     else:
         click.echo(f"{state.type} {_quoted(name)} was already free", err=True)
 

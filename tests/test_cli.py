@@ -372,7 +372,8 @@ def test_force_release_ends_the_hold_and_wakes_the_waiter_at_once(
     wait_for(lambda: ins.find(client, ns, name)[0].waiting == (("wake", 1),), "the waiter")
     started = time.monotonic()
     result = run("release", "--force", "--yes", name)
-    assert result.exit_code == 0 and "released RLock" in result.stdout
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(": 1 hold of 1 owner; handed to 1 waiting process")
     # Handed over by the forced release, not by the holder's 60 s lease running out.
     assert woke.wait(10) and time.monotonic() - started < 10
     with pytest.raises(rlocks.LockLostError):
@@ -402,7 +403,7 @@ def test_force_release_of_an_rwlock_hands_it_to_the_queue(
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
     wait_for(lambda: client.zcard(keys_for(ns, "rw", name).queued()[2]), "the queued reader")
-    assert ins.force_release(client, ns, "rw", name) is True
+    assert ins.force_release(client, ns, "rw", name) == (True, 1)
     message = wait_for(lambda: pubsub.get_message(timeout=0.1), "the hand-over")
     thread.join(20)
     # "g <waiter> <fencing token>"
@@ -412,12 +413,30 @@ def test_force_release_of_an_rwlock_hands_it_to_the_queue(
         rw.write_lock.release()
 
 
+def test_force_release_says_when_nobody_was_waiting(
+    run: Callable[..., Result], ns: str, name: str
+) -> None:
+    first, second = (rlocks.Semaphore(f"{name}-{i}", 2, namespace=ns) for i in (1, 2))
+    assert first.acquire() and second.acquire()
+    result = run("--json", "release", "--force", "--yes", f"{name}-1")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert (shown["released"], shown["handed_to"]) == (True, 0)
+    assert shown["primitive"]["holds"] == 1
+    assert run("release", "--force", "--yes", f"{name}-2").stdout.strip().endswith(
+        ": 1 hold of 1 owner; nobody was waiting"
+    )
+    for sem in (first, second):
+        with pytest.raises(rlocks.LockLostError):
+            sem.release()
+
+
 def test_force_release_leaves_a_key_that_is_not_a_hash_alone(
     client: "redis.Redis[bytes]", ns: str, name: str
 ) -> None:
     key = keys_for(ns, "rlock", name).hash
     client.set(key, "not a lock", ex=60)
-    assert ins.force_release(client, ns, "rlock", name) is False
+    assert ins.force_release(client, ns, "rlock", name) == (False, 0)
     assert client.get(key) == b"not a lock"
     assert ins.find(client, ns, name) == []  # and it is not listed as a primitive
 

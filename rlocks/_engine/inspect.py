@@ -51,6 +51,7 @@ from .scripts import load_queued, run
 
 __all__ = [
     "KINDS",
+    "Forced",
     "Holder",
     "Kind",
     "PrimitiveState",
@@ -121,7 +122,7 @@ def channels_for(namespace: str, kind: str, name: str) -> Tuple[Tuple[str, str],
 
 @dataclass(frozen=True)
 class Holder:
-    """One owner's live hold (or, in ``PrimitiveState.claims``, a writer's claim)."""
+    """One owner's live hold."""
 
     owner: str  # host:pid:nonce:thread-serial, or host:pid:nonce:p for a process
     count: int  # hold count (re-entries), permits, or 0 for a claim
@@ -173,7 +174,6 @@ class PrimitiveState:
     waiting: Optional[Tuple[Tuple[str, int], ...]] = None
     value: Optional[int] = None  # semaphores: the initial value
     free: Optional[int] = None  # semaphores: permits free, dead holders' included
-    claims: Tuple[Holder, ...] = ()  # RWLock: writers waiting (their claims)
     stale: int = 0  # holds or entries past their lease, not yet tidied by a script
     channels: Tuple[str, ...] = field(default=(), repr=False)
     #: The queue in order, head first: one entry per waiting process (None: not read).
@@ -206,8 +206,6 @@ class PrimitiveState:
         if self.kind == "sem":
             data["value"] = self.value
             data["free"] = self.free
-        if self.kind == "rw":
-            data["claims"] = [claim.to_dict() for claim in self.claims]
         return data
 
 
@@ -453,12 +451,25 @@ def find(
     return _with_waiting(client, states) if waiting else states
 
 
-def force_release(client: Any, namespace: str, kind: str, name: str) -> bool:
+class Forced(NamedTuple):
+    """What :func:`force_release` did."""
+
+    #: Whether there was a primitive to release (False: no such hash).
+    released: bool
+    #: Queued waiters (one per process) the freed primitive was handed to at once.
+    handed: int
+
+    def __bool__(self) -> bool:
+        return self.released
+
+
+def force_release(client: Any, namespace: str, kind: str, name: str) -> Forced:
     """End every hold of a primitive and hand it over to its queue, in order.
 
-    Returns True when there was a primitive to release, False when no such hash exists.
-    One atomic script (``lua/force_release.lua``). Live holders find their holds lost at
-    their next renewal or release. Redis errors propagate.
+    Returns whether there was a primitive to release (False when no such hash exists;
+    the result is truthy then) and to how many queued waiters it was handed. One atomic
+    script (``lua/force_release.lua``). Live holders find their holds lost at their next
+    renewal or release. Redis errors propagate.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(KINDS)}")
@@ -466,7 +477,9 @@ def force_release(client: Any, namespace: str, kind: str, name: str) -> bool:
     command = "SPUBLISH" if is_cluster(client) else "PUBLISH"
     # fair = 1: the freed primitive is granted to the queue head(s) at once; 2000 ms: the
     # engine's entry lease (Primitive._entry_ms), the grants' lease until adopted.
-    return run(client, _FORCE_RELEASE, keys, ("", command, 1, 2000, kind)).granted
+    reply = run(client, _FORCE_RELEASE, keys, ("", command, 1, 2000, kind))
+    # A grant's wake-up line is 'g <waiter> [token]' (see queue_lib.lua's reply contract).
+    return Forced(reply.granted, sum(1 for line in reply.wakes if line.startswith("g ")))
 
 
 _FORCE_RELEASE = load_queued("force_release")
