@@ -51,7 +51,6 @@ class _SideCore(Primitive):
 
     _kind = "rw"
     _label = "rlocks.RWLock"
-    _queued = True
     _detects_deadlocks = True
     _acquire_script = load_queued("rw_acquire")
     _release_script = load_queued("rw_release")

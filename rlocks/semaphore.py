@@ -87,7 +87,6 @@ class _SemaphoreCore(Primitive):
     _label = "rlocks.Semaphore"
     _kind = "sem"
     _bounded = 0
-    _queued = True
     _acquire_script = load_queued("sem_acquire")
     _release_script = load_queued("sem_release")
     _renew_script = load_queued("sem_renew")

@@ -650,16 +650,11 @@ def test_waiters_of_one_process_are_served_in_arrival_order(client: Any, name: s
 
 
 def parked(thread: threading.Thread) -> bool:
-    """Whether ``thread`` sleeps on its wake-up event in wait_until_granted's loop with its
-    channel subscribed (a head gets there only after an attempt, and then sleeps until a
-    wake-up or its lease-based pause; so would any waiter that made one). A head that
-    tried before the subscription was confirmed sleeps a short pause and tries again: not
-    parked yet."""
+    """Whether ``thread`` sleeps on its wake-up event in the queue dialogue's threading
+    driver with its channel subscribed (a head gets there only after an attempt, and then
+    sleeps until a wake-up or its re-check pause; so would any waiter that made one)."""
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
-        if frame.f_code.co_name == "wait_until_granted":
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            return "waiter.event.wait(" in line and frame.f_locals.get("subscribed") is True
         if frame.f_code.co_name == "_drive":  # the queue dialogue's threading driver
             line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
             op = frame.f_locals.get("op")

@@ -40,12 +40,9 @@ from .quorum import Quorum
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
 from .waiting import (
-    LINK_ERRORS,
-    QUEUED,
     RECONNECT_BACKOFF,
     TICK,
     Waiter,
-    WaitPlan,
     WakeHub,
     serial,
 )
@@ -186,57 +183,6 @@ def async_hub_for(client: Any, namespace: str) -> AsyncWakeHub:
     if hub is None:
         hub = per_loop[key] = AsyncWakeHub(client, namespace)
     return hub
-
-
-async def wait_until_granted(
-    hub: AsyncWakeHub,
-    channel: str,
-    attempt: Callable[[], Awaitable[Reply]],
-    deadline: Optional[float],
-    check: Optional[Callable[[], Awaitable[Reply]]] = None,
-) -> Reply:
-    """:func:`rlocks._engine.waiting.wait_until_granted`, awaited (same :class:`WaitPlan`)."""
-    plan = WaitPlan(deadline)
-    waiter = hub.register(channel)
-    reply = QUEUED
-    try:
-        subscribed = await hub.await_subscribed(waiter, plan.subscribe_bound())
-        while True:
-            waiter.event.clear()
-            if hub.is_head(waiter):
-                try:
-                    reply = await _astep(plan, attempt, check)
-                except LINK_ERRORS as exc:
-                    pause = plan.failed(exc, check is not None)
-                    if pause is None:
-                        raise
-                    log.debug("waiter lost its link to Redis, retrying: %s", exc)
-                    await _wait_event(waiter.event, pause)
-                    subscribed = waiter.subscribed
-                    continue
-                pause = plan.after(reply, subscribed)
-            else:
-                pause = plan.idle()
-            if pause is None:
-                return reply
-            await _wait_event(waiter.event, pause)
-            subscribed = waiter.subscribed
-    finally:
-        hub.unregister(waiter)
-
-
-async def _astep(
-    plan: WaitPlan,
-    attempt: Callable[[], Awaitable[Reply]],
-    check: Optional[Callable[[], Awaitable[Reply]]],
-) -> Reply:
-    """:func:`rlocks._engine.waiting._step`, awaited."""
-    if plan.unsure and check is not None:
-        found = await check()
-        plan.unsure = False
-        if found.granted:
-            return found
-    return await attempt()
 
 
 # -- renewal ------------------------------------------------------------------------------
@@ -505,48 +451,8 @@ class AsyncPrimitive(Primitive):
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
         if isinstance(self._client, Quorum):
             return await self._aquorum_take(self._client, owner, count, wait)
-        if self._queued:
-            hub = async_hub_for(self._aclient(), self._namespace) if wait != 0.0 else None
-            return await self._adrive(take_steps(self, owner, count, wait, hub))
-        call, waiting = self._begin_take(owner, count, wait)
-        first = monotonic()
-        started = [first]
-
-        async def attempt() -> Reply:
-            started[0] = monotonic()
-            return await self._shielded(call, owner, count)
-
-        probe = self._lost_reply_check(owner) if waiting else None
-
-        async def check() -> Reply:
-            assert probe is not None
-            return await self._arun_call(probe)
-
-        hub = async_hub_for(self._aclient(), self._namespace) if waiting else None
-        try:
-            if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
-                reply = QUEUED  # queue behind this loop's waiters (see the threading driver)
-            else:
-                reply = await attempt()
-            if reply.busy and hub is not None:
-                deadline = None if wait is None else first + wait
-                metrics.wait_began(self, first)
-                reply = await wait_until_granted(
-                    hub, self._channel, attempt, deadline, None if probe is None else check
-                )
-                self._log_wait(owner, first, reply)
-        except BaseException as exc:
-            # Undo what even a first attempt may have left (a writer's claim).
-            if waiting:
-                await asyncio.shield(self._agave_up(owner, exc))
-            raise
-        if waiting and not reply.granted:
-            await self._agave_up(owner, None)
-        refusal = self._grant_refusal(owner, count, reply)
-        if refusal is not None:
-            await self._arun_call(self._undo_call(owner, count))
-            raise refusal
-        return self._finish_take(owner, count, reply, started[0])
+        hub = async_hub_for(self._aclient(), self._namespace) if wait != 0.0 else None
+        return await self._adrive(take_steps(self, owner, count, wait, hub))
 
     async def _aquorum_take(
         self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
@@ -609,34 +515,6 @@ class AsyncPrimitive(Primitive):
             return await arun(io_client(client), call.script, call.keys, call.args, call.wait)
 
         return run_on
-
-    async def _shielded(self, call: Call, owner: str, count: int) -> Reply:
-        inner = asyncio.ensure_future(self._arun_call(call))
-        try:
-            return await asyncio.shield(inner)
-        except asyncio.CancelledError:
-            try:
-                reply = await inner
-                if reply.granted:
-                    await self._aundo_grant(owner, count)
-            except BaseException:  # noqa: BLE001 - a second cancel: the lease ends it
-                log.debug("%s: cancelled grant left to its lease", self._label)
-            raise
-
-    async def _aundo_grant(self, owner: str, count: int) -> None:
-        """Give back ``count`` holds granted to a task that was cancelled meanwhile."""
-        undo = self._undo_call(owner, count)
-        await self._arun_call(undo)
-
-    async def _agave_up(self, owner: str, error: Optional[BaseException]) -> None:
-        call = self._gave_up_call(owner)
-        if call is None or isinstance(error, LINK_ERRORS):
-            return  # see Primitive._gave_up_sync
-        try:
-            await self._arun_call(call)
-        except Exception:
-            if error is None:
-                raise
 
     async def _aextend(self, owner: str, ttl: Optional[float]) -> None:
         """:meth:`Primitive._extend`, awaited."""

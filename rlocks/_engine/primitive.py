@@ -33,7 +33,7 @@ from .queued import CALL, READ, WAIT, Steps, take_steps
 from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewer, renewer_for
 from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, foreign
-from .waiting import LINK_ERRORS, QUEUED, existing_hub, hub_for, serial, wait_until_granted
+from .waiting import existing_hub, hub_for, serial
 
 __all__ = ["Hold", "Primitive"]
 
@@ -138,9 +138,6 @@ class Primitive:
     _acquire_script: ClassVar[Script]
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
-    #: Whether the primitive runs the queue-and-hand-over scripts (``lua/queue_lib.lua``):
-    #: waiters queue on the server and a release hands over (see :mod:`.queued`).
-    _queued: ClassVar[bool] = False
     #: ms a queue entry, and a hand-over grant not adopted yet, lives without renewal:
     #: the most a dead waiter (or a process dead just after being handed the primitive)
     #: delays the next hand-over.
@@ -361,15 +358,7 @@ class Primitive:
             ("check", owner), self._renew_script, lambda: self._renew_arguments(owner)
         )
 
-    def _gave_up_call(self, owner: str) -> Optional[Call]:
-        """A script call to make after a waiting acquire ended without a grant, if any.
-
-        (An RWLock writer withdraws its claim.) Drivers run it; a failure is raised
-        unless the acquire is already unwinding another error.
-        """
-        return None
-
-    # -- queue scripts (``_queued`` primitives; see :mod:`.queued`) ----------------------
+    # -- queue scripts (see :mod:`.queued`) ---------------------------------------------
 
     def _deadlock_side(self) -> str:
         """How a wait for this primitive is recorded in a wait-for edge: ``x`` (exclusive)."""
@@ -446,8 +435,6 @@ class Primitive:
 
     def _renewal_arguments(self, lease: Lease) -> Tuple[Sequence[str], Sequence[Arg]]:
         """KEYS and ARGV of one renewal by the renewer: a hold, or a queue entry."""
-        if not self._queued:
-            return self._renew_arguments(lease.owner)
         if lease.kind == "e":
             items: Tuple[str, ...] = ("e", lease.owner)
             lease_ms: Optional[int] = None
@@ -461,8 +448,6 @@ class Primitive:
     def _renewed(self, lease: Lease, reply: Reply, adopted: Optional[str]) -> bool:
         """Whether a renewal kept ``lease`` alive (False: the hold is lost / the entry
         left). ``adopted``: the waiter whose grant the renewal adopted, if any."""
-        if not self._queued:
-            return reply.granted
         if not reply.items or reply.items[0] != 1:
             return False
         if adopted is not None and lease.adopt == adopted:
@@ -742,89 +727,20 @@ class Primitive:
         """
         if isinstance(self._client, Quorum):
             return self._quorum_take(self._client, owner, count, wait)
-        if self._queued:
-            hub = hub_for(self._client, self._namespace) if wait != 0.0 else None
-            mark = self._books(owner)  # what the local books say before this acquire
-            try:
-                return self._drive(take_steps(self, owner, count, wait, hub))
-            except RLocksError:
-                raise  # a refusal: nothing granted is kept
-            except BaseException as exc:
-                if foreign(exc):
-                    # An exception from outside (a signal handler's) anywhere from the
-                    # send to the last bookkeeping step: Redis may hold a grant that the
-                    # books lack, or the books a part of one. Make both what they were.
-                    self._roll_back(owner, mark)
-                    self._reconcile(owner, count)
-                raise
-        call, waiting = self._begin_take(owner, count, wait)
+        hub = hub_for(self._client, self._namespace) if wait != 0.0 else None
         mark = self._books(owner)  # what the local books say before this acquire
-        client = self._client
-        first = monotonic()
-        started = [first]
-        last = [QUEUED]  # the latest answer: a grant here is not recorded yet
-
-        def undo(reply: Reply) -> None:
-            self._undo_interrupted(owner, count, reply)
-
-        def attempt() -> Reply:
-            started[0] = monotonic()
-            # A signal handler's exception (Ctrl-C, an alarm) raised while the script's
-            # answer is awaited: Call reads the answer and hands it to undo() first.
-            reply = last[0] = call(client, undo)
-            return reply
-
-        probe = self._lost_reply_check(owner) if waiting else None
-
-        def check() -> Reply:
-            assert probe is not None
-            # A grant adopted from a lost reply is undone, as any other, if interrupted.
-            reply = last[0] = probe(client)
-            return reply
-
         try:
-            hub = hub_for(client, self._namespace) if waiting else None
-            if hub is not None and hub.has_waiters(self._channel) and self._queues_locally(owner):
-                # Threads of this process already wait: queue behind them (arrival order,
-                # and one attempt at a time per process) instead of barging in with a try.
-                reply = QUEUED
-            else:
-                reply = attempt()
-            if reply.busy and hub is not None:
-                deadline = None if wait is None else first + wait
-                metrics.wait_began(self, first)
-                reply = wait_until_granted(
-                    hub, self._channel, attempt, deadline, None if probe is None else check
-                )
-                self._log_wait(owner, first, reply)
-            if waiting and not reply.granted:
-                self._gave_up_sync(owner, None)
-            refusal = self._grant_refusal(owner, count, reply)
-            if refusal is None:
-                # Recording the grant is inside the try: an interrupt half-way through it
-                # is rolled back below like one during the round trip.
-                return self._finish_take(owner, count, reply, started[0])
-            # A grant that cannot be kept (see _grant_refusal): give it back, then say why.
-            self._undo_call(owner, count)(client)
+            return self._drive(take_steps(self, owner, count, wait, hub))
         except RLocksError:
-            raise  # a refusal decided above (nothing granted is kept): nothing to undo
+            raise  # a refusal: nothing granted is kept
         except BaseException as exc:
             if foreign(exc):
-                # An exception from outside (a signal handler's), anywhere from the
+                # An exception from outside (a signal handler's) anywhere from the
                 # send to the last bookkeeping step: Redis may hold a grant that the
                 # books lack, or the books a part of one. Make both what they were.
                 self._roll_back(owner, mark)
                 self._reconcile(owner, count)
-            else:
-                # Interrupted after a grant came back (leaving the wait): nobody will
-                # record it.
-                self._undo_interrupted(owner, count, last[0])
-            # Even the first attempt of a waiting call may have left something to undo
-            # (a writer's claim) before it failed: undo it whichever attempt failed.
-            if waiting:
-                self._gave_up_sync(owner, exc)
             raise
-        raise refusal
 
     # -- a quorum of masters (see :mod:`.quorum`) ----------------------------------------
 
@@ -961,19 +877,6 @@ class Primitive:
                 "%s: %s waited %.3f s, %s", self._describe(), owner, monotonic() - since, outcome
             )
 
-    def _begin_take(self, owner: str, count: int, wait: Optional[float]) -> Tuple[Call, bool]:
-        """The I/O-free start of an acquire: checks, then (prepared call, will it wait)."""
-        self._check_take(owner)
-        reentry = self._held(owner) > 0
-        waiting = wait != 0.0
-        call = self._prepared(
-            ("acquire", owner, count, reentry, waiting),
-            self._acquire_script,
-            lambda: self._acquire_arguments(owner, count, reentry, waiting),
-            self._wait,
-        )
-        return call, waiting
-
     def _finish_take(self, owner: str, count: int, reply: Reply, since: float) -> bool:
         """The I/O-free end of an acquire: record a grant, or raise a refusal."""
         if reply.not_owner:
@@ -986,22 +889,6 @@ class Primitive:
         if log.isEnabledFor(logging.DEBUG):  # _describe() formats a string: not per call
             log.debug("%s acquired by %s (count %d)", self._describe(), owner, reply.holds)
         return True
-
-    def _undo_interrupted(self, owner: str, count: int, reply: Reply) -> None:
-        """Give back the ``count`` holds of an acquire whose caller is unwinding (an
-        exception raised by a signal handler during or just after the round trip), if
-        ``reply`` granted them: they are not recorded, so nobody would release or renew
-        them. Exactly ``count`` levels: outer levels of a re-entrant owner stay held.
-        A failure here (a second interrupt, Redis unreachable) leaves them to their lease.
-        """
-        if not reply.granted:
-            return
-        try:
-            self._undo_call(owner, count)(self._client)
-        except BaseException:  # noqa: BLE001 - the first exception is what propagates
-            log.warning("%s: interrupted grant of %s left to its lease", self._describe(), owner)
-        else:
-            log.debug("%s: interrupted grant of %s given back", self._describe(), owner)
 
     # -- after an exception from outside (signal handlers) -------------------------------
     #
@@ -1071,19 +958,6 @@ class Primitive:
         except BaseException:  # noqa: BLE001 - the first exception is what propagates
             log.warning("%s: interrupted operation of %s left to its lease",
                         self._describe(), owner)
-
-    def _gave_up_sync(self, owner: str, error: Optional[BaseException]) -> None:
-        call = self._gave_up_call(owner)
-        if call is None or isinstance(error, LINK_ERRORS):
-            # After a broken link or timeout the clean-up would most likely wait a whole
-            # socket timeout more for nothing; what it undoes (a claim) ends by itself.
-            return
-        try:
-            call(self._client)
-        except Exception:
-            if error is None:
-                raise
-            # Already unwinding another error; what the call would undo ends with its lease.
 
     def _give_back(self, owner: str, count: int, everything: bool = False) -> None:
         """Release ``count`` of ``owner``'s holds (the exclusive-owner release).
@@ -1176,7 +1050,7 @@ class Primitive:
 
     def _finish_extend(self, owner: str, reply: Reply) -> None:
         """The I/O-free end of ``extend``: a hold found gone is reported lost and raised."""
-        if reply.not_owner or (self._queued and (not reply.items or reply.items[0] != 1)):
+        if reply.not_owner or not reply.items or reply.items[0] != 1:
             self._hold_lost(owner, "its hold was gone at extend")
             raise self._lost_error()
         if self._wait is not None and reply.replicas < self._wait[0]:

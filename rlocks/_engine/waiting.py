@@ -1,4 +1,4 @@
-"""Waiting for a primitive: the per-process wake-up hub and the deadline loop.
+"""Waiting for a primitive: the per-process wake-up hub and a waiter's deadline plan.
 
 Why a hub
 ---------
@@ -21,10 +21,10 @@ subscription cannot be missed.
 Why a bounded re-check
 ----------------------
 Messages can be lost (the subscriber reconnected) and holders can crash without
-releasing. So a waiter never sleeps longer than the blocking hold's remaining lease, which
-every busy script reply carries, and never past its own deadline. When the hub cannot
-confirm its subscription, waiters re-check every ``DEGRADED_POLL`` seconds instead. When
-the hub reconnects it wakes every waiter, since messages may have been lost meanwhile.
+releasing. So a queued waiter never sleeps longer than its reply's re-check hint or its
+queue entry's lease (see :mod:`.queued`), and never past its own deadline; a Condition's
+waiter whose subscription the hub cannot confirm re-checks every ``DEGRADED_POLL`` seconds.
+When the hub reconnects it wakes every waiter, since messages may have been lost meanwhile.
 
 Redis Cluster
 -------------
@@ -72,11 +72,10 @@ import redis.exceptions
 from . import identity
 from .clients import io_client, is_cluster, pool_of
 from .clock import monotonic
-from .scripts import BUSY, Reply, unsent
+from .scripts import unsent
 
 __all__ = [
     "LINK_ERRORS",
-    "QUEUED",
     "ShardedWakeHub",
     "WaitPlan",
     "WakeHub",
@@ -85,7 +84,6 @@ __all__ = [
     "link_lost",
     "hub_for",
     "serial",
-    "wait_until_granted",
     "wake_count",
 ]
 
@@ -96,12 +94,8 @@ TICK = 1.0  # s between the hub's housekeeping passes (unsubscribing, idle exit)
 IDLE_EXIT = 30.0  # s without any channel after which the hub thread closes and exits
 SUBSCRIBE_WAIT = 5.0  # s a waiter waits at most for its SUBSCRIBE to be confirmed
 DEGRADED_POLL = 0.25  # s between re-checks while the subscription is not confirmed
-NO_LEASE_RECHECK = 1.0  # s between re-checks when the holder's key has no expiry
 RECONNECT_BACKOFF = (0.05, 1.0)  # s, first and largest pause before reconnecting
 IDLE_WAIT = 60.0  # s a waiter behind its process's head sleeps between checks (no deadline)
-
-#: The reply of a wait that never asked Redis (it queued behind this process's waiters).
-QUEUED = Reply(BUSY, -1)
 
 
 def wake_count(payload: Any) -> Optional[int]:
@@ -740,14 +734,6 @@ def existing_hub(client: Any, namespace: str) -> Optional[WakeHub]:
     return _hubs.get((id(pool_of(client)), namespace))
 
 
-def _pause(reply: Reply, subscribed: bool) -> float:
-    """How long to sleep after a busy reply before looking again (absent a wake-up)."""
-    left = reply.retry_after
-    # The holder's key disappears when its lease ends; look again just after that.
-    pause = NO_LEASE_RECHECK if left < 0 else left + 0.001
-    return pause if subscribed else min(pause, DEGRADED_POLL)
-
-
 #: Errors after which a waiter with time left reconnects and waits on: the link broke or
 #: timed out (a restarting server answers LOADING, a ConnectionError, until it is ready).
 LINK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -756,11 +742,10 @@ _NOT_TRANSIENT = (redis.exceptions.AuthenticationError, redis.exceptions.Authori
 
 
 class WaitPlan:
-    """The deadline loop's decisions, without I/O; drivers attempt and sleep as told.
+    """A waiter's deadline decisions, without I/O (used by :mod:`.queued`'s dialogue).
 
-    A waiter registers, waits at most ``subscribe_bound()`` for its SUBSCRIBE, then
-    repeats: clear its event, attempt, ask ``after(reply)`` how long to sleep (``None``:
-    stop and return the reply), sleep on its event that long.
+    ``subscribe_bound()`` bounds the wait for its SUBSCRIBE; ``idle()`` the sleep of a
+    waiter behind its process's head.
 
     Riding through a broken link: when an attempt raises one of :data:`LINK_ERRORS`, the
     driver asks ``failed()`` how long to back off (``None``: raise it). An attempt whose
@@ -782,19 +767,6 @@ class WaitPlan:
         if self.deadline is None:
             return SUBSCRIBE_WAIT
         return max(0.0, min(SUBSCRIBE_WAIT, self.deadline - monotonic()))
-
-    def after(self, reply: Reply, subscribed: bool) -> Optional[float]:
-        """For the head, after an attempt: seconds to sleep, ``None`` to stop."""
-        self.backoff = RECONNECT_BACKOFF[0]
-        if not reply.busy:
-            return None
-        now = monotonic()
-        if self.deadline is not None and now >= self.deadline:
-            return None
-        pause = _pause(reply, subscribed)
-        if self.deadline is not None:
-            pause = min(pause, self.deadline - now)
-        return pause
 
     def failed(self, error: BaseException, checkable: bool) -> Optional[float]:
         """After an attempt or check raised a link error: seconds to back off before the
@@ -821,61 +793,3 @@ class WaitPlan:
             return IDLE_WAIT
         left = self.deadline - monotonic()
         return left if left > 0 else None
-
-
-def wait_until_granted(
-    hub: WakeHub,
-    channel: str,
-    attempt: Callable[[], Reply],
-    deadline: Optional[float],
-    check: Optional[Callable[[], Reply]] = None,
-) -> Reply:
-    """Attempt until granted or ``deadline`` (monotonic s; ``None``: never) passes.
-
-    Called after a first attempt came back busy. Returns the last reply: granted, or busy
-    when the deadline passed. A broken link or timeout (:data:`LINK_ERRORS`) does not end
-    the wait while time is left: the waiter backs off and tries again, and after a lost
-    reply first runs ``check`` (granted: this owner holds it, the lost attempt's grant is
-    adopted; otherwise it attempts again). Such an error propagates when the deadline has
-    passed, or when the reply of an attempt was lost and there is no ``check``; other
-    Redis errors propagate at once.
-    """
-    plan = WaitPlan(deadline)
-    waiter = hub.register(channel)
-    reply = QUEUED
-    try:
-        subscribed = hub.wait_subscribed(waiter, plan.subscribe_bound())
-        while True:
-            waiter.event.clear()
-            if hub.is_head(waiter):
-                try:
-                    reply = _step(plan, attempt, check)
-                except LINK_ERRORS as exc:
-                    pause = plan.failed(exc, check is not None)
-                    if pause is None:
-                        raise
-                    log.debug("waiter lost its link to Redis, retrying: %s", exc)
-                    waiter.event.wait(pause)
-                    subscribed = waiter.subscribed
-                    continue
-                pause = plan.after(reply, subscribed)
-            else:
-                pause = plan.idle()
-            if pause is None:
-                return reply
-            waiter.event.wait(pause)
-            subscribed = waiter.subscribed
-    finally:
-        hub.unregister(waiter)
-
-
-def _step(
-    plan: WaitPlan, attempt: Callable[[], Reply], check: Optional[Callable[[], Reply]]
-) -> Reply:
-    """One attempt; after a lost reply, the check first (its grant is adopted as is)."""
-    if plan.unsure and check is not None:
-        found = check()
-        plan.unsure = False
-        if found.granted:
-            return found
-    return attempt()
