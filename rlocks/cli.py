@@ -33,7 +33,7 @@ import click
 import redis
 
 from . import __version__, top
-from ._engine import inspect as _inspect
+from ._engine import state as _state
 from ._engine.clients import DEFAULT_URL
 
 __all__ = ["cli", "main"]
@@ -206,12 +206,12 @@ def _quoted(name: str) -> str:
     return shlex.quote(name)
 
 
-def _next_lease(state: _inspect.PrimitiveState) -> Optional[int]:
+def _next_lease(state: _state.PrimitiveState) -> Optional[int]:
     leases = [holder.lease_ms for holder in state.holders if holder.lease_ms is not None]
     return min(leases) if leases else state.lease_ms
 
 
-def _holders_cell(state: _inspect.PrimitiveState) -> str:
+def _holders_cell(state: _state.PrimitiveState) -> str:
     if state.kind != "rw":
         return str(len(state.holders))
     writers = sum(1 for holder in state.holders if holder.side == "write")
@@ -226,7 +226,7 @@ def _table(rows: Sequence[Sequence[str]]) -> List[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def _list_lines(states: Sequence[_inspect.PrimitiveState]) -> List[str]:
+def _list_lines(states: Sequence[_state.PrimitiveState]) -> List[str]:
     rows = [("TYPE", "NAME", "HOLDERS", "HOLDS", "FREE", "LEASE", "WAITING")]
     for state in states:
         free = f"{state.free}/{state.value}" if state.kind == "sem" else "-"
@@ -244,7 +244,7 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "es" if word.endswith("s") else "s")
 
 
-def _inspect_lines(state: _inspect.PrimitiveState) -> List[str]:
+def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
     lines = [f"{state.type} {_quoted(state.name)}",
              f"  namespace  {state.namespace}",
              f"  key        {state.key}"]
@@ -316,7 +316,7 @@ def list_command(pattern: str, kind: Optional[str]) -> None:
     """
     settings = _settings()
     code = _kind_code(kind)
-    states = _inspect.list_primitives(
+    states = _state.list_primitives(
         settings.client(), settings.namespace, pattern, kinds=None if code is None else [code]
     )
     if settings.json:
@@ -340,7 +340,7 @@ def inspect_command(name: str, kind: Optional[str]) -> None:
     When several kinds use NAME, all are shown (--kind picks one).
     """
     settings = _settings()
-    states = _inspect.find(settings.client(), settings.namespace, name, _kind_code(kind))
+    states = _state.find(settings.client(), settings.namespace, name, _kind_code(kind))
     if not states:
         raise _not_found(name, settings)
     if settings.json:
@@ -377,7 +377,7 @@ def watch_command(name: str, kind: Optional[str], interval: float, count: Option
             if frame:
                 time.sleep(interval)
             frame += 1
-            states = _inspect.find(client, settings.namespace, name, code)
+            states = _state.find(client, settings.namespace, name, code)
             stamp = time.strftime("%H:%M:%S")
             if settings.json:
                 _emit_json({"time": time.time(), "name": name,
@@ -429,8 +429,8 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
     client = settings.client()
     code = _kind_code(kind)
 
-    def read() -> List[_inspect.PrimitiveState]:
-        return _inspect.list_primitives(client, settings.namespace, pattern,
+    def read() -> List[_state.PrimitiveState]:
+        return _state.list_primitives(client, settings.namespace, pattern,
                                         kinds=None if code is None else [code])
 
     if settings.json:
@@ -470,7 +470,7 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
         raise UsageFailure("release needs --force: it ends holds that other processes own "
                            "(they will get LockLostError)")
     client = settings.client()
-    states = _inspect.find(client, settings.namespace, name, _kind_code(kind))
+    states = _state.find(client, settings.namespace, name, _kind_code(kind))
     if not states:
         raise _not_found(name, settings)
     if len(states) > 1:
@@ -485,7 +485,7 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
                           "(stdin is not a terminal to confirm on)")
         if not click.confirm(f"Force-release {summary}?", default=False, err=True):
             raise Failure("not released")
-    forced = _inspect.force_release(client, settings.namespace, state.kind, name)
+    forced = _state.force_release(client, settings.namespace, state.kind, name)
     if settings.json:
         _emit_json({"released": forced.released, "handed_to": forced.handed,
                     "primitive": state.to_dict()})

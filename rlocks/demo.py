@@ -39,13 +39,13 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import click
 import redis
 
-from ._engine.inspect import list_primitives
+from ._engine.state import list_primitives
 from .rlock import RLock
 from .rwlock import RWLock
 from .semaphore import BoundedSemaphore
 from .server import RedisServerNotFound, TemporaryRedisServer
 
-__all__ = ["Options", "ServerUnavailable", "main", "run"]
+__all__ = ["Options", "ServerUnavailable", "run"]
 
 PHASES = ("rlock", "pool", "rw")
 _LABELS = {
@@ -390,10 +390,3 @@ def _run(url: str, namespace: str, options: Options, as_json: bool,
     else:
         _print_table(report)
     return bool(report["ok"])
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m rlocks demo [options]``; returns the exit status."""
-    from .cli import main as cli_main
-
-    return cli_main(["demo", *(argv or [])])

@@ -31,11 +31,11 @@ from redis.exceptions import NoScriptError
 from ._engine import identity
 from ._engine.clients import io_client
 from ._engine.constructors import public_init
-from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load_queued
+from ._engine.state import PrimitiveState
 from .errors import UpgradeError
 
 __all__ = ["RWLock", "ReadLock", "WriteLock", "UpgradeError"]

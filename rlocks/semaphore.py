@@ -36,9 +36,9 @@ from redis.exceptions import ResponseError
 from ._engine import checks, identity, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
-from ._engine.inspect import PrimitiveState
 from ._engine.primitive import Primitive
 from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued
+from ._engine.state import PrimitiveState
 from ._engine.waiting import serial
 from .errors import LockLostError, RLocksError
 

@@ -1,7 +1,7 @@
 """What ``rlocks top`` shows: a namespace's primitives, the contended ones first.
 
 The command (:mod:`rlocks.cli`) reads the namespace with
-:func:`rlocks._engine.inspect.list_primitives` every ``--interval`` seconds; this module
+:func:`rlocks._engine.state.list_primitives` every ``--interval`` seconds; this module
 turns those states into rows, orders them, renders them (rich's ``Table`` inside a
 ``Live`` display) and builds the ``--json`` snapshot. Apart from :func:`run_live`, which
 draws on the terminal, everything here is free of I/O, so the view is tested on
@@ -20,7 +20,7 @@ What is known, and what is not
 - **Waiters**: when the state carries a ``queue`` (the waiters in queue order, each with
   ``waiter``, ``side``, ``wanted``, ``lease_left_ms`` and ``age_ms``), its length and its
   oldest age are shown. Otherwise the only count Redis has is the processes subscribed to
-  the primitive's wake-up channels (see :mod:`rlocks._engine.inspect`): shown as
+  the primitive's wake-up channels (see :mod:`rlocks._engine.state`): shown as
   ``N proc``, and the oldest waiter's age is unknown (``?``). OLDEST is the oldest waiter's age.
 
 Order
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 import redis
 
-from ._engine.inspect import Holder, PrimitiveState
+from ._engine.state import Holder, PrimitiveState
 
 if TYPE_CHECKING:  # rich is an optional dependency (the ``top`` extra)
     from rich.console import Console, RenderableType

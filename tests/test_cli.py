@@ -1,4 +1,4 @@
-"""The ``rlocks`` command line and the inspection helpers under it (rlocks._engine.inspect).
+"""The ``rlocks`` command line and the inspection helpers under it (rlocks._engine.state).
 
 Commands run through click's CliRunner against the session's test server (RLOCKS_URL,
 set by conftest), each test in a namespace of its own so listings are exact. A few run
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import rlocks
 from rlocks import cli
 from rlocks._engine import identity
-from rlocks._engine import inspect as ins
+from rlocks._engine import state as ins
 from rlocks._engine.keys import escape, keys_for
 from rlocks.server import free_port
 
@@ -113,7 +113,7 @@ def test_keys_that_rlocks_never_writes_are_not_primitives(key: str) -> None:
 def test_the_channel_table_matches_what_releases_publish_on(
     client: "redis.Redis[bytes]", ns: str, name: str, kind: str
 ) -> None:
-    # inspect.KINDS repeats how primitives name their wake-up channels: a release that
+    # state.KINDS repeats how primitives name their wake-up channels: a release that
     # wakes everyone (an RWLock's writer) or its one channel must publish on each of them.
     primitive: Any = {"rlock": lambda: rlocks.RLock(name, namespace=ns),
                       "rw": lambda: rlocks.RWLock(name, namespace=ns).write_lock,

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 import rlocks
-from rlocks._engine import inspect as ins
+from rlocks._engine import state as ins
 from rlocks.decorators import limited, synchronized
 
 from .conftest import NAMESPACE

@@ -24,7 +24,7 @@ def checks(report: Dict[str, Any]) -> Dict[str, Any]:
 @pytest.mark.timeout(120)
 def test_demo_on_the_test_server(capsys: pytest.CaptureFixture[str]) -> None:
     # RLOCKS_URL points at the session server (conftest), as a user's config would.
-    assert demo.main(SMALL) == 0
+    assert cli.main(["demo", *SMALL]) == 0
     out = capsys.readouterr().out
     assert re.search(r"RLock: lost updates +0 +ok", out), out
     assert re.search(r"Semaphore: peak pool use +2 \(limit 2\) +ok", out), out

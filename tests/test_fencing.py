@@ -26,8 +26,8 @@ import redis.crc
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine.inspect import force_release
 from rlocks._engine.keys import fence_key, keys_for
+from rlocks._engine.state import force_release
 from rlocks.server import TemporaryRedisServer
 
 from . import _fence_workers

@@ -1,14 +1,19 @@
 """Small contracts from the bug hunt of issue 10: copying, Condition on a write lock that
-also reads, and wake-up channels with a client that decodes replies in another encoding.
+also reads, and wake-up channels with a client that decodes replies in another encoding;
+and the engine's module map (issue 11): imports only downward, no cycle.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import pickle
+import re
+import sys
 import threading
 import time
-from typing import Any, List
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import pytest
 import redis
@@ -148,3 +153,97 @@ def test_waiter_is_woken_whatever_the_clients_encoding(
         t.join(10)
         c.delete(holder._keys.hash)
         c.close()
+
+
+# -- the engine's module map ------------------------------------------------------------------
+
+PACKAGE = Path(rlocks.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(path: Path, modules: Set[str]) -> Iterator[Tuple[str, int]]:
+    """(rlocks module, line) of every import in ``path`` that can run: at load time or
+    inside a function, but not under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_only: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_only.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # ``from pkg import mod`` imports the module; ``from mod import name`` the module.
+            targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules
+                       else source for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target in modules and target != name:
+                yield target, node.lineno
+
+
+def _import_graph() -> Dict[str, List[Tuple[str, int]]]:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: sorted(set(_runtime_imports(path, set(files)))) for name, path in files.items()}
+
+
+def _engine_map() -> List[str]:
+    doc = (PACKAGE / "_engine" / "__init__.py").read_text(encoding="utf-8")
+    return re.findall(r"^- ``(\w+)``:", doc, flags=re.MULTILINE)
+
+
+def test_the_engine_module_map_lists_every_module_once_and_none_shadows_the_stdlib() -> None:
+    listed = _engine_map()
+    present = sorted(p.stem for p in (PACKAGE / "_engine").glob("*.py") if p.stem != "__init__")
+    assert sorted(listed) == present
+    assert len(set(listed)) == len(listed)
+    # An engine module named like a standard library one (the old ``inspect``) shadows it
+    # for anyone who runs a file from that folder, and misleads every reader.
+    assert not set(present) & set(sys.stdlib_module_names)
+
+
+def test_engine_imports_run_only_downward_in_the_module_map() -> None:
+    rank = {f"rlocks._engine.{m}": i for i, m in enumerate(_engine_map())}
+    upward = [
+        f"{source} -> {target} (line {line})"
+        for source, edges in _import_graph().items() if source in rank
+        for target, line in edges if target in rank and rank[target] >= rank[source]
+    ]
+    assert upward == []
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    graph = {name: [target for target, _ in edges] for name, edges in _import_graph().items()}
+    cycles: List[List[str]] = []
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    path: List[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in graph[node]:
+            if state.get(target) == 1:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == []

@@ -25,7 +25,7 @@ import redis.asyncio
 import rlocks
 import rlocks.asyncio as ra
 import rlocks.metrics
-from rlocks._engine import inspect as engine_inspect
+from rlocks._engine import state as engine_inspect
 
 from .conftest import NAMESPACE
 

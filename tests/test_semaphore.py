@@ -354,7 +354,7 @@ def test_a_loss_is_not_absorbed_by_another_threads_grant(
     # A holds the only permit; B waits; `rlocks release --force` ends A's permit and wakes
     # B, which is granted. A's release must report A's loss, not consume B's permit, and
     # nobody else may get in while B is inside.
-    from rlocks._engine.inspect import force_release
+    from rlocks._engine.state import force_release
 
     lost: list = []
     sem = make(name, client, 1, bounded=True, on_lost=lost.append)

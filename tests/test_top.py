@@ -30,7 +30,7 @@ from rich.console import Console
 import rlocks
 from rlocks import cli, top
 from rlocks._engine import identity
-from rlocks._engine import inspect as ins
+from rlocks._engine import state as ins
 from rlocks.server import TemporaryRedisServer, free_port
 
 OWNER_A = "web1:100:aaaaaaaaaaaaaaaa:1"

@@ -1,6 +1,9 @@
 """The shared lock engine under every rlocks primitive.
 
-Modules, lowest first (each imports only the ones above it):
+Module map, lowest first. Each module imports (at load time or lazily, inside a function)
+only modules listed above it, so no import runs upward and none goes in a circle;
+``tests/test_hygiene.py`` parses the imports and holds the code to this list. An import
+under ``if TYPE_CHECKING:`` (it never runs) may name a higher module for a type hint.
 
 - ``clock``: the monotonic clock every deadline is read from.
 - ``metrics``: optional OpenTelemetry metrics and spans (acquire and hold durations,
@@ -10,9 +13,16 @@ Modules, lowest first (each imports only the ones above it):
 - ``keys``: Redis key and channel names, with the hash tag that keeps one primitive in one
   cluster slot.
 - ``checks``: argument validation, done before any Redis call.
+- ``callbacks``: the one thread per process that runs users' ``on_lost`` callbacks.
+- ``constructors``: constructor argument errors that name the public class.
+- ``clients``: the default client (``RLOCKS_URL``) and the bounded I/O clients.
 - ``scripts``: the Lua files, EVALSHA with NOSCRIPT recovery, and the one reply decoder.
-- ``clients``: the default client (``RLOCKS_URL``).
-- ``waiting``: the per-process wake-up hub (one subscriber connection) and the deadline loop.
+- ``state``: a primitive's state as stored in Redis (kinds, holders, queue) read back,
+  the forced release; for ``statistics()`` and the CLI.
+- ``quorum``: a quorum of independent masters (Redlock) passed as ``client=``.
+- ``deadlock``: the wait-for graph and its check, written without I/O.
+- ``waiting``: the per-process wake-up hub (one subscriber connection) and a waiter's
+  deadline plan.
 - ``renewal``: the per-process lease renewer (one daemon thread, batched round trips).
 - ``queued``: the acquire through the server-side queue, written once without I/O (a
   generator yielding the call or wait it needs) for the threading and asyncio drivers.
@@ -22,7 +32,7 @@ Modules, lowest first (each imports only the ones above it):
 - ``reentrant``: the ``threading.RLock`` surface shared by RLock and both RWLock sides.
 - ``aio``: the asyncio drivers (task owners, awaited calls, a hub and a renewer per loop)
   that turn a primitive into its ``rlocks.asyncio`` twin.
-- ``inspect``: read-only views of primitives in Redis and the forced release, for the CLI.
+- ``condition``: the Condition core shared by ``rlocks.Condition`` and its asyncio twin.
 
 A primitive module (``rlocks/rlock.py`` ...) chooses its scripts, its key kind, its owner
 scope and its wake policy; it never grows its own wait loop or renewal.

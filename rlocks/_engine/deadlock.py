@@ -54,9 +54,9 @@ from redis.exceptions import NoScriptError
 
 from ..errors import DeadlockError
 from .clock import monotonic
-from .inspect import parse_key
 from .keys import wait_key, wait_seq_key
 from .scripts import load
+from .state import parse_key
 
 __all__ = ["Detector", "Edge", "check", "drop_edge"]
 

@@ -27,12 +27,12 @@ from .clients import default_client, io_client, is_cluster, pool_of
 from .clock import monotonic
 from .constructors import public_init
 from .deadlock import Detector
-from .inspect import PrimitiveState, find
 from .keys import PrimitiveKeys, keys_for
 from .queued import CALL, READ, WAIT, Steps, take_steps
 from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewer, renewer_for
 from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, foreign
+from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for, serial
 
 __all__ = ["Hold", "Primitive"]
@@ -266,7 +266,7 @@ class Primitive:
         Read-only (a few round trips: one snapshot at one server time, then the wake-up
         channels' subscriber counts). A primitive nobody holds has no key, and reports no
         holders. Redis errors propagate. The result is a frozen dataclass
-        (:class:`rlocks._engine.inspect.PrimitiveState`), the same the ``rlocks`` command
+        (:class:`rlocks._engine.state.PrimitiveState`), the same the ``rlocks`` command
         line prints. NotImplementedError on a Quorum.
         """
         if isinstance(self._client, Quorum):

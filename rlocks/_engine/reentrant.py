@@ -14,8 +14,8 @@ from typing import Optional, Tuple, Type
 
 from ..errors import NotOwnedError
 from . import checks, identity
-from .inspect import PrimitiveState
 from .primitive import Primitive
+from .state import PrimitiveState
 
 __all__ = ["ReentrantLock"]
 
