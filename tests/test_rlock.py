@@ -452,6 +452,43 @@ def test_renewals_are_batched_in_one_pipeline(counting: CountingRedis, name: str
     assert renewals >= 10 * pipelines, (renewals, pipelines)
 
 
+class SocketErrorRedis(redis.Redis):  # type: ignore[type-arg]
+    """A real client whose pipelines (the renewer's round trips) fail with a bare OSError,
+    as a socket error that redis-py does not wrap would; it counts them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failed = 0
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)
+
+        def execute(*a: Any, **k: Any) -> Any:
+            self.failed += 1
+            raise OSError(104, "Connection reset by peer")
+
+        pipe.execute = execute
+        return pipe
+
+
+def test_a_renewal_failing_with_an_oserror_is_retried_then_the_hold_lost(
+    redis_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One policy for both renewers (renewal.UNREACHABLE): Redis could not be reached this
+    # time, so retry until the lease is over, then report the hold lost. The threading
+    # renewer used to take an OSError for a bug: an ERROR with its traceback per retry.
+    caplog.set_level(logging.DEBUG, logger="rlocks")
+    client = SocketErrorRedis.from_url(redis_url)
+    lost = threading.Event()
+    lock = make(name, client, ttl=0.6, on_lost=lambda _: lost.set())
+    lock.acquire()
+    assert lost.wait(10)
+    assert client.failed >= 2  # retried before the lease was over
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("renewal of" in r.getMessage() and "failed, retrying" in r.getMessage()
+               for r in caplog.records)
+
+
 # -- waiting ---------------------------------------------------------------------------------
 
 

@@ -29,8 +29,6 @@ import logging
 import weakref
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-
 from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
@@ -210,20 +208,9 @@ class AsyncRenewer(Renewer):
         idle_since: Optional[float] = None
         while True:
             with self._mutex:
-                now = monotonic()
-                batch, next_due = self._due_locked(now)
-                if batch:
-                    self._next_wake = float("inf")
-                    idle_since = None
-                elif not self._leases:
-                    idle_since = now if idle_since is None else idle_since
-                    if now - idle_since >= renewal.IDLE_EXIT:
-                        self._thread = None
-                        return
-                    self._next_wake = now + renewal.IDLE_EXIT
-                else:
-                    idle_since = None
-                    self._next_wake = next_due
+                batch, pause, idle_since = self._schedule_locked(monotonic(), idle_since)
+                if pause is None:
+                    return
                 assert self._event is not None
                 self._event.clear()
             if batch:
@@ -232,7 +219,7 @@ class AsyncRenewer(Renewer):
                     *(self._arenew_on(client, items) for client, items in self._groups(batch))
                 )
                 continue
-            await _wait_event(self._event, max(0.0, self._next_wake - now))
+            await _wait_event(self._event, max(0.0, pause))
 
     async def _arenew_on(self, client: Any, items: List[Item]) -> None:
         if isinstance(client, Quorum):
@@ -240,29 +227,31 @@ class AsyncRenewer(Renewer):
             per_master = await agather(client, lambda m: self._asend(m, items))
             self._apply_quorum(client, items, per_master, sent)
             return
-        sent = monotonic()
-        adopts = renewal._snapshot_adopts(items)
-        client = io_client(client)  # bounded, never re-sent (see clients.io_client)
-        try:
-            results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
-            if any(isinstance(r, NoScriptError) for r in results):
-                for script in {s.sha: s for _, _, s in items}.values():
-                    await client.script_load(script.source)
-                results = await self._queue(client, items).execute(raise_on_error=False)
-        except (RedisError, RedisClusterException, OSError) as exc:
-            results = [exc] * len(items)
-        self._apply(items, results, sent, adopts)
-
+        await self._adrive(client, items, self._renew_steps(items))
 
     async def _asend(self, client: Any, items: List[Item]) -> List[Any]:
         """One renewal pipeline on one master of a quorum (script cache reloaded)."""
-        client = io_client(client)
-        results: List[Any] = await self._queue(client, items).execute(raise_on_error=False)
-        if any(isinstance(r, NoScriptError) for r in results):
-            for script in {s.sha: s for _, _, s in items}.values():
-                await client.script_load(script.source)
-            results = await self._queue(client, items).execute(raise_on_error=False)
-        return results
+        return await self._adrive(client, items, renewal.send_steps(items))
+
+    async def _adrive(self, client: Any, items: List[Item], steps: renewal.Steps) -> List[Any]:
+        """The asyncio driver of a renewal dialogue (see ``Renewer._drive``)."""
+        client = io_client(client)  # bounded, never re-sent (see clients.io_client)
+        got: Any = None
+        error: Optional[Exception] = None
+        while True:
+            try:
+                script = steps.send(got) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                results: List[Any] = stop.value
+                return results
+            got = error = None
+            try:
+                if script is None:
+                    got = await self._queue(client, items).execute(raise_on_error=False)
+                else:
+                    got = await client.script_load(script.source)
+            except Exception as exc:  # noqa: BLE001 - thrown into the dialogue
+                error = exc
 
 
 async def agather(

@@ -43,7 +43,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
@@ -56,13 +56,38 @@ from .scripts import Script, decode
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive
 
-__all__ = ["Item", "Lease", "Renewer", "lease_count", "renewer_for"]
+__all__ = [
+    "UNREACHABLE", "Item", "Lease", "Renewer", "Steps", "lease_count", "renewer_for", "send_steps",
+]
 
 log = logging.getLogger(__name__)
 
 RETRY = 1.0  # s between renewal attempts while Redis cannot be reached
 IDLE_EXIT = 30.0  # s without leases after which the renewer thread exits
 EARLY = 0.25  # a lease due within this fraction of its period joins the current batch
+
+
+#: What a renewal round trip may raise when Redis could not be reached this time: a failed
+#: renewal, not a bug. RedisClusterException (no slot map, every node unreachable) is not a
+#: RedisError, nor is an OSError from a socket that redis-py did not wrap (asyncio's
+#: connections let some through); both mean the same here. One policy for both renewers.
+UNREACHABLE = (RedisError, RedisClusterException, OSError)
+
+#: A renewal dialogue: yields ``None`` to send the pipeline of its items (and receives the
+#: list of replies) or a :class:`Script` to load; returns the replies. Written once, without
+#: I/O, for the threading driver (``Renewer._drive``) and the asyncio one.
+Steps = Generator[Optional[Script], Any, List[Any]]
+
+
+def send_steps(items: List["Item"]) -> Steps:
+    """One renewal pipeline, with its scripts loaded again if the server lost its script
+    cache (a restart, SCRIPT FLUSH): yields what to send, returns the replies."""
+    results: List[Any] = yield None
+    if any(isinstance(r, NoScriptError) for r in results):
+        for script in {s.sha: s for _, _, s in items}.values():  # noqa: UP028 - the driver sends a reply
+            yield script
+        results = yield None
+    return results
 
 
 class Lease:
@@ -187,23 +212,30 @@ class Renewer:
         with self._mutex:
             idle_since: Optional[float] = None
             while True:
-                now = monotonic()
-                due, next_due = self._due_locked(now)
-                if due:
-                    self._next_wake = float("inf")
-                    return due
-                if not self._leases:
-                    if idle_since is None:
-                        idle_since = now
-                    elif now - idle_since >= IDLE_EXIT:
-                        self._thread = None
-                        return None
-                    self._next_wake = now + IDLE_EXIT
-                    self._wakeup.wait(IDLE_EXIT)
-                else:
-                    idle_since = None
-                    self._next_wake = next_due
-                    self._wakeup.wait(next_due - now)
+                due, pause, idle_since = self._schedule_locked(monotonic(), idle_since)
+                if due or pause is None:
+                    return due or None
+                self._wakeup.wait(pause)
+
+    def _schedule_locked(
+        self, now: float, idle_since: Optional[float]
+    ) -> Tuple[List[Lease], Optional[float], Optional[float]]:
+        """The renewer loop's decision, for the threading and asyncio drivers (no I/O):
+        (leases to renew now, else how long to sleep, ``None``: exit; since when it has
+        had no lease). An exit forgets the running loop, so the next lease starts one."""
+        due, next_due = self._due_locked(now)
+        if due:
+            self._next_wake = float("inf")
+            return due, 0.0, None
+        if self._leases:
+            self._next_wake = next_due
+            return [], next_due - now, None
+        idle_since = now if idle_since is None else idle_since
+        if now - idle_since >= IDLE_EXIT:
+            self._thread = None
+            return [], None, idle_since
+        self._next_wake = now + IDLE_EXIT
+        return [], IDLE_EXIT, idle_since
 
     def _due_locked(self, now: float) -> Tuple[List[Lease], float]:
         """Leases to renew now (due soon: batched with the due ones), and the next due time."""
@@ -239,31 +271,45 @@ class Renewer:
         if isinstance(client, Quorum):
             self._renew_quorum(client, items)
             return
+        self._drive(client, items, self._renew_steps(items))
+
+    def _renew_steps(self, items: List[Item]) -> Steps:
+        """The renewal of ``items`` on one server, for either driver (see :data:`Steps`):
+        send, then extend the leases or report the holds lost. A round trip that fails
+        with one of :data:`UNREACHABLE` is a failed renewal of each item (retried; the
+        hold is lost once its lease is over), never a reason to stop the renewer."""
         sent = monotonic()
         adopts = _snapshot_adopts(items)
-        client = io_client(client)
         try:
-            results = self._pipeline(client, items)
-            if any(isinstance(r, NoScriptError) for r in results):
-                # The server lost its script cache (restart, SCRIPT FLUSH): load and redo.
-                for script in {s.sha: s for _, _, s in items}.values():
-                    client.script_load(script.source)
-                results = self._pipeline(client, items)
-        except (RedisError, RedisClusterException) as exc:
-            # RedisClusterException (no slot map, every node unreachable) is not a
-            # RedisError, yet means the same here: the renewal could not be made.
+            results = yield from send_steps(items)
+        except UNREACHABLE as exc:
             results = [exc] * len(items)
         self._apply(items, results, sent, adopts)
+        return results
 
     def _send(self, client: Any, items: List[Item]) -> List[Any]:
         """One renewal pipeline on one server, its script cache reloaded if it was lost."""
+        return self._drive(client, items, send_steps(items))
+
+    def _drive(self, client: Any, items: List[Item], steps: Steps) -> List[Any]:
+        """The threading driver of a renewal dialogue on ``client``: block as it asks."""
         client = io_client(client)
-        results = self._pipeline(client, items)
-        if any(isinstance(r, NoScriptError) for r in results):
-            for script in {s.sha: s for _, _, s in items}.values():
-                client.script_load(script.source)
-            results = self._pipeline(client, items)
-        return results
+        got: Any = None
+        error: Optional[Exception] = None
+        while True:
+            try:
+                script = steps.send(got) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                results: List[Any] = stop.value
+                return results
+            got = error = None
+            try:
+                if script is None:
+                    got = self._pipeline(client, items)
+                else:
+                    got = client.script_load(script.source)
+            except Exception as exc:  # noqa: BLE001 - thrown into the dialogue
+                error = exc
 
     def _renew_quorum(self, quorum: Quorum, items: List[Item]) -> None:
         """Renew ``items`` on every master of ``quorum`` at once (see :mod:`.quorum`).
