@@ -6,27 +6,52 @@ is atomic on the server and costs one round trip. Scripts live as ``.lua`` files
 return values. Names and owner ids only ever travel as KEYS/ARGV: no user string is pasted
 into script text, so no name can change what a script does.
 
-Every script answers ``{status, value}``; :func:`decode` turns that into a :class:`Reply`
-and is the only code that reads raw integers:
+The reply contract, one for every script :func:`decode` reads (it is the only code that
+reads raw integers; :class:`Reply` is what the rest of the engine sees). A script answers
+``{status, value}``, or ``{status, value, aux, wakes[, items[, token]]}`` for the
+queue-and-hand-over scripts (``queue_lib.lua`` prepended, see :func:`load_queued`; the
+contract in that file's header, the design in docs/design/handover.md):
 
 =========  ==========================================================================
-status     value
+status     meaning, and ``value`` / ``aux``
 =========  ==========================================================================
- 1         granted / released / renewed: the owner's hold count now
- 0         busy: another owner holds it; the value is how long (ms) until that hold's
-           lease ends, which caps how long a waiter sleeps before it looks again
--1         not owner: this owner holds nothing there (lost, or never held)
+ 1         OK. acquire: granted, value = the caller's holds now, aux = lease ms.
+           release: value = holds left (sem_release: permits free after the
+           hand-over). renew: value = items renewed (``items``: each one's status,
+           1 done / -1 not there). leave: value 0 = left, else the re-pointed entry's
+           position. force_release: released, value 0. cond_*: notified / queued /
+           done, value as in each file's header.
+ 2         ADOPTED (acquire): a hand-over grant this waiter had missed, recorded now;
+           nothing added; value = holds, aux = lease ms
+ 3         QUEUED (acquire): value = position (1 = head), aux = ms until the earliest
+           holder lease ends (-1: none), the re-check hint
+ 4         PASSED (leave): a grant the leaving waiter had not adopted was given back
+           and passed on; value = holds given back
+ 0         BUSY. acquire with wait = 0: nothing granted or queued; value = ms until
+           the earliest holder lease ends (-1: none), aux = entries queued.
+           cond_check / cond_leave: still waiting
+-1         NOT HELD. acquire: re-entry refused (the hold is gone); release, leave:
+           nothing held or queued for this owner (sem_release: value = the 1-based
+           pair whose owner holds fewer permits than listed); force_release: no
+           holds hash; cond_*: the entry is gone
+-2         UPGRADE (rw_acquire): the write side asked by an owner that only reads
+-3         OVER (sem_release): a BoundedSemaphore would exceed its value
 =========  ==========================================================================
 
-The queue-and-hand-over scripts (``queue_lib.lua`` prepended, see :func:`load_queued`)
-answer ``{status, value, aux, wakes[, items[, token]]}`` (the table in that file's header and in
-docs/design/handover.md): besides the three above, 2 = ADOPTED (a hand-over grant this
-waiter had missed, recorded now), 3 = QUEUED (``aux``: ms to the earliest holder lease end,
-the re-check hint), 4 = PASSED (a leaving waiter's grant given back and passed on), -2 =
-UPGRADE refused, -3 = OVER (bounded semaphore). ``wakes`` are the lines the script
-published ("g <waiter> <token>" granted, a semaphore's without the token; "w <waiter>"
-woken to try again). ``token``: the fencing token of the hold an RLock or RWLock acquire
-granted fresh or adopted (0 when the reply carries none: re-entry keeps its token).
+A refusal (-1, -2, -3, and 0) changes no hold of the caller, but a queue script still
+does its housekeeping first: expired holds and entries are dropped, what they freed is
+handed over (``wakes``), and the keys' expiries are set again. ``wakes`` are the lines the
+script published ("g <waiter> <token>" granted, a semaphore's without the token; "w
+<waiter>" woken to try again). ``token``: the fencing token of the hold an RLock or RWLock
+acquire granted fresh or adopted (absent, read as 0, when the reply carries none:
+re-entry keeps its token).
+
+Error replies (a ``ResponseError``, nothing changed): ``RLOCKS_BAD_ARG <name>`` for a
+malformed ARGV (the engine validates first, so only a bug or a foreign caller sees it);
+``RLOCKS_SEM_MISMATCH <value> <bounded>`` from a semaphore script when the stored
+semaphore was made with another initial value or kind (``rlocks.semaphore`` turns it into
+a ValueError). ``deadlock_holders.lua`` is the one script outside the contract: a
+read-only list of hold fields, read by :mod:`.deadlock` itself.
 """
 
 from __future__ import annotations
@@ -113,7 +138,7 @@ class Reply(NamedTuple):
 
     @property
     def holds(self) -> int:
-        """Hold count after a granted acquire, a release or a renewal."""
+        """Hold count after a granted acquire (``value`` of a GRANTED or ADOPTED reply)."""
         assert self.status in (GRANTED, ADOPTED)
         return self.value
 

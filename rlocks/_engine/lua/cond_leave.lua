@@ -13,7 +13,8 @@
 --   { 1, p }  it had been notified: the entry is deleted; p = 1 if the notification was
 --             passed on to another waiter, 0 if it was kept (or nobody else waits)
 --   { 0, 0 }  it was still waiting: the entry is deleted, nothing else changed
---   {-1, 0 }  gone already (its lease had ended); nothing changed
+--   {-1, 0 }  gone already (its lease had ended); nothing changed but the pruning of
+--              dead entries every cond_* script does first
 local entry = ARGV[1]
 local pass_on = tonumber(ARGV[2])
 local prefix = ARGV[3]

@@ -48,7 +48,8 @@
 --    0  BUSY      acquire with wait = 0: not granted, nothing queued; value = ms until
 --                 the earliest holder lease ends (-1: none), aux = entries queued
 --   -1  NOT_HELD  acquire re-entry refused (hold gone); release/leave: nothing held or
---                 queued for this owner. Nothing but expired state was changed.
+--                 queued for this owner. No hold changed; expired state was recovered
+--                 (what it freed handed over, expiries reset) as by every call.
 --   -2  UPGRADE   rw acquire of the write side by an owner that only reads: refused
 --   -3  OVER      sem release that would lift a bounded semaphore above its value
 --   wakes: the lines published on KEYS[6] by this call, in queue order, joined by '\n'

@@ -9,8 +9,9 @@
 --           locally and has not adopted yet (adopted now; usually none)
 --
 -- Replies: 1 released (value = the owner's holds left; at 0 the lock went to the head
--- waiter, named in wakes with its fencing token); -1 this owner holds nothing (nothing changed but expired
--- state). The owner's own unadopted hand-over grant counts as adopted by its release.
+-- waiter, named in wakes with its fencing token); -1 this owner holds nothing (no hold
+-- changed; expired state recovered as by every call). The owner's own unadopted
+-- hand-over grant counts as adopted by its release.
 local ctx, i = context('rlock')
 local r = {owner = str_arg(i, 'owner'), side = 'x', n = int_arg(i + 1, 'holds', 1),
            all = int_arg(i + 2, 'all', 0, 1)}

@@ -11,7 +11,7 @@
 --
 -- Replies: 1 released (value = holds left on that side; grants in wakes, each with its
 -- fencing token); -1 this owner
--- holds nothing on that side (nothing changed but expired state).
+-- holds nothing on that side (no hold changed; expired state recovered as by every call).
 local ctx, i = context('rw')
 local r = {owner = str_arg(i, 'owner'), side = side_arg(i + 1, 'side', 'rw'),
            n = int_arg(i + 2, 'holds', 1), all = int_arg(i + 3, 'all', 0, 1)}

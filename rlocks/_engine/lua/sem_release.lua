@@ -14,7 +14,8 @@
 --   -1  the owner of pair value (1-based) holds fewer permits than listed
 --   -3  a BoundedSemaphore would have more permits in circulation (free plus held by
 --       live owners) than its value
--- Refusals change nothing but expired state.
+-- Refusals change no permit; expired state is recovered (and what it freed handed over)
+-- as by every call.
 local ctx, i = context('sem')
 local give = int_arg(i, 'permits', 1)
 local takes, owned = {}, 0
