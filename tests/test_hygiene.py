@@ -247,3 +247,22 @@ def test_no_import_cycle_in_the_package() -> None:
         if node not in state:
             visit(node)
     assert cycles == []
+
+
+def test_renewal_uses_only_its_own_renewable_interface_of_a_primitive() -> None:
+    # The renewer once read six private members of Primitive; now every private member it
+    # touches on another object is one that renewal.Renewable (its own layer) declares.
+    from rlocks._engine import renewal
+
+    declared = set(renewal.Renewable.__annotations__) | {
+        name for name in vars(renewal.Renewable) if name.startswith("_")
+    }
+    tree = ast.parse((PACKAGE / "_engine" / "renewal.py").read_text(encoding="utf-8"))
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "Renewer"))
+    }
+    assert used and used <= declared, used - declared

@@ -30,7 +30,7 @@ from .deadlock import Detector
 from .keys import PrimitiveKeys, keys_for
 from .queued import CALL, READ, WAIT, Steps, take_steps
 from .quorum import Quorum, drift_allowance
-from .renewal import Lease, Renewer, renewer_for
+from .renewal import Lease, Renewable, Renewer, renewer_for
 from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, foreign
 from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for, serial
@@ -102,7 +102,7 @@ class Hold:
         self.token: Optional[int] = None
 
 
-class Primitive:
+class Primitive(Renewable):
     """Engine base class. Subclasses set the class attributes and the ``_*_arguments``.
 
     Not public: users see :class:`rlocks.RLock` and friends.

@@ -43,7 +43,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple
 
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
@@ -51,13 +51,11 @@ from . import metrics
 from .clients import io_client, pool_of
 from .clock import monotonic
 from .quorum import Quorum, drift_allowance
-from .scripts import Script, decode
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .primitive import Primitive
+from .scripts import Arg, Reply, Script, Wait, decode
 
 __all__ = [
-    "UNREACHABLE", "Item", "Lease", "Renewer", "Steps", "lease_count", "renewer_for", "send_steps",
+    "UNREACHABLE", "Item", "Lease", "Renewable", "Renewer", "Steps", "lease_count",
+    "renewer_for", "send_steps",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,15 +88,46 @@ def send_steps(items: List["Item"]) -> Steps:
     return results
 
 
+class Renewable:
+    """What the renewer needs of what it renews: this layer's interface, which
+    ``primitive.Primitive`` implements, so renewal knows nothing else of a primitive.
+    A lease refers to its Renewable weakly (see "Weak references")."""
+
+    __slots__ = ()
+
+    #: The client (or :class:`.quorum.Quorum`) its renewals go through: one pipeline a pool.
+    _client: Any
+    #: The replication WAIT its writes ask for, if any (one WAIT ends a batch).
+    _wait: Wait
+    #: The renew script (loaded again after NOSCRIPT).
+    _renew_script: ClassVar[Script]
+
+    def _describe(self) -> str:
+        """How log lines name it."""
+        raise NotImplementedError
+
+    def _renewal_arguments(self, lease: "Lease") -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of one renewal of ``lease`` (a hold, or a queue entry)."""
+        raise NotImplementedError
+
+    def _renewed(self, lease: "Lease", reply: Reply, adopted: Optional[str]) -> bool:
+        """Whether ``reply`` kept ``lease`` alive (``adopted``: the grant it adopted)."""
+        raise NotImplementedError
+
+    def _hold_lost(self, owner: str, reason: str, lease: Optional["Lease"] = None) -> None:
+        """The renewer found ``owner``'s hold gone (or could not renew it in time)."""
+        raise NotImplementedError
+
+
 class Lease:
     """One owner's hold on one primitive, as the renewer sees it."""
 
     __slots__ = ("ref", "owner", "ttl", "period", "due", "expires", "kind", "adopt", "sending")
 
     def __init__(
-        self, primitive: "Primitive", owner: str, ttl: float, since: float, kind: str = "h"
+        self, primitive: "Renewable", owner: str, ttl: float, since: float, kind: str = "h"
     ) -> None:
-        self.ref: "weakref.ReferenceType[Primitive]" = weakref.ref(primitive)
+        self.ref: "weakref.ReferenceType[Renewable]" = weakref.ref(primitive)
         self.owner = owner
         #: "h": a hold; "e": a queue entry (``owner`` is then the process token)
         self.kind = kind
@@ -114,7 +143,7 @@ class Lease:
 
 
 #: One renewal in a batch: the lease, its (live) primitive, the primitive's renew script.
-Item = Tuple[Lease, "Primitive", Script]
+Item = Tuple[Lease, "Renewable", Script]
 
 
 class Renewer:
@@ -127,7 +156,7 @@ class Renewer:
         self._next_wake = float("inf")
         self._thread: Optional[Any] = None  # the running loop (thread, or asyncio task)
 
-    def add(self, primitive: "Primitive", owner: str, ttl: float, since: float) -> Lease:
+    def add(self, primitive: "Renewable", owner: str, ttl: float, since: float) -> Lease:
         """Start renewing ``owner``'s hold on ``primitive``, granted at ``since``."""
         lease = Lease(primitive, owner, ttl, since)
         with self._mutex:
@@ -138,7 +167,7 @@ class Renewer:
                 self._notify_locked()
         return lease
 
-    def add_entry(self, primitive: "Primitive", token: str, lease: float) -> Lease:
+    def add_entry(self, primitive: "Renewable", token: str, lease: float) -> Lease:
         """Start renewing this process's queue entry on ``primitive`` (lease ``lease`` s,
         renewed every third of it); cancel it when the wait ends."""
         entry = Lease(primitive, token, lease, monotonic(), kind="e")
@@ -177,7 +206,7 @@ class Renewer:
         with self._mutex:
             self._leases.pop(id(lease), None)
 
-    def cancel_others(self, primitive: "Primitive", owner: str, keep: Optional[Lease]) -> None:
+    def cancel_others(self, primitive: "Renewable", owner: str, keep: Optional[Lease]) -> None:
         """Stop renewing every lease of ``owner`` on ``primitive`` but ``keep``: one an
         interrupted acquire started and never attached to the hold. No I/O; scans the
         table (only after an interrupt)."""
@@ -420,7 +449,7 @@ class Renewer:
             return None
         return max(w[0] for w in waits), max(w[1] for w in waits)
 
-    def _failed(self, lease: Lease, primitive: "Primitive", error: Exception) -> None:
+    def _failed(self, lease: Lease, primitive: "Renewable", error: Exception) -> None:
         now = monotonic()
         if now >= lease.expires:
             self.cancel(lease)
