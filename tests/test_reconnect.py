@@ -27,7 +27,7 @@ from redis.retry import Retry
 import rlocks
 import rlocks.asyncio
 from rlocks._engine import clients, waiting
-from rlocks._engine import inspect as engine_inspect
+from rlocks._engine import state as engine_inspect
 from rlocks._engine.identity import thread_owner
 from rlocks.server import TemporaryRedisServer
 
