@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections.abc import Generator
 from functools import cache
 from importlib import resources
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -247,14 +248,75 @@ def run(
     connection that is not logged in raises ``AuthenticationError``; other Redis errors
     than NOSCRIPT propagate unchanged.
     """
+    steps = _run_steps(client, script, keys, args, wait)
+    got: Any = None
+    error: Optional[ResponseError] = None
+    while True:
+        try:
+            op = steps.send(got) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            reply: Reply = stop.value
+            return reply
+        got = error = None
+        try:
+            if op is _EVAL:
+                got = client.evalsha(script.sha, len(keys), *keys, *args)
+            elif op is _LOAD:
+                got = client.script_load(script.source)
+            else:
+                got = op.execute(raise_on_error=False)
+        except ResponseError as exc:  # thrown into the dialogue (NOSCRIPT, a refusal)
+            error = exc
+
+
+async def arun(
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+) -> Reply:
+    """:func:`run` for ``redis.asyncio`` clients: same contract (the same dialogue), awaited."""
+    steps = _run_steps(client, script, keys, args, wait)
+    got: Any = None
+    error: Optional[ResponseError] = None
+    while True:
+        try:
+            op = steps.send(got) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            reply: Reply = stop.value
+            return reply
+        got = error = None
+        try:
+            if op is _EVAL:
+                got = await client.evalsha(script.sha, len(keys), *keys, *args)
+            elif op is _LOAD:
+                got = await client.script_load(script.source)
+            else:
+                got = await op.execute(raise_on_error=False)
+        except ResponseError as exc:  # thrown into the dialogue (NOSCRIPT, a refusal)
+            error = exc
+
+
+#: What :func:`_run_steps` asks its driver for, besides a pipeline to execute.
+_EVAL = "EVALSHA the script"
+_LOAD = "SCRIPT LOAD the script"
+
+
+def _run_steps(
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait
+) -> Generator[Any, Any, Reply]:
+    """The dialogue of :func:`run` and :func:`arun`, written once without I/O: yields
+    ``_EVAL``, ``_LOAD`` or a pipeline to execute and receives its answer (a Redis error
+    reply is thrown in); returns the decoded reply."""
     try:
         if wait is not None:
-            return _with_wait(client, script, keys, args, wait)
+            results = yield _queue_with_wait(client, script, keys, args, wait)
+            if isinstance(results[0], NoScriptError):
+                yield _LOAD
+                results = yield _queue_with_wait(client, script, keys, args, wait)
+            return _decode_with_wait(results, script)
         try:
-            raw = client.evalsha(script.sha, len(keys), *keys, *args)
+            raw = yield _EVAL
         except NoScriptError:
-            client.script_load(script.source)
-            raw = client.evalsha(script.sha, len(keys), *keys, *args)
+            yield _LOAD
+            raw = yield _EVAL
     except ResponseError as exc:
         refused = _login_refused(exc)
         if refused is None:
@@ -277,44 +339,6 @@ def _decode_with_wait(results: List[Any], script: Script) -> Reply:
         if isinstance(result, Exception):
             raise result
     return decode(results[0], script.name)._replace(replicas=int(results[1]))
-
-
-def _with_wait(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Tuple[int, int]
-) -> Reply:
-    results = _queue_with_wait(client, script, keys, args, wait).execute(raise_on_error=False)
-    if isinstance(results[0], NoScriptError):
-        client.script_load(script.source)
-        results = _queue_with_wait(client, script, keys, args, wait).execute(
-            raise_on_error=False
-        )
-    return _decode_with_wait(results, script)
-
-
-async def arun(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
-) -> Reply:
-    """:func:`run` for ``redis.asyncio`` clients: same contract, awaited I/O."""
-    try:
-        if wait is not None:
-            pipe = _queue_with_wait(client, script, keys, args, wait)
-            results = await pipe.execute(raise_on_error=False)
-            if isinstance(results[0], NoScriptError):
-                await client.script_load(script.source)
-                pipe = _queue_with_wait(client, script, keys, args, wait)
-                results = await pipe.execute(raise_on_error=False)
-            return _decode_with_wait(results, script)
-        try:
-            raw = await client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await client.script_load(script.source)
-            raw = await client.evalsha(script.sha, len(keys), *keys, *args)
-    except ResponseError as exc:
-        refused = _login_refused(exc)
-        if refused is None:
-            raise
-        raise refused from exc
-    return decode(raw, script.name)
 
 
 # redis-py closes a connection whose read was interrupted unless told not to (the keyword
