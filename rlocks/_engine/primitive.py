@@ -3,8 +3,9 @@
 A primitive is one Redis hash (owner id -> hold count), the scripts that change it, the
 owner scope (thread or process) and a wake policy. This base class keeps the *local*
 bookkeeping (which owners of this process hold how much, their leases, whether a hold was
-lost) and runs the shared machinery: the acquire attempt and wait loop
-(:mod:`.waiting`), lease renewal (:mod:`.renewal`) and lost-hold reporting.
+lost) and runs the shared machinery: the acquire through the server-side queue
+(:mod:`.queued`, woken by :mod:`.waiting`), lease renewal (:mod:`.renewal`) and lost-hold
+reporting.
 
 Redis holds the truth; local state is a cache of what this process was granted. It is
 changed under one module-wide mutex that is never held across a network call, so no
