@@ -58,6 +58,10 @@ READ_HOLD = 0.001  # s between a reader's two GETs, so readers overlap and teari
 WRITE_EVERY = 5  # one operation in this many is a write, in the RWLock phase
 PHASE_TIMEOUT = 120.0  # s after which a phase that makes no progress counts as failed
 START_TIMEOUT = 60  # s a worker waits for a phase's start token before giving up
+WORKER_SOCKET_TIMEOUT = 30.0  # s a worker's client waits for any one reply
+# A BLPOP is answered only when its wait ends: each one must end well within the socket
+# timeout, or redis-py gives up on a server that is still blocking (TimeoutError).
+START_SLICE = 5.0  # s one BLPOP for a start token blocks
 
 
 class Options(NamedTuple):
@@ -91,7 +95,7 @@ class _Keys:
 
 def _worker(url: str, namespace: str, run_id: str, options: Options) -> None:
     """One process: for each phase, wait for its start token, then run its threads."""
-    client = redis.Redis.from_url(url, socket_timeout=30)
+    client = redis.Redis.from_url(url, socket_timeout=WORKER_SOCKET_TIMEOUT)
     keys = _Keys(run_id)
     bodies: Dict[str, Callable[[int], Dict[str, Any]]] = {
         "rlock": _rlock_phase(client, namespace, keys, options),
@@ -99,7 +103,7 @@ def _worker(url: str, namespace: str, run_id: str, options: Options) -> None:
         "rw": _rw_phase(client, namespace, keys, options),
     }
     for phase in PHASES:
-        if client.blpop([keys("go", phase)], timeout=START_TIMEOUT) is None:
+        if not _wait_start(client, keys("go", phase)):
             return  # the parent gave up (it reports the failure)
         threads = [
             threading.Thread(target=_run_thread, args=(client, keys, phase, bodies[phase], i))
@@ -109,6 +113,19 @@ def _worker(url: str, namespace: str, run_id: str, options: Options) -> None:
             thread.start()
         for thread in threads:
             thread.join()
+
+
+def _wait_start(client: "redis.Redis", key: str) -> bool:
+    """Block up to START_TIMEOUT s for a start token on ``key``; False if none came.
+
+    The wait is cut into BLPOPs of START_SLICE s: a single BLPOP longer than the client's
+    socket timeout fails with TimeoutError when the other processes are slow to finish
+    the previous phase (seen on a loaded machine)."""
+    # Whole slices: a BLPOP timeout that rounds down to 0 ms would block for ever.
+    for _ in range(max(1, round(START_TIMEOUT / START_SLICE))):
+        if client.blpop([key], timeout=START_SLICE) is not None:
+            return True
+    return False
 
 
 def _run_thread(

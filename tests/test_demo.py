@@ -6,6 +6,8 @@ import json
 import re
 import subprocess
 import sys
+import time
+import uuid
 from typing import Any, Dict
 
 import pytest
@@ -61,6 +63,21 @@ def test_demo_starts_its_own_server_without_rlocks_url(monkeypatch: pytest.Monke
     assert run.returncode == 0, run.stdout + run.stderr
     assert "started a throwaway redis-server" in run.stdout
     assert "OK: every check holds" in run.stdout
+
+
+def test_a_worker_waits_for_its_start_longer_than_its_socket_timeout(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker waits for each phase's start token while the other processes finish the
+    # previous phase; on a loaded machine that took longer than its client's socket
+    # timeout, and one BLPOP as long as the whole wait died with redis TimeoutError.
+    # Scaled down: a 1 s socket timeout, a 3 s wait in which no token ever comes.
+    monkeypatch.setattr(demo, "WORKER_SOCKET_TIMEOUT", 1.0)
+    monkeypatch.setattr(demo, "START_TIMEOUT", 3)
+    monkeypatch.setattr(demo, "START_SLICE", 0.5)
+    began = time.monotonic()
+    demo._worker(redis_url, "rlocks-test", uuid.uuid4().hex[:8], demo.Options(threads=1))
+    assert time.monotonic() - began >= 3  # it waited the whole START_TIMEOUT, then gave up
 
 
 def test_a_failed_check_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
