@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
-from typing import Any
+from typing import Any, Set
 
 import pytest
 
@@ -23,6 +23,7 @@ lock_tests = pytest.importorskip(
 
 import rlocks  # noqa: E402
 
+from ._servers import wait_until  # noqa: E402
 from .conftest import NAMESPACE  # noqa: E402
 
 _serial = itertools.count()
@@ -68,11 +69,21 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     _client = client
     lock = make_rlock()
     lock.acquire()
-    contender = threading.Thread(target=lock.acquire, kwargs={"timeout": 0.01})
+    # Held until both threads run: a contender with a short time-out (it was 10 ms) could
+    # give up before it waited on a loaded machine, and the hub then started inside the
+    # test (TestSemaphore::test_acquire_contended failed so, "failed to cleanup 1 threads").
+    contender = threading.Thread(target=lambda: lock.acquire(timeout=60) and lock.release())
     contender.start()
-    contender.join()
+    wait_until(lambda: _rlocks_threads() >= {"rlocks-renewer", "rlocks-wakeup-hub"}, 60,
+               "rlocks' renewer and wake-up hub threads")
     lock.release()
+    contender.join(60)
+    assert not contender.is_alive()
     yield
+
+
+def _rlocks_threads() -> Set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("rlocks-")}
 
 
 REPR_REASON = (
