@@ -17,14 +17,14 @@ import itertools
 import os
 import subprocess
 import uuid
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import redis
 
 from rlocks.server import RedisServerNotFound, TemporaryRedisServer, find_redis_server
 
-from ._servers import server_binary_for
+from ._servers import LocalCluster, server_binary_for, server_version
 
 NAMESPACE = "rlocks-test"
 
@@ -82,6 +82,36 @@ def _point_default_client_at_test_server(
     # Primitives built with client=None (the documented default) must use the test server,
     # never a developer's real Redis on localhost:6379.
     monkeypatch.setenv("RLOCKS_URL", redis_url)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """A local Redis Cluster of three masters, one per test module that asks for it.
+
+    The local cluster's config (cluster-port) and the engine's sharded pub/sub on a
+    cluster both need redis-server 7.0: on an older server (6.2 of the matrix) the test
+    skips, naming the version it found.
+    """
+    if server_version() < (7, 0):
+        pytest.skip("the local cluster and sharded pub/sub need redis-server 7.0 or newer; "
+                    f"found {server_version() or 'none'}")
+    with LocalCluster(3) as c:
+        yield c
+
+
+@pytest.fixture(params=["single", "cluster"])
+def target(
+    request: pytest.FixtureRequest, redis_url: str
+) -> Iterator[Tuple[Any, Dict[str, Any]]]:
+    """(client, client spec for worker processes) on a single server or the cluster."""
+    if request.param == "single":
+        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        yield client, {"url": redis_url}
+    else:
+        cluster = request.getfixturevalue("cluster")
+        client = cluster.client()
+        yield client, {"cluster": cluster.startup_nodes}
+    client.close()
 
 
 _names = itertools.count()

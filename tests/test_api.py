@@ -22,6 +22,7 @@ import rlocks
 import rlocks.asyncio as ra
 
 from ._servers import wait_until
+from ._threads import in_thread
 from .conftest import NAMESPACE, snapshot, without_counters
 
 # -- logging: a library is silent unless the program configures logging -----------------
@@ -186,24 +187,6 @@ def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
-
-
-def in_thread(fn: Callable[[], Any]) -> Any:
-    out: List[Any] = []
-    errors: List[BaseException] = []
-
-    def body() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join(30)
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

@@ -34,13 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3) as c:
-        yield c
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # as the shared cluster it runs on (conftest)
 def cclient(cluster: LocalCluster) -> Iterator[Any]:
     client = cluster.client()
     yield client

@@ -17,7 +17,7 @@ import pickle
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 import redis
@@ -543,12 +543,6 @@ def test_bounded_buffer_across_four_processes_loses_and_duplicates_nothing(
 needs_sharded_pubsub = pytest.mark.skipif(
     server_version() < (7, 0), reason="sharded pub/sub needs redis-server 7.0 or newer"
 )
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3) as c:
-        yield c
 
 
 @needs_sharded_pubsub

@@ -15,7 +15,7 @@ import multiprocessing
 import threading
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import redis
@@ -26,7 +26,7 @@ from rlocks._engine import deadlock, identity
 from rlocks._engine.keys import wait_key, wait_seq_key
 
 from . import _procs
-from ._servers import LocalCluster, server_version, wait_until
+from ._servers import LocalCluster, wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 DEADLOCK_TIMEOUT = 0.5
@@ -405,14 +405,6 @@ def test_processes_in_a_cycle_one_raises(
 ) -> None:
     names = [f"{name}-{i}" for i in range(len(kinds))]
     _run_processes({"url": redis_url}, client, ns, kinds, names)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    if server_version() < (7, 0):
-        pytest.skip("the cluster tests need redis-server 7.0 or newer")
-    with LocalCluster(3) as c:
-        yield c
 
 
 def _names_on_different_nodes(cclient: Any, ns: str, kinds: List[str]) -> List[str]:

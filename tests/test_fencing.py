@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import redis
@@ -31,57 +31,13 @@ from rlocks._engine.state import force_release
 from rlocks.server import TemporaryRedisServer
 
 from . import _fence_workers
-from ._servers import LocalCluster, server_version, wait_until
+from ._servers import wait_until
+from ._threads import in_thread as _in_thread
 from .conftest import NAMESPACE
 from .test_handover_scripts import T0, _Prim
 
 SPAWN = multiprocessing.get_context("spawn")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fencing.py"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    # As in test_handover: the local cluster's config (cluster-port) and the engine's
-    # sharded pub/sub on a cluster both need 7.0; Redis 6.2 of the matrix skips, naming it.
-    if server_version() < (7, 0):
-        pytest.skip(f"sharded pub/sub needs redis-server 7.0 or newer; found {server_version()}")
-    with LocalCluster(3) as c:
-        yield c
-
-
-@pytest.fixture(params=["single", "cluster"])
-def target(
-    request: pytest.FixtureRequest, redis_url: str
-) -> Iterator[Tuple[Any, Dict[str, Any]]]:
-    """(client, client spec for worker processes) on a single server or the cluster."""
-    if request.param == "single":
-        client = redis.Redis.from_url(redis_url, socket_timeout=10)
-        yield client, {"url": redis_url}
-    else:
-        cluster = request.getfixturevalue("cluster")
-        client = cluster.client()
-        yield client, {"cluster": cluster.startup_nodes}
-    client.close()
-
-
-def _in_thread(fn: Any) -> Any:
-    """Run ``fn()`` in another thread (another owner) and return its result."""
-    out: List[Any] = []
-    errors: List[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(30)
-    assert not t.is_alive()
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 def _errors(client: Any, data: str) -> List[str]:

@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 import redis
@@ -27,6 +27,8 @@ import rlocks.asyncio as ra
 import rlocks.metrics
 from rlocks._engine import state as engine_inspect
 
+from ._threads import joined
+from ._threads import started as in_thread
 from .conftest import NAMESPACE
 
 pytest.importorskip("opentelemetry.sdk")
@@ -100,29 +102,6 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
-
-
-def in_thread(target: Callable[[], Any]) -> Tuple[threading.Thread, Dict[str, Any]]:
-    """Run ``target`` in a thread; its result or error lands in the returned dict."""
-    out: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["result"] = target()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
-
-def joined(thread: threading.Thread, out: Dict[str, Any]) -> Any:
-    thread.join(30)
-    assert not thread.is_alive()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
 
 
 def timed(call: Callable[[], Any]) -> Tuple[Any, float, float]:

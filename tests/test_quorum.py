@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 import redis
@@ -24,6 +24,7 @@ from rlocks._engine.identity import thread_owner
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
+from ._threads import in_thread
 
 SPAWN = multiprocessing.get_context("spawn")
 TIMEOUT = 1.0  # s, the masters' clients' socket timeout: what a paused master costs
@@ -111,26 +112,6 @@ def three() -> Iterator[Masters]:
 
 def rlock_key(name: str) -> str:
     return f"rlocks:rlock:{{{name}}}"
-
-
-def in_thread(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` in another thread (another owner) and return its result or raise."""
-    out: List[Any] = []
-    errors: List[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(30)
-    assert not t.is_alive(), "the other thread did not finish"
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 class Holder:

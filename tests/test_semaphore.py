@@ -21,6 +21,7 @@ from rlocks.errors import LockLostError
 from rlocks.semaphore import BoundedSemaphore, Semaphore
 
 from ._servers import wait_until
+from ._threads import in_thread as _run_thread
 from .conftest import NAMESPACE, snapshot
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -328,24 +329,6 @@ def test_statistics_reports_permits_and_free_count(client: "redis.Redis[bytes]",
 
 
 # -- whose permits: each thread's, each loss reported to it (issue 10 B) --------------------
-
-
-def _run_thread(target: Any) -> None:
-    """Run ``target`` in a new thread; re-raise what it raised here."""
-    errors: list = []
-
-    def body() -> None:
-        try:
-            target()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive()
-    if errors:
-        raise errors[0]
 
 
 def test_a_loss_is_not_absorbed_by_another_threads_grant(
