@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import redis
@@ -29,7 +29,7 @@ from rlocks._engine.primitive import Primitive
 from rlocks._engine.scripts import run
 
 from . import _procs
-from ._servers import LocalCluster, server_version, wait_until
+from ._servers import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 NS = "rlocks-handover-test"
@@ -39,29 +39,6 @@ ENTRY_S = Primitive._entry_ms / 1000.0
 # loaded machine, well under the 30 s holder lease a wrong fix would wait for.
 BOUND = 2 * ENTRY_S + 3.0
 _KEY_KIND = {"rlock": "rlock", "write": "rw", "read": "rw", "sem": "sem", "bsem": "sem"}
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    if server_version() < (7, 0):
-        pytest.skip("sharded pub/sub needs redis-server 7.0 or newer")
-    with LocalCluster(3) as c:
-        yield c
-
-
-@pytest.fixture(params=["single", "cluster"])
-def target(
-    request: pytest.FixtureRequest, redis_url: str
-) -> Iterator[Tuple[Any, Dict[str, Any]]]:
-    """(client, client spec for worker processes) on a single server or the cluster."""
-    if request.param == "single":
-        client = redis.Redis.from_url(redis_url, socket_timeout=10)
-        yield client, {"url": redis_url}
-    else:
-        cluster = request.getfixturevalue("cluster")
-        client = cluster.client()
-        yield client, {"cluster": cluster.startup_nodes}
-    client.close()
 
 
 def _queue_key(kind: str, name: str) -> str:
@@ -92,6 +69,47 @@ def _reap(*procs: Any) -> None:
         proc.join(10)
 
 
+class _Scene:
+    """A test's primitive ``(kind, name)`` held by this thread at every level it nests,
+    and the worker processes queued on it. On exit, the workers still running are
+    killed (stopped ones woken first) and the workers' data keys deleted."""
+
+    def __init__(self, client: Any, kind: str, name: str, fair: bool = True) -> None:
+        self.client = client
+        self.kind = kind
+        self.name = name
+        self.data = f"{NS}:data:{{{name}}}"  # the workers' lists: got, timed-out, errors
+        self.queue = _queue_key(kind, name)
+        self.procs: List[Any] = []
+        _prim, acquire, self._release, self._nesting = _procs.make_mutex(
+            kind, name, client, NS, ttl=30, fair=fair
+        )
+        for _ in range(self._nesting):
+            assert acquire(timeout=10)
+
+    def worker(self, spec: Dict[str, Any], **options: Any) -> Any:
+        """Start a :func:`_procs.queue_worker` on the primitive (reaped on exit)."""
+        proc = _worker(spec, self.kind, self.name, self.data, **options)
+        self.procs.append(proc)
+        return proc
+
+    def release(self) -> None:
+        """Release this thread's hold, every level of it."""
+        for _ in range(self._nesting):
+            self._release()
+
+    def errors(self) -> Any:
+        """What the workers reported failing (the assertion messages show it)."""
+        return self.client.lrange(f"{self.data}:errors", 0, -1)
+
+    def __enter__(self) -> "_Scene":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _reap(*self.procs)
+        self.client.delete(f"{self.data}:got", f"{self.data}:errors", f"{self.data}:timed-out")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["killed-while-queued", "killed-after-hand-over"])
@@ -100,16 +118,11 @@ def test_a_dead_waiter_delays_the_next_holder_at_most_the_entry_lease(
     target: Tuple[Any, Dict[str, Any]], kind: str, mode: str, name: str
 ) -> None:
     client, spec = target
-    data = f"{NS}:data:{{{name}}}"
-    _prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
-    for _ in range(nesting):
-        assert acquire(timeout=10)
-    queue = _queue_key(kind, name)
-    victim = _worker(spec, kind, name, data)
-    survivor = None
-    try:
+    with _Scene(client, kind, name) as scene:
+        data, queue = scene.data, scene.queue
+        victim = scene.worker(spec)
         wait_until(lambda: client.zcard(queue) == 1, 60, "the victim to queue")
-        survivor = _worker(spec, kind, name, data)
+        survivor = scene.worker(spec)
         wait_until(lambda: client.zcard(queue) == 2, 60, "the survivor to queue")
         entries = keys_for(NS, _KEY_KIND[kind], name).queued()[3]
         if mode == "killed-while-queued":
@@ -119,8 +132,7 @@ def test_a_dead_waiter_delays_the_next_holder_at_most_the_entry_lease(
             # Stopped, it cannot read its grant nor adopt it; killed once it was handed.
             os.kill(victim.pid, signal.SIGSTOP)
         began = time.monotonic()
-        for _ in range(nesting):
-            release()
+        scene.release()
         if mode == "killed-after-hand-over":
             wait_until(lambda: any(k.startswith(b"g:") for k in client.hkeys(entries)), 10,
                        "the hand-over to the stopped victim")
@@ -129,11 +141,8 @@ def test_a_dead_waiter_delays_the_next_holder_at_most_the_entry_lease(
         wait_until(lambda: client.llen(f"{data}:got") == 1, BOUND, "the survivor's grant")
         assert time.monotonic() - began < BOUND
         survivor.join(30)
-        assert survivor.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        assert survivor.exitcode == _procs.EXIT_OK, scene.errors()
         assert _pids(client, f"{data}:got") == [survivor.pid]
-    finally:
-        _reap(victim, *([survivor] if survivor is not None else []))
-        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
 
 
 @pytest.mark.slow
@@ -143,31 +152,25 @@ def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
     target: Tuple[Any, Dict[str, Any]], kind: str, name: str
 ) -> None:
     client, spec = target
-    data = f"{NS}:data:{{{name}}}"
-    prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
-    for _ in range(nesting):
-        assert acquire(timeout=10)
-    queue = _queue_key(kind, name)
-    timeout = ENTRY_S / 2  # its deadline passes while stopped, before its grant's lease ends
-    victim = _worker(spec, kind, name, data, timeout=timeout)
-    survivor = None
-    try:
+    with _Scene(client, kind, name) as scene:
+        data, queue = scene.data, scene.queue
+        timeout = ENTRY_S / 2  # its deadline passes while stopped, before its grant's lease ends
+        victim = scene.worker(spec, timeout=timeout)
         wait_until(lambda: client.zcard(queue) == 1, 60, "the victim to queue")
         os.kill(victim.pid, signal.SIGSTOP)
         queued_at = time.monotonic()
-        survivor = _worker(spec, kind, name, data)
+        survivor = scene.worker(spec)
         # By its entry (ids are host:pid:nonce): on a slow machine the stopped victim's
         # entry may have ended before the survivor's process got going (then the release
         # goes to the survivor; the checks below hold either way).
         wait_until(lambda: any(f":{survivor.pid}:".encode() in member
                                for member in client.zrange(queue, 0, -1)),
                    60, "the survivor to queue")
-        for _ in range(nesting):
-            release()  # handed to the stopped victim
+        scene.release()  # handed to the stopped victim
         wait_until(lambda: time.monotonic() - queued_at > timeout, 10, "the victim's deadline")
         os.kill(victim.pid, signal.SIGCONT)  # its time-out and its grant now race
         victim.join(30)
-        assert victim.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        assert victim.exitcode == _procs.EXIT_OK, scene.errors()
         wait_until(lambda: survivor.pid in _pids(client, f"{data}:got"), BOUND,
                    "the survivor's grant")
         survivor.join(30)
@@ -178,9 +181,6 @@ def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
         holds = {k: v for k, v in client.hgetall(keys_for(NS, _KEY_KIND[kind], name).hash)
                  .items() if not k.startswith(b"#")}
         assert holds == {}
-    finally:
-        _reap(victim, *([survivor] if survivor is not None else []))
-        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
 
 
 @pytest.mark.slow
@@ -190,25 +190,15 @@ def test_waiting_processes_are_served_in_arrival_order(
     target: Tuple[Any, Dict[str, Any]], kind: str, name: str
 ) -> None:
     client, spec = target
-    data = f"{NS}:data:{{{name}}}"
-    _prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
-    for _ in range(nesting):
-        assert acquire(timeout=10)
-    queue = _queue_key(kind, name)
-    workers: List[Any] = []
-    try:
+    with _Scene(client, kind, name) as scene:
         for i in range(4):
-            workers.append(_worker(spec, kind, name, data, hold=0.05))
-            wait_until(lambda: client.zcard(queue) == i + 1, 60, f"waiter {i} to queue")
-        for _ in range(nesting):
-            release()
-        for proc in workers:
+            scene.worker(spec, hold=0.05)
+            wait_until(lambda: client.zcard(scene.queue) == i + 1, 60, f"waiter {i} to queue")
+        scene.release()
+        for proc in scene.procs:
             proc.join(60)
-            assert proc.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
-        assert _pids(client, f"{data}:got") == [proc.pid for proc in workers]
-    finally:
-        _reap(*workers)
-        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+            assert proc.exitcode == _procs.EXIT_OK, scene.errors()
+        assert _pids(client, f"{scene.data}:got") == [proc.pid for proc in scene.procs]
 
 
 @pytest.mark.slow
@@ -218,26 +208,16 @@ def test_an_unfair_primitive_wakes_its_waiter_which_takes_it(
     target: Tuple[Any, Dict[str, Any]], kind: str, name: str
 ) -> None:
     client, spec = target
-    data = f"{NS}:data:{{{name}}}"
-    _prim, acquire, release, nesting = _procs.make_mutex(
-        kind, name, client, NS, ttl=30, fair=False
-    )
-    for _ in range(nesting):
-        assert acquire(timeout=10)
-    worker = _worker(spec, kind, name, data, fair=False)
-    try:
-        wait_until(lambda: client.zcard(_queue_key(kind, name)) == 1, 60, "the waiter")
+    with _Scene(client, kind, name, fair=False) as scene:
+        worker = scene.worker(spec, fair=False)
+        wait_until(lambda: client.zcard(scene.queue) == 1, 60, "the waiter")
         began = time.monotonic()
-        for _ in range(nesting):
-            release()
+        scene.release()
         # Woken ("w"), it asks again and takes the free primitive: no lease to wait for.
-        wait_until(lambda: client.llen(f"{data}:got") == 1, BOUND, "the woken waiter")
+        wait_until(lambda: client.llen(f"{scene.data}:got") == 1, BOUND, "the woken waiter")
         assert time.monotonic() - began < BOUND
         worker.join(30)
         assert worker.exitcode == _procs.EXIT_OK
-    finally:
-        _reap(worker)
-        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
 
 
 @pytest.mark.parametrize("fair", [True, False])
