@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import redis
@@ -48,13 +48,14 @@ def _tokens(client: Any, data: str) -> List[int]:
     return [int(t) for t in client.lrange(f"{data}:tokens", 0, -1)]
 
 
-def _reap(*procs: Any) -> None:
+def _reap(*procs: Any, errors: Callable[[], Any] = lambda: None) -> None:
+    """Join (or kill) each worker; assert it exited 0, showing ``errors()`` if not."""
     for proc in procs:
         proc.join(60)
         if proc.is_alive():  # pragma: no cover - only on a hung worker
             proc.kill()
             proc.join(5)
-        assert proc.exitcode == 0, proc.exitcode
+        assert proc.exitcode == 0, (proc.exitcode, errors())
 
 
 # -- the scripts' contract -----------------------------------------------------------------
@@ -259,7 +260,7 @@ def test_hand_over_to_a_waiter_of_another_process_carries_its_token(
         wait_until(lambda: client.zcard(queue) == 1, 30, "the other process to queue")
         lock.release()
     finally:
-        _reap(proc)
+        _reap(proc, errors=lambda: _errors(client, data))
     assert _errors(client, data) == []
     [handed] = _tokens(client, data)
     assert first is not None and handed > first
@@ -281,7 +282,7 @@ def test_tokens_strictly_increase_across_processes(
     ]
     for proc in procs:
         proc.start()
-    _reap(*procs)
+    _reap(*procs, errors=lambda: _errors(client, data))
     assert _errors(client, data) == []
     tokens = _tokens(client, data)
     assert len(tokens) == 45
