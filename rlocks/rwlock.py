@@ -77,8 +77,11 @@ class _SideCore(Primitive):
         # Either side counts: a writer taking the read side (a downgrade) is granted at
         # once by the script, and queueing it behind local readers that wait for this
         # very writer would deadlock. The books count the sides apart (as Redis does).
+        # With fair=False it tries first, as any other barger does.
         pool, key, _field = super()._hold_key(owner)
-        return all(self._held_in_process((pool, key, f"{side}:{owner}")) == 0 for side in "rw")
+        return self._fair and all(
+            self._held_in_process((pool, key, f"{side}:{owner}")) == 0 for side in "rw"
+        )
 
     def _describe_class(self) -> str:
         return f"{self._label}.{self._side_name}"

@@ -153,8 +153,9 @@ class _SemaphoreCore(Primitive):
 
     def _queues_locally(self, owner: str) -> bool:
         # Permits are not re-entered: an owner holding some waits for more like anyone
-        # else, behind this process's earlier waiters (one queue entry per process).
-        return True
+        # else, behind this process's earlier waiters (one queue entry per process);
+        # with fair=False it tries first, as any other barger does.
+        return self._fair
 
     def _release_arguments(
         self, owner: str, count: int, everything: bool

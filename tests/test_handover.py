@@ -262,6 +262,134 @@ def test_fair_decides_whether_a_free_primitive_goes_past_the_queue(
     client.delete(*prim._keys.queued()[:5])
 
 
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_an_unfair_releaser_keeps_barging_while_the_woken_waiter_is_patient(
+    client: "redis.Redis[bytes]", kind: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A patience far longer than the test: every release below falls within it.
+    monkeypatch.setattr(Primitive, "_patience_ms", 600_000)
+    prim, acquire, release, _ = _procs.make_mutex(kind, name, client, NS, 30, fair=False)
+    assert acquire(timeout=10)
+    ghost = "ghost:1:x"  # a waiter of another process that never asks again
+    owner = f"{ghost}:1"
+    if kind == "sem":
+        args = [*prim._context(), owner, owner, ghost, 30000, 1, 1]
+    else:
+        args = [*prim._context(), owner, ghost, 30000, 1, 0, 1]
+    assert run(client, prim._acquire_script, prim._keys.queued(), args).queued
+    try:
+        # The first release wakes the ghost; it and the later ones leave the primitive
+        # free for the releasing process, section after section (the old rule handed it
+        # to the ghost at the second release).
+        for _ in range(5):
+            release()
+            assert acquire(blocking=False)
+        release()
+        assert client.zrange(prim._keys.queued()[2], 0, -1) == [ghost.encode()]
+    finally:
+        client.delete(*prim._keys.queued()[:5])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_an_unfair_primitive_hammered_by_one_thread_starves_no_waiter(
+    redis_url: str, kind: str, name: str
+) -> None:
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    data = f"{NS}:data:{{{name}}}"
+    _prim, acquire, release, _ = _procs.make_mutex(kind, name, client, NS, 30, fair=False)
+    stop = threading.Event()
+    errors: List[BaseException] = []
+    local: List[bool] = []
+
+    def hammer() -> None:
+        # re-acquires the moment it releases, as a busy worker does
+        try:
+            while not stop.is_set():
+                assert acquire(timeout=60)
+                release()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    def local_waiter() -> None:
+        try:
+            local.append(acquire(timeout=60))
+            release()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer)]
+    threads[0].start()
+    worker = _worker({"url": redis_url}, kind, name, data, fair=False)
+    try:
+        # a waiter of another process and one of this process both get their turn
+        wait_until(lambda: client.llen(f"{data}:got") == 1 or not worker.is_alive(), 90,
+                   "the other process's waiter")
+        threads.append(threading.Thread(target=local_waiter))
+        threads[1].start()
+        threads[1].join(90)
+        worker.join(30)
+        assert worker.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+        assert _pids(client, f"{data}:got") == [worker.pid]
+        assert local == [True]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        _reap(worker)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+        client.close()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_an_unfair_thread_does_not_queue_behind_its_own_process_s_waiters(
+    client: "redis.Redis[bytes]", kind: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Primitive, "_patience_ms", 600_000)
+    prim, acquire, release, _ = _procs.make_mutex(kind, name, client, NS, 30, fair=False)
+    assert acquire(timeout=10)
+    queue = prim._keys.queued()[2]
+    # the queue head: a waiter of another process that never asks again
+    ghost = "ghost:1:x"
+    owner = f"{ghost}:1"
+    if kind == "sem":
+        args = [*prim._context(), owner, owner, ghost, 30000, 1, 1]
+    elif kind == "write":
+        args = [*prim._context(), owner, ghost, "w", 30000, 1, 0, 1]
+    else:
+        args = [*prim._context(), owner, ghost, 30000, 1, 0, 1]
+    assert run(client, prim._acquire_script, prim._keys.queued(), args).queued
+    box: List[Any] = []
+
+    def wait_behind() -> None:
+        try:
+            got = acquire(timeout=3)
+            box.append(got)
+            if got:  # its re-check found the primitive free: that is barging too
+                release()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            box.append(exc)
+
+    thread = threading.Thread(target=wait_behind)
+    thread.start()
+    try:
+        wait_until(lambda: client.zcard(queue) == 2, 30, "this process's waiter to queue")
+        # The release only wakes the ghost (patient for long): the primitive stays free.
+        release()
+        # A blocking acquire of another thread of this process tries first, as any
+        # barger: it does not line up behind the local waiter (which would wait for
+        # the ghost's turn to come and go).
+        assert acquire(timeout=2)
+        release()
+        thread.join(30)
+        assert box in ([False], [True])
+    finally:
+        thread.join(30)
+        client.delete(*prim._keys.queued()[:5])
+
+
 def test_fair_must_be_a_bool(client: "redis.Redis[bytes]", name: str) -> None:
     for make in (
         lambda: rlocks.RLock(name, client=client, fair="yes"),  # type: ignore[arg-type]

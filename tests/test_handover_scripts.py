@@ -278,6 +278,41 @@ def test_rlock_unfair_barges_but_wakes_then_hands_over(client: "redis.Redis[byte
     assert p.holds() == {"p2.a": 1}
 
 
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_unfair_waiter_is_passed_over_within_its_patience_then_handed_over(
+    client: "redis.Redis[bytes]", name: str, kind: str
+) -> None:
+    p = _Prim(client, kind, name, fair=-100, value=1)
+
+    def acq(now: int, who: str) -> Any:
+        if kind == "sem":
+            return p.call("acquire", now, who, who, who.split(".")[0], 30000, 1, 1)
+        return _racq(p, now, who)
+
+    def rel(now: int, who: str) -> Any:
+        if kind == "sem":
+            return p.call("release", now, 1, who, 1)[3]
+        return p.call("release", now, who, 1, 0)[3]
+
+    assert acq(T0, "p1.a")[0] == 1
+    assert acq(T0, "p2.a")[0] == 3
+    # the release wakes p2 and starts its 100 ms patience; p1 barges back in first
+    assert rel(T0, "p1.a") == ["w p2.a"]
+    assert acq(T0, "p1.a")[:2] == [1, 1]
+    # p2 lost the race: queued in its place, told to ask again when its patience ends
+    assert acq(T0 + 10, "p2.a") == [3, 1, 90, []]
+    # within the patience a release neither grants p2 nor wakes it again: the barger
+    # runs section after section
+    for now in (T0 + 20, T0 + 60, T0 + 99):
+        assert rel(now, "p1.a") == []
+        assert acq(now, "p1.a")[:2] == [1, 1]
+    assert p.queue() == ["p2"]
+    # the first release after it hands over to p2; p1 now queues behind
+    assert rel(T0 + 100, "p1.a") == ["g p2.a"]
+    assert p.holds() == {"p2.a": 1}
+    assert acq(T0 + 100, "p1.a")[0] == 3
+
+
 def test_real_server_time_and_tiny_leases(client: "redis.Redis[bytes]", name: str) -> None:
     """ARGV[1] = '' reads redis TIME: a dead holder's tiny lease ends on the real clock."""
     p = _Prim(client, "rlock", name, elease=5000)
@@ -503,7 +538,9 @@ class Model:
 
     def __init__(self, kind: str, fair: int, elease: int, value: int = 0,
                  bounded: int = 0) -> None:
-        self.kind, self.fair, self.elease = kind, fair, elease
+        # fair: 1, or 0 / -patience (ms) for not fair (the script's ARGV[3])
+        self.kind, self.fair, self.elease = kind, int(fair == 1), elease
+        self.patience = max(0, -fair)
         self.value, self.bounded = value, bounded
         self.holds: Dict[str, List[int]] = {}  # field -> [count, end]
         self.queue: List[str] = []  # entry ids, oldest first
@@ -598,15 +635,17 @@ class Model:
             if not self.fits(cap, e["s"], e["o"], e["n"]):
                 return
             self.take(cap, e["s"], e["o"], e["n"])
-            if self.fair or e["k"]:
+            if self.fair or (e["k"] and self.now >= e["p"]):
                 self.remove_entry(entry)
                 self.grant(e["s"], e["o"], e["n"], self.now + self.elease)
                 assert e["w"] not in self.markers
                 self.markers[e["w"]] = {"o": e["o"], "s": e["s"], "n": e["n"],
                                         "end": self.now + self.elease}
                 self.wakes.append("g " + e["w"])
+            elif e["k"]:
+                i += 1  # passed over within its patience: no new wake-up
             else:
-                e["k"] = 1
+                e["k"], e["p"] = 1, self.now + self.patience
                 self.wakes.append("w " + e["w"])
                 i += 1
 
@@ -654,13 +693,17 @@ class Model:
         if not wait:
             self.handover()
             return [0, self.earliest(), len(self.queue), self.wakes]
-        k = self.entries[entry]["k"] if entry in self.entries else 0
+        old = self.entries.get(entry, {"k": 0, "p": 0})
         if entry not in self.entries:
             self.queue.append(entry)
-        self.entries[entry] = {"w": waiter, "o": owner, "s": side, "n": add, "k": k,
-                               "end": self.now + self.elease}
+        self.entries[entry] = {"w": waiter, "o": owner, "s": side, "n": add, "k": old["k"],
+                               "p": old["p"], "end": self.now + self.elease}
         self.handover()
-        return [3, self.queue.index(entry) + 1, self.earliest(), self.wakes]
+        hint = self.earliest()
+        e = self.entries.get(entry)
+        if e and e["k"] and e["p"] > self.now and (hint < 0 or e["p"] - self.now < hint):
+            hint = e["p"] - self.now  # ask again when the patience ends
+        return [3, self.queue.index(entry) + 1, hint, self.wakes]
 
     def release(self, owner: str, side: str, n: int, everything: int) -> List[Any]:
         self.wakes = []
@@ -829,7 +872,7 @@ _model_settings = settings(max_examples=100, deadline=None,
                            suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.mark.parametrize("fair", [1, 0])
+@pytest.mark.parametrize("fair", [1, 0, -UNIT])
 @pytest.mark.parametrize("kind", ["rlock", "rw", "sem"])
 @_model_settings
 @given(data=st.data())

@@ -143,6 +143,11 @@ class Primitive(Renewable):
     #: the most a dead waiter (or a process dead just after being handed the primitive)
     #: delays the next hand-over.
     _entry_ms: ClassVar[int] = 2000
+    #: ``fair=False``: ms a waiter woken by a release may be passed over by bargers before
+    #: the next release hands the primitive to it (each queue position waits at most this
+    #: plus one hold). Long enough for a releasing thread to run many sections in a row
+    #: (a cross-process hand-over costs a wake-up), short enough that nobody waits long.
+    _patience_ms: ClassVar[int] = 50
     _leave_script: ClassVar[Script]
     #: Whether a long wait records a wait-for edge and checks for deadlocks (see
     #: :mod:`.deadlock`): RLock and RWLock sides, whose holds only their owner releases.
@@ -338,9 +343,12 @@ class Primitive(Renewable):
         Never for an owner that already holds anything of this primitive, through this
         object or another one of the same name (``@synchronized`` functions sharing a
         name make one object each): its re-entry is granted at once by the script, and
-        queueing it behind threads that wait for *it* would deadlock.
+        queueing it behind threads that wait for *it* would deadlock. Never with
+        ``fair=False`` either: a thread of this process may barge like any other (the one
+        that just released re-acquires at once, which is what that mode is for); the
+        process's queued waiters are served by the server's hand-over.
         """
-        return self._held_by_all_objects(owner) == 0
+        return self._fair and self._held_by_all_objects(owner) == 0
 
     def _hold_key(self, owner: str) -> Tuple[int, str, str]:
         return (id(pool_of(self._client)), self._keys.hash, owner)
@@ -377,8 +385,8 @@ class Primitive(Renewable):
 
     def _context(self) -> Tuple[Arg, ...]:
         """The context ARGV every queue script starts with: now ('' = server TIME), the
-        publish command, fair, the entry lease (ms)."""
-        return ("", self._publish, 1 if self._fair else 0, self._entry_ms)
+        publish command, fair (1, or minus the patience in ms), the entry lease (ms)."""
+        return ("", self._publish, 1 if self._fair else -self._patience_ms, self._entry_ms)
 
     @staticmethod
     def _entry_id(waiting: bool) -> str:

@@ -12,6 +12,7 @@
 --   KEYS[3]  Q  the queue, ZSET: member = entry id (a process token), score = sequence
 --   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
 --              n = holds wanted, k = 1 once woken without a grant (fair = 0),
+--              p = server ms when its patience ends (fair = 0, set when woken),
 --              t = when the entry took its place (server ms; for inspection only)};
 --              'g:<waiter>' -> JSON {o, s, n, t}: a hand-over grant (t = its fencing
 --              token as a string, '0' for a semaphore) the waiter has not
@@ -27,8 +28,10 @@
 --   ARGV[1]  now, server ms; '' = read redis TIME (production always sends ''; tests send
 --            a value to drive lease expiry without sleeping)
 --   ARGV[2]  publish command: 'PUBLISH' or 'SPUBLISH' (chosen by the engine)
---   ARGV[3]  fair: 1 = FIFO, no barging; 0 = a free primitive goes to whoever asks, a
---            release wakes the head waiters first and hands over on their second turn
+--   ARGV[3]  fair: 1 = FIFO, no barging; 0 or -P = not fair: a free primitive goes to
+--            whoever asks, a release wakes the head waiters ('w') and starts their
+--            patience of P ms (0 = none); a woken waiter that lost the race is granted by
+--            the first hand-over once its patience has ended, and not woken again before
 --   ARGV[4]  entry lease, ms (>= 1): lease of a queue entry, and of a hand-over grant
 --            until its owner adopts it
 --   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
@@ -42,7 +45,9 @@
 --    2  ADOPTED   acquire: the caller's waiter had been handed the primitive (a wake-up
 --                 it missed); adopted now, NOTHING added; value = holds, aux = lease ms
 --    3  QUEUED    acquire: the caller's entry waits; value = its position (1 = head),
---                 aux = ms until the earliest holder lease ends (-1: no holder)
+--                 aux = ms until the earliest holder lease ends (-1: no holder), or
+--                 until the entry's patience ends if that is sooner (fair = 0): when
+--                 to ask again
 --    4  PASSED    leave: the waiter had been handed the primitive; those holds were given
 --                 back and passed on; value = holds given back
 --    0  BUSY      acquire with wait = 0: not granted, nothing queued; value = ms until
@@ -130,7 +135,11 @@ local function context(kind)
     if ctx.publish ~= 'PUBLISH' and ctx.publish ~= 'SPUBLISH' then
         bad = bad or 'RLOCKS_BAD_ARG publish'
     end
-    ctx.fair = int_arg(3, 'fair', 0, 1)
+    ctx.fair = int_arg(3, 'fair', -MAXINT, 1)
+    ctx.patience = 0
+    if ctx.fair < 0 then
+        ctx.patience, ctx.fair = -ctx.fair, 0
+    end
     ctx.elease = int_arg(4, 'entry_lease', 1)
     if kind == 'sem' then
         ctx.value = int_arg(5, 'value', 0)
@@ -355,8 +364,10 @@ end
 
 -- Grant queued entries, head first, while the head fits (strict FIFO: a head that does
 -- not fit blocks those behind it, so a large request or a writer never starves).
--- fair = 0: an entry not woken yet is woken ('w') and its share reserved instead of
--- granted; one already woken (it lost the race once) is granted on this turn.
+-- fair = 0: an entry not woken yet is woken ('w'), its share reserved instead of granted
+-- and its patience starts; one already woken (it lost the race) keeps its share reserved
+-- without a new wake-up (waking it at every release would cost its process a round trip
+-- per section of the barger's) until its patience has ended, then it is granted.
 -- Cost: O(log n) per entry granted or woken.
 local function handover(ctx)
     if ctx.tn == 0 then return end
@@ -370,7 +381,7 @@ local function handover(ctx)
         if not fits(ctx, cap, e.s, e.o, e.n) then return end
         local fresh = held_by(ctx, e.s, e.o) == nil
         take(ctx, cap, e.s, e.o, e.n, fresh)
-        if ctx.fair == 1 or e.k == 1 then
+        if ctx.fair == 1 or (e.k == 1 and ctx.now >= (e.p or 0)) then
             remove_entry(ctx, top)
             -- the token travels to the waiter in its line and in the marker (ADOPTED)
             local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
@@ -381,8 +392,13 @@ local function handover(ctx)
             ctx.granted = ctx.granted + 1
             if ctx.kind == 'sem' then token = nil end
             wake(ctx, 'g', e.w, token)
+        elseif e.k == 1 then
+            -- passed over within its patience: it asks again when that ends (its QUEUED
+            -- reply said when), or this walk grants it at a release after that
+            i = i + 1
         else
             e.k = 1
+            e.p = ctx.now + ctx.patience
             ctx.qdirty = true
             redis.call('HSET', W, 'e:' .. top, cjson.encode(e))
             wake(ctx, 'w', e.w)
@@ -534,14 +550,22 @@ local function op_acquire(ctx, a)
         if ctx.tn > 0 then queued = redis.call('ZCARD', Q) end
         return finish(ctx, 0, earliest_hold(ctx), queued)
     end
-    local k = 0
+    local k, p = 0, nil
     local old = get_entry(a.entry)
-    if old ~= nil then k = old.k end
-    enqueue(ctx, a.entry, {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k})
+    if old ~= nil then k, p = old.k, old.p end
+    enqueue(ctx, a.entry, {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k, p = p})
     -- fair = 1 offered the primitive to those ahead already; fair = 0 wakes them here.
     -- The caller's own entry cannot be granted by it: it did not fit the whole capacity.
     handover(ctx)
-    return finish(ctx, 3, redis.call('ZRANK', Q, a.entry) + 1, earliest_hold(ctx))
+    local hint = earliest_hold(ctx)
+    local mine_now = get_entry(a.entry)
+    if mine_now ~= nil and mine_now.k == 1 and mine_now.p ~= nil and mine_now.p > ctx.now
+            and (hint < 0 or mine_now.p - ctx.now < hint) then
+        -- woken and passed over: ask again when the patience ends, in case the barger
+        -- left the primitive free (no release would come to grant it)
+        hint = mine_now.p - ctx.now
+    end
+    return finish(ctx, 3, redis.call('ZRANK', Q, a.entry) + 1, hint)
 end
 
 -- Adopt the hand-over grants of the waiters ARGV[first..] (the caller recorded them).
@@ -586,7 +610,7 @@ local function op_leave(ctx, l)
     end
     if l.next_waiter ~= '' then
         enqueue(ctx, l.entry, {w = l.next_waiter, o = l.next_owner, s = l.next_side,
-            n = l.next_want, k = e.k})
+            n = l.next_want, k = e.k, p = e.p})
         -- the next waiter may fit where the leaving one did not (a reader after a writer)
         handover(ctx)
         local rank = redis.call('ZRANK', Q, l.entry)
