@@ -390,6 +390,42 @@ def test_an_unfair_thread_does_not_queue_behind_its_own_process_s_waiters(
         client.delete(*prim._keys.queued()[:5])
 
 
+def test_an_unfair_asyncio_lock_hammered_by_one_task_starves_no_other(
+    redis_url: str, name: str
+) -> None:
+    async def main() -> None:
+        import redis.asyncio as aredis
+
+        client = aredis.Redis.from_url(redis_url, socket_timeout=10)
+        lock = rlocks.asyncio.RLock(name, client=client, ttl=30, namespace=NS, fair=False)
+        stop = asyncio.Event()
+
+        async def hammer() -> int:
+            n = 0
+            while not stop.is_set():
+                assert await lock.acquire(timeout=60)
+                n += 1
+                await lock.release()
+            return n
+
+        async def wait_once() -> bool:
+            got = bool(await lock.acquire(timeout=60))
+            if got:
+                await lock.release()
+            return got
+
+        busy = asyncio.ensure_future(hammer())
+        try:
+            # the waiter is handed the lock although the hammer re-acquires at once
+            assert await asyncio.wait_for(wait_once(), 90)
+        finally:
+            stop.set()
+        assert await asyncio.wait_for(busy, 60) > 0
+        await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_fair_must_be_a_bool(client: "redis.Redis[bytes]", name: str) -> None:
     for make in (
         lambda: rlocks.RLock(name, client=client, fair="yes"),  # type: ignore[arg-type]
