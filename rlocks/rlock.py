@@ -90,7 +90,7 @@ class RLock(ReentrantLock, _RLockCore):
       the same script, so it returns without another round trip. ``False`` lets a free
       lock go to whoever asks first (the releasing thread may take it again at once); a
       release then wakes one waiting process instead of granting it, and grants it at the
-      first release after its patience (50 ms) ends. Every process using the name must
+      first release after its patience (100 ms) ends. Every process using the name must
       pass the same value. A waiting process that dies delays the next
       holder at most the queue entry's lease (2 s). TypeError if not a bool.
     - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking

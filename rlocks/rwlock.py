@@ -333,7 +333,7 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
       of writers starves the other (a thread already reading may re-enter at once).
       ``fair=False`` lets a free lock go to whoever asks first, barging past the queue;
       a release still wakes only as many waiting processes as it can serve, and grants
-      them at the first release after their patience (50 ms) ends;
+      them at the first release after their patience (100 ms) ends;
     - downgrade is allowed: the write holder may take the read side, then release the
       write side and keep reading;
     - upgrade is refused: a thread holding only the read side that asks for the write

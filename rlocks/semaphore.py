@@ -388,7 +388,7 @@ class Semaphore(_SemaphoreCore):
     waiters they cover, and a waiter that wants more than is free blocks those behind it.
     ``fair=False`` lets a free permit go to whoever asks first; a release still wakes
     only as many waiting processes as it frees permits for, and grants them at the first
-    release after their patience (50 ms) ends. Every process using the name
+    release after their patience (100 ms) ends. Every process using the name
     must pass the same ``fair``.
 
     Construction validates arguments and does no I/O.

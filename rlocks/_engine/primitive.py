@@ -146,8 +146,10 @@ class Primitive(Renewable):
     #: ``fair=False``: ms a waiter woken by a release may be passed over by bargers before
     #: the next release hands the primitive to it (each queue position waits at most this
     #: plus one hold). Long enough for a releasing thread to run many sections in a row
-    #: (a cross-process hand-over costs a wake-up), short enough that nobody waits long.
-    _patience_ms: ClassVar[int] = 50
+    #: (a cross-process hand-over costs a wake-up), short enough that nobody waits long:
+    #: in the contended benchmark 50 ms lost throughput to hand-overs and 10 s gained
+    #: nothing over 100 ms (docs/design/handover.md, "fair=0 wake policy").
+    _patience_ms: ClassVar[int] = 100
     _leave_script: ClassVar[Script]
     #: Whether a long wait records a wait-for edge and checks for deadlocks (see
     #: :mod:`.deadlock`): RLock and RWLock sides, whose holds only their owner releases.
