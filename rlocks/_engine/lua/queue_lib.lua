@@ -31,7 +31,7 @@
 --   ARGV[3]  fair: 1 = FIFO, no barging; 0 or -P = not fair: a free primitive goes to
 --            whoever asks, a release wakes the head waiters ('w') and starts their
 --            patience of P ms (0 = none); a woken waiter that lost the race is granted by
---            the first hand-over once its patience has ended, and not woken again before
+--            the first hand-over once its patience has ended (not woken again within it)
 --   ARGV[4]  entry lease, ms (>= 1): lease of a queue entry, and of a hand-over grant
 --            until its owner adopts it
 --   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
