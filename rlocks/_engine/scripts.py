@@ -426,9 +426,10 @@ class Call:
     """One script invocation with fixed KEYS/ARGV, packed into RESP once and re-sent as is.
 
     A primitive keeps one per (operation, owner, count): an uncontended acquire or release
-    then costs one socket write and one read, with no per-call argument encoding. Unlike
-    redis-py's command path, a failed send is not retried: re-sending a release whose first
-    copy may have run could give back one level too many.
+    then costs one socket write and one read, with no per-call argument encoding (an
+    :data:`OP` argument gets a fresh op id spliced into the packed bytes per send). Unlike
+    redis-py's command path, a failed send is not retried: the caller's time stays bounded
+    (a re-send would be safe: the script answers a repeat from its op record).
     """
 
     __slots__ = ("script", "keys", "args", "wait", "_packed", "_route")
