@@ -11,6 +11,7 @@ grant adopted already and reports it revoked.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from typing import Any, Iterator, List, Optional, Set, Tuple
@@ -238,6 +239,50 @@ def test_a_resent_renewal_adopts_its_grant_once(
 ) -> None:
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
     _check_renewal_adopts_once(lock, proxy, retrying, client)
+
+
+@pytest.mark.parametrize("drop", STEPS)
+def test_asyncio_a_resent_acquire_or_release_is_applied_once(
+    drop: str, name: str, proxy: ReplyDropper, client: Any
+) -> None:
+    """The asyncio twins: each script call runs in a task of its own (shielded), yet it
+    counts as its owner's operation (one stream), and redis.asyncio's Retry re-sends."""
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    import rlocks.asyncio as ra
+
+    async def main() -> None:
+        c = aredis.Redis(
+            port=proxy.port, socket_timeout=5, socket_connect_timeout=5,
+            single_connection_client=True, retry=AsyncRetry(NoBackoff(), 3),
+        )
+        try:
+            # Connected first: redis.asyncio 8.1 does not retry the very first command of
+            # a single-connection client (its connection is made inside that attempt).
+            await c.ping()
+            lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+            owner = identity.task_owner()
+            _load(client, lock)
+            steps = [
+                ("acquire", lock._acquire_script, lock.acquire, 1),
+                ("reentry", lock._acquire_script, lock.acquire, 2),
+                ("release", lock._release_script, lock.release, 1),
+                ("last", lock._release_script, lock.release, 0),
+            ]
+            for step, script, call, holds in steps:
+                if step == drop:
+                    proxy.arm(_sha(script))
+                await call()
+                if step == drop:
+                    assert proxy.dropped.is_set() and len(proxy.passed) == 2
+                assert _holds(client, lock, owner) == holds, step
+            # One record: the owner's (its calls ran in tasks of their own).
+            assert client.hkeys(lock._keys.queued()[7]) == [owner.encode()]
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())
 
 
 def test_op_records_are_bounded_and_expire(name: str, client: Any) -> None:
