@@ -46,6 +46,10 @@ script published ("g <waiter> <token>" granted, a semaphore's without the token;
 acquire granted fresh or adopted (absent, read as 0, when the reply carries none:
 re-entry keeps its token).
 
+A queue script's operation is applied at most once: the same op id sent again (a
+re-send by redis-py after a lost reply) gets the first run's reply, with no wakes, and
+changes nothing (``lua/op_lib.lua``; a refusal is not recorded and is decided afresh).
+
 Error replies (a ``ResponseError``, nothing changed): ``RLOCKS_BAD_ARG <name>`` for a
 malformed ARGV (the engine validates first, so only a bug or a foreign caller sees it);
 ``RLOCKS_SEM_MISMATCH <value> <bounded>`` from a semaphore script when the stored
