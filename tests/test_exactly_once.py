@@ -296,6 +296,38 @@ def test_op_records_are_bounded_and_expire(name: str, client: Any) -> None:
     assert 0 < client.pttl(ops) <= 60_000 and 0 < client.pttl(ends) <= 60_000
 
 
+def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> None:
+    """Records are only added by a new stream, which first removes up to 8 ended ones:
+    their number never exceeds the most alive at one time. (Server time is driven by
+    ARGV[1], as in test_handover_scripts.)"""
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    ops = lock._keys.queued()[7]
+    seq = iter(range(1, 1000))
+
+    def op(stream: str, now: int) -> None:
+        """Acquire and release by ``stream`` at server time ``now``: two recorded ops."""
+        for script, (keys, args) in (
+            (lock._acquire_script, lock._acquire_arguments(stream, 1, False, False)),
+            (lock._release_script, lock._release_arguments(stream, 1, False)),
+        ):
+            args = (str(now), *args[1:])  # ARGV[1]: '' = server TIME; here a given time
+            args = tuple(f"#{next(seq)}:{stream}" if a == "#" else a for a in args)
+            assert run(client, script, keys, args).status == 1
+
+    now = 1_000_000
+    for i in range(20):
+        op(f"old-{i}", now)
+    assert client.hlen(ops) == 20
+    later = now + 60_001  # every old record has ended
+    sizes = []
+    for i in range(3):
+        op(f"new-{i}", later)
+        sizes.append(client.hlen(ops))
+    assert sizes == [13, 6, 3]
+    op("new-0", later + 1)  # a stream that has a record adds none, removes none
+    assert client.hlen(ops) == 3
+
+
 def test_a_malformed_op_id_is_refused_and_changes_nothing(name: str, client: Any) -> None:
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
     keys, args = lock._acquire_arguments("o", 1, False, False)

@@ -24,9 +24,10 @@
 -- (status > 0; a refusal is not recorded, see record) gets the recorded reply with no wakes
 -- (they were published by the first run); nothing is read or written besides the record.
 -- Records end OP_RECORD_MS after their operation (longer than rlocks' socket timeout
--- times a few re-sends: a re-send later than that is run again) and each call removes
--- at most OP_SWEEP ended ones, so the cost per operation is O(log records) and the
--- record keys disappear OP_RECORD_MS after the last operation.
+-- times a few re-sends: a re-send later than that is run again); a new stream's first
+-- record removes up to OP_SWEEP ended ones, so there are never more records than were
+-- alive at one time, the cost per operation is O(log records), and the record keys
+-- disappear OP_RECORD_MS after the last operation.
 
 local O, OE = KEYS[8], KEYS[9]
 local OP_RECORD_MS = 60000
@@ -80,17 +81,21 @@ end
 -- its repeat is decided afresh, and whichever answer arrives is the only one applied.
 local function record(ctx, reply)
     if ctx.op == nil or reply[1] <= 0 then return reply end
-    local ended = redis.call('ZRANGEBYSCORE', OE, '-inf', ctx.now, 'LIMIT', 0, OP_SWEEP)
-    if #ended > 0 then
-        redis.call('HDEL', O, unpack(ended))
-        redis.call('ZREM', OE, unpack(ended))
-    end
     local items = {}
     for k, item in ipairs(reply[5] or {}) do items[k] = fmt(item) end
     redis.call('HSET', O, ctx.op.stream, table.concat({ctx.op.seq, fmt(#reply),
         fmt(reply[1]), fmt(reply[2]), fmt(reply[3]), fmt(reply[6] or 0),
         table.concat(items, ',')}, ' '))
-    redis.call('ZADD', OE, ctx.now + OP_RECORD_MS, ctx.op.stream)
+    if redis.call('ZADD', OE, ctx.now + OP_RECORD_MS, ctx.op.stream) == 1 then
+        -- Only a new stream adds a record, and it removes up to OP_SWEEP ended ones: the
+        -- count grows only when none had ended, so it never exceeds the most records
+        -- alive at one time (never this one: it is live).
+        local ended = redis.call('ZRANGEBYSCORE', OE, '-inf', ctx.now, 'LIMIT', 0, OP_SWEEP)
+        if #ended > 0 then
+            redis.call('HDEL', O, unpack(ended))
+            redis.call('ZREM', OE, unpack(ended))
+        end
+    end
     -- every record ends OP_RECORD_MS after its operation: this one is the last to end
     redis.call('PEXPIRE', O, OP_RECORD_MS)
     redis.call('PEXPIRE', OE, OP_RECORD_MS)
