@@ -5,8 +5,9 @@
 --
 -- KEYS (after queue_lib's seven; same hash tag, so the same cluster slot):
 --   KEYS[8]  O   op records, hash: <stream> -> '<seq> <n> <status> <value> <aux> <token>
---               <items>' : the last operation of that stream and its reply (n = reply
---               length, items comma-joined). A stream is one sequential caller (a thread,
+--               <refreshed> <items>' : the last operation of that stream and its reply
+--               (n = reply length, items comma-joined; refreshed = when this stream last
+--               set the record keys' expiry, server ms). A stream is one sequential caller (a thread,
 --               an asyncio task, the renewer): its operations never overlap, so one
 --               record per stream is enough: a re-send arrives before its next operation.
 --   KEYS[9]  OE  op record ends, ZSET: <stream> -> end (server ms)
@@ -26,8 +27,10 @@
 -- Records end OP_RECORD_MS after their operation (longer than rlocks' socket timeout
 -- times a few re-sends: a re-send later than that is run again); a new stream's first
 -- record removes up to OP_SWEEP ended ones, so there are never more records than were
--- alive at one time, the cost per operation is O(log records), and the record keys
--- disappear OP_RECORD_MS after the last operation.
+-- alive at one time and the cost per operation is O(log records). The record keys'
+-- expiry is set to twice OP_RECORD_MS, and again only by a stream whose last setting is
+-- older than half of it (an expiry only moves later, so every record outlives its
+-- OP_RECORD_MS): the keys disappear at most 2 x OP_RECORD_MS after the last operation.
 
 local O, OE = KEYS[8], KEYS[9]
 local OP_RECORD_MS = 60000
@@ -53,9 +56,10 @@ local function context(kind)
     return ctx, i + 1
 end
 
+local RECORD = '^(%d+) (%d) (%-?%d+) (%-?%d+) (%-?%d+) (%d+) (%d+) ?(.*)$'
+
 local function replay(rec)
-    local seq, n, status, value, aux, token, items = string.match(rec,
-        '^(%d+) (%d) (%-?%d+) (%-?%d+) (%-?%d+) (%d+) ?(.*)$')
+    local _, n, status, value, aux, token, _, items = string.match(rec, RECORD)
     local reply = {tonumber(status), tonumber(value), tonumber(aux), {}}
     if tonumber(n) >= 5 then
         local list = {}
@@ -72,7 +76,10 @@ local function open(ctx)
     local err = queue_open(ctx)
     if err or ctx.op == nil then return err end
     local rec = redis.call('HGET', O, ctx.op.stream)
-    if rec and string.match(rec, '^%d+') == ctx.op.seq then return replay(rec) end
+    if rec then
+        if string.match(rec, '^%d+') == ctx.op.seq then return replay(rec) end
+        ctx.op.refreshed = tonumber((select(7, string.match(rec, RECORD))))
+    end
     return nil
 end
 
@@ -83,8 +90,14 @@ local function record(ctx, reply)
     if ctx.op == nil or reply[1] <= 0 then return reply end
     local items = {}
     for k, item in ipairs(reply[5] or {}) do items[k] = fmt(item) end
+    -- Every setting of the expiry is the same span, so it only moves later: while this
+    -- stream skips it, the keys live past refreshed + 2 x OP_RECORD_MS > now +
+    -- OP_RECORD_MS. (Set after the writes below: they may create the keys.)
+    local refreshed = ctx.op.refreshed
+    local refresh = refreshed == nil or ctx.now - refreshed >= OP_RECORD_MS / 2
+    if refresh then refreshed = ctx.now end
     redis.call('HSET', O, ctx.op.stream, table.concat({ctx.op.seq, fmt(#reply),
-        fmt(reply[1]), fmt(reply[2]), fmt(reply[3]), fmt(reply[6] or 0),
+        fmt(reply[1]), fmt(reply[2]), fmt(reply[3]), fmt(reply[6] or 0), fmt(refreshed),
         table.concat(items, ',')}, ' '))
     if redis.call('ZADD', OE, ctx.now + OP_RECORD_MS, ctx.op.stream) == 1 then
         -- Only a new stream adds a record, and it removes up to OP_SWEEP ended ones: the
@@ -96,9 +109,10 @@ local function record(ctx, reply)
             redis.call('ZREM', OE, unpack(ended))
         end
     end
-    -- every record ends OP_RECORD_MS after its operation: this one is the last to end
-    redis.call('PEXPIRE', O, OP_RECORD_MS)
-    redis.call('PEXPIRE', OE, OP_RECORD_MS)
+    if refresh then
+        redis.call('PEXPIRE', O, 2 * OP_RECORD_MS)
+        redis.call('PEXPIRE', OE, 2 * OP_RECORD_MS)
+    end
     return reply
 end
 
