@@ -131,7 +131,7 @@ def without_counters(keys: Any) -> List[bytes]:
     """``keys`` without the counters that stay by design: the fencing token counters
     (``<namespace>:fence:{<tag>}``, one per namespace and cluster slot; tokens never go
     back), the deadlock detector's wait numbers (``<namespace>:wait-seq``) and the op
-    records (``<hash>:ops``, ``<hash>:op-ends``: they outlive the release by 60 s, so a
+    records (``<hash>:ops``, ``<hash>:op-ends``: they outlive the release by 60-120 s, so a
     re-sent release is still answered from them; lua/op_lib.lua)."""
     return [k for k in keys if b":fence:{" not in k
             and not k.endswith((b":wait-seq", b":ops", b":op-ends"))]
