@@ -135,8 +135,8 @@ class _SemaphoreCore(Primitive):
 
     # -- script arguments (see the headers of the sem_*.lua files) -----------------------
 
-    def _context(self) -> Tuple[Arg, ...]:
-        return (*super()._context(), self._value, self._bounded)
+    def _kind_context(self) -> Tuple[Arg, ...]:
+        return (self._value, self._bounded)
 
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, waiting: bool

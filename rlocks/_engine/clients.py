@@ -13,8 +13,9 @@ client to choose others.
 A client you pass is used as given for your own commands, but rlocks' own round trips
 (acquire and release scripts, renewals, the wake-up hub) must keep those bounds whatever
 the client says: a plain ``redis.Redis.from_url(url)`` has no socket timeout (a frozen
-server would block a release or the renewer forever) and retries failed commands (a
-release whose reply was lost would be sent again and give back one level too many).
+server would block a release or the renewer forever) and retries failed commands up to
+10 times (a renewal round could take minutes; a re-sent script itself is harmless: its op
+id makes the server answer it from a record, see ``lua/op_lib.lua``).
 :func:`io_client` therefore gives rlocks a client of its own for such a client: a second
 pool with the same connection settings (address, credentials, TLS, database, encoding)
 but with at most these socket timeouts and no retries. A client that already has them
@@ -171,7 +172,8 @@ def _derive(pool: Any, client_type: Any, pool_types: Tuple[Any, ...], retry_type
     kwargs["socket_connect_timeout"] = (
         CONNECT_TIMEOUT if connect is None else min(connect, CONNECT_TIMEOUT)
     )
-    # Not one re-send: a script whose reply was lost may have run (see scripts.Call).
+    # Not one re-send: each would cost a socket timeout more (a re-sent script is
+    # answered from its op record, so only time is at stake; see lua/op_lib.lua).
     kwargs["retry"] = retry_type(NoBackoff(), 0)
     own = pool_types[0](
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs

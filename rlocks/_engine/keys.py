@@ -91,13 +91,13 @@ class PrimitiveKeys(NamedTuple):
         """
         return f"{self.channel}:{role}" if role else self.channel
 
-    def queued(self) -> Tuple[str, str, str, str, str, str, str]:
-        """The seven KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``), in
-        order: holds hash, holder lease ends, queue, entries, entry lease ends, channel,
-        fencing token counter.
+    def queued(self) -> Tuple[str, str, str, str, str, str, str, str, str]:
+        """The nine KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``,
+        ``lua/op_lib.lua``), in order: holds hash, holder lease ends, queue, entries, entry
+        lease ends, channel, fencing token counter, op records, op record ends.
 
-        The first six carry the hash's tag and the counter a tag of the same slot, so
-        one script touches one cluster slot.
+        All but the counter carry the hash's tag and the counter a tag of the same slot,
+        so one script touches one cluster slot.
         """
         base = self.hash
         return (
@@ -108,6 +108,8 @@ class PrimitiveKeys(NamedTuple):
             f"{base}:times",
             self.channel,
             fence_key(base),
+            f"{base}:ops",
+            f"{base}:op-ends",
         )
 
 

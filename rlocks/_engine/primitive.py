@@ -32,7 +32,19 @@ from .keys import PrimitiveKeys, keys_for
 from .queued import CALL, READ, WAIT, Steps, take_steps
 from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewable, Renewer, renewer_for
-from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, foreign
+from .scripts import (
+    BUSY,
+    NOT_OWNER,
+    OP,
+    UPGRADE,
+    Arg,
+    Call,
+    Reply,
+    Script,
+    Wait,
+    foreign,
+    stamped,
+)
 from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for, serial
 
@@ -387,8 +399,16 @@ class Primitive(Renewable):
 
     def _context(self) -> Tuple[Arg, ...]:
         """The context ARGV every queue script starts with: now ('' = server TIME), the
-        publish command, fair (1, or minus the patience in ms), the entry lease (ms)."""
-        return ("", self._publish, 1 if self._fair else -self._patience_ms, self._entry_ms)
+        publish command, fair (1, or minus the patience in ms), the entry lease (ms), the
+        kind's own (``_kind_context``), then the op ARGV (:data:`~.scripts.OP`: each send
+        puts a fresh op id there)."""
+        return ("", self._publish, 1 if self._fair else -self._patience_ms, self._entry_ms,
+                *self._kind_context(), OP)
+
+    def _kind_context(self) -> Tuple[Arg, ...]:
+        """The context ARGV of this kind of primitive after the common four (sem: value,
+        bounded)."""
+        return ()
 
     @staticmethod
     def _entry_id(waiting: bool) -> str:
@@ -454,7 +474,10 @@ class Primitive(Renewable):
             if lease.sending:
                 items += ("a", lease.sending)
             lease_ms = None
-        return self._keys.queued(), (*self._context(), lease_ms or self._ttl_ms, *items)
+        args = (*self._context(), lease_ms or self._ttl_ms, *items)
+        # Stamped here, as the renewer's pipeline is built: its own stream (one renewer
+        # per thread, its passes one after another), apart from the owners' calls.
+        return self._keys.queued(), stamped(args, f"{identity.thread_owner()}:r")
 
     def _renewed(self, lease: Lease, reply: Reply, adopted: Optional[str]) -> bool:
         """Whether a renewal kept ``lease`` alive (False: the hold is lost / the entry

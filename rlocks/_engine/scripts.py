@@ -46,6 +46,10 @@ script published ("g <waiter> <token>" granted, a semaphore's without the token;
 acquire granted fresh or adopted (absent, read as 0, when the reply carries none:
 re-entry keeps its token).
 
+A queue script's operation is applied at most once: the same op id sent again (a
+re-send by redis-py after a lost reply) gets the first run's reply, with no wakes, and
+changes nothing (``lua/op_lib.lua``; a refusal is not recorded and is decided afresh).
+
 Error replies (a ``ResponseError``, nothing changed): ``RLOCKS_BAD_ARG <name>`` for a
 malformed ARGV (the engine validates first, so only a bug or a foreign caller sees it);
 ``RLOCKS_SEM_MISMATCH <value> <bounded>`` from a semaphore script when the stored
@@ -58,6 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 from collections.abc import Generator
 from functools import cache
 from importlib import resources
@@ -67,6 +72,7 @@ import redis
 from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
 from ..errors import RLocksError
+from . import identity
 from .clients import io_client
 
 __all__ = [
@@ -78,6 +84,7 @@ __all__ = [
     "QUEUED_STATUS",
     "UPGRADE",
     "NOT_OWNER",
+    "OP",
     "Call",
     "Reply",
     "arun",
@@ -86,7 +93,9 @@ __all__ = [
     "foreign",
     "load",
     "load_queued",
+    "op_stream",
     "run",
+    "stamped",
     "unsent",
 ]
 
@@ -101,6 +110,28 @@ OVER = -3
 _STATUSES = (GRANTED, BUSY, NOT_OWNER, ADOPTED, QUEUED_STATUS, PASSED, UPGRADE, OVER)
 
 Arg = Union[str, int, float, bytes]
+
+#: The op ARGV of a queue script (lua/op_lib.lua) as a primitive builds its arguments: no
+#: id yet. :class:`Call`, :func:`run` and :func:`arun` put a fresh id in its place each time
+#: they send (``#<seq>:<stream>``), so a re-send by redis-py of that very command is a
+#: repeat the script answers from its record; sent as is, the script records nothing.
+OP = "#"
+# Unique per process; the stream (an owner id) names the process, so ids never collide.
+_op_seq = itertools.count(1)
+
+
+def op_stream() -> str:
+    """The stream of the calling code's operations: its asyncio task's (see
+    :func:`identity.op_stream`), or outside a task its thread's owner id. No I/O."""
+    return identity.op_stream()
+
+
+def stamped(args: Sequence[Arg], stream: str) -> Sequence[Arg]:
+    """``args`` with :data:`OP` replaced by a fresh op id of ``stream`` (no OP: as is)."""
+    for i, arg in enumerate(args):
+        if arg == OP and isinstance(arg, str):
+            return (*args[:i], f"#{next(_op_seq)}:{stream}", *args[i + 1:])
+    return args
 
 
 class Reply(NamedTuple):
@@ -202,20 +233,22 @@ def _read(name: str) -> str:
 def load(name: str, prelude: str = "") -> Script:
     """The script in ``lua/<name>.lua``, read and hashed once per process.
 
-    ``prelude`` names a library file (``queue_lib``) whose functions the script uses; it
-    is put in front, so each operation still is one script and one round trip.
+    ``prelude`` names library files (``queue_lib``, or several joined by ``+``) whose
+    functions the script uses; they are put in front, in that order, so each operation
+    still is one script and one round trip.
     """
     source = _read(name)
-    if prelude:
-        source = _read(prelude) + "\n" + source
+    for part in reversed(prelude.split("+") if prelude else []):
+        source = _read(part) + "\n" + source
     return Script(name, source)
 
 
 @cache
 def load_queued(name: str) -> Script:
-    """The queue-and-hand-over script ``lua/<name>.lua`` with ``queue_lib.lua`` in front
-    (its KEYS, context ARGV and reply contract), read and hashed once per process."""
-    return load(name, prelude="queue_lib")
+    """The queue-and-hand-over script ``lua/<name>.lua`` with ``queue_lib.lua`` (its KEYS,
+    context ARGV and reply contract) and ``op_lib.lua`` (the op id, see :data:`OP`) in
+    front, read and hashed once per process."""
+    return load(name, prelude="queue_lib+op_lib")
 
 
 #: ``(replicas, ms)``: after the script, WAIT until that many replicas have its writes, or
@@ -248,6 +281,8 @@ def run(
     connection that is not logged in raises ``AuthenticationError``; other Redis errors
     than NOSCRIPT propagate unchanged.
     """
+    # A fresh op id (its NOSCRIPT re-run is the same operation: the first did not run).
+    args = stamped(args, identity.thread_owner())
     steps = _run_steps(client, script, keys, args, wait)
     got: Any = None
     error: Optional[ResponseError] = None
@@ -273,6 +308,7 @@ async def arun(
     client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
 ) -> Reply:
     """:func:`run` for ``redis.asyncio`` clients: same contract (the same dialogue), awaited."""
+    args = stamped(args, op_stream())
     steps = _run_steps(client, script, keys, args, wait)
     got: Any = None
     error: Optional[ResponseError] = None
@@ -394,9 +430,10 @@ class Call:
     """One script invocation with fixed KEYS/ARGV, packed into RESP once and re-sent as is.
 
     A primitive keeps one per (operation, owner, count): an uncontended acquire or release
-    then costs one socket write and one read, with no per-call argument encoding. Unlike
-    redis-py's command path, a failed send is not retried: re-sending a release whose first
-    copy may have run could give back one level too many.
+    then costs one socket write and one read, with no per-call argument encoding (an
+    :data:`OP` argument gets a fresh op id spliced into the packed bytes per send). Unlike
+    redis-py's command path, a failed send is not retried: the caller's time stays bounded
+    (a re-send would be safe: the script answers a repeat from its op record).
     """
 
     __slots__ = ("script", "keys", "args", "wait", "_packed", "_route")
@@ -408,6 +445,7 @@ class Call:
         self.keys = tuple(keys)
         self.args = tuple(args)
         self.wait = wait
+        # RESP bytes sent as is, or (before, after) the op id; None until the first send
         self._packed: Any = None
         # (client given, client to send through, its pool or None): a primitive passes
         # one client, so the lookups are made once per Call, not once per round trip.
@@ -452,12 +490,11 @@ class Call:
         try:
             packed = self._packed
             if packed is None:
-                evalsha = ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
-                if self.wait is None:
-                    packed = connection.pack_command(*evalsha)
-                else:
-                    packed = connection.pack_commands([evalsha, ("WAIT", *self.wait)])
-                self._packed = packed
+                packed = self._packed = self._pack(connection)
+            if isinstance(packed, tuple):
+                # A fresh op id between the parts packed once (see _pack).
+                op = f"#{next(_op_seq)}:{identity.thread_owner()}".encode()
+                packed = [b"%s$%d\r\n%s\r\n%s" % (packed[0], len(op), op, packed[1])]
             connection.send_packed_command(packed, check_health=False)
             sent = True
             self._read_replies(connection, read)
@@ -485,6 +522,27 @@ class Call:
             raise
         pool.release(connection)
         return reply
+
+    def _pack(self, connection: Any) -> Any:
+        """The command(s) in RESP, once: as redis-py packs them, or with an :data:`OP`
+        argument the bytes before and after it (each send puts a fresh op id there)."""
+        args = self.args
+        marker = "#\x00rlocks-op\x00"  # never a real argument: ids and counts have no NUL
+        stamp = any(arg == OP and isinstance(arg, str) for arg in args)
+        if stamp:
+            args = tuple(marker if arg == OP and isinstance(arg, str) else arg for arg in args)
+        evalsha = ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *args)
+        if self.wait is None:
+            packed = connection.pack_command(*evalsha)
+        else:
+            packed = connection.pack_commands([evalsha, ("WAIT", *self.wait)])
+        if not stamp:
+            return packed
+        whole = b"".join(packed)
+        bulk = b"$%d\r\n%s\r\n" % (len(marker), marker.encode())
+        # The last one: KEYS (user names) come before the op ARGV, generated ids after it.
+        at = whole.rindex(bulk)
+        return whole[:at], whole[at + len(bulk):]
 
     def _read_replies(self, connection: Any, read: List[Any]) -> None:
         """Read the replies still missing from ``read``, appending each as it arrives.

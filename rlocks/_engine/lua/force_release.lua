@@ -1,6 +1,7 @@
 -- force_release: end every hold of a primitive at once (the CLI's `release --force`) and
 -- hand it over to the queue, which is kept in order.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it; this script is sent no op ARGV and records nothing.)
 --
 -- For an operator clearing a primitive whose holder is stuck. Holders still alive find
 -- their hold gone at their next renewal or release and report it lost; a semaphore comes

@@ -1,5 +1,7 @@
 -- rlock_acquire: take or re-enter an exclusive reentrant lock, or queue for it.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id: the thread (or task) that takes the lock; it is also the waiter
 --           named in wake-ups

@@ -1,6 +1,8 @@
 -- rlock_leave: a waiter stops waiting (time-out, cancel, interrupt): its entry leaves the
 -- queue in one step, or is re-pointed to the process's next waiter keeping its place.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id of the leaving waiter
 -- ARGV[6]   entry id (process token)

@@ -1,6 +1,8 @@
 -- rlock_release: give back holds of an exclusive reentrant lock; when it frees the lock,
 -- hand it over in the same script to the oldest live queued waiter.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id
 -- ARGV[6]   holds to give back, count (>= 1)

@@ -1,6 +1,8 @@
 -- rlock_renew: extend this process's holds and queue entry on one lock, adopt hand-over
 -- grants; one call per lock per renewal pass.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   ttl, ms (>= 1): a renewed hold's lease ends ttl from now (never shortened)
 -- ARGV[6..] pairs (kind, id): 'h' <owner> renew that owner's hold; 'e' <entry> renew the

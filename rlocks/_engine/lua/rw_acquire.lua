@@ -1,5 +1,7 @@
 -- rw_acquire: take or re-enter one side of an RWLock, or queue for it.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id: the thread (or task); also the waiter named in wake-ups
 -- ARGV[6]   entry id: the caller's process token (one queue entry per process)

@@ -1,6 +1,8 @@
 -- rw_release: give back read or write holds of an RWLock; what becomes free is handed
 -- over in the same script (the next writer, or every reader queued before it).
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id
 -- ARGV[6]   side: 'r' or 'w'

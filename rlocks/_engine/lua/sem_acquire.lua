@@ -1,6 +1,8 @@
 -- sem_acquire: take permits of a (Bounded)Semaphore, or queue for them.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there;
 -- ARGV[5] initial value, ARGV[6] bounded.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[7]   owner id: whose record the permits go to (the taking thread or task, as in
 --           lua/ since permits became the taking thread's)

@@ -2,6 +2,8 @@
 -- (smaller requests behind it may be granted at once), or is re-pointed to the
 -- process's next waiter keeping its place.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[7]   owner id (whose record a hand-over grant went to)
 -- ARGV[8]   waiter id of the leaving thread (or task)

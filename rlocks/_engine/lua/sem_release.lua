@@ -1,6 +1,8 @@
 -- sem_release: give permits back to a (Bounded)Semaphore and hand them over in the same
 -- script to as many queued waiters, in order, as they cover.
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[7]    permits released, count (>= 1): added to #free, as threading.Semaphore does
 -- ARGV[8], ARGV[9], ...  pairs (owner id, count >= 1): permits taken off each owner's own

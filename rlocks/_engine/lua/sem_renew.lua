@@ -1,6 +1,8 @@
 -- sem_renew: extend this process's permit leases and queue entry on one semaphore, adopt
 -- hand-over grants; one call per semaphore per renewal pass. O(items x log n).
 -- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
+-- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
+-- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[7]   ttl, ms (>= 1): the renewed lease ends ttl from now (never shortened)
 -- ARGV[8..] pairs (kind, id): 'h' <owner> renew that owner's permits; 'e' <entry> renew

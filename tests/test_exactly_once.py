@@ -1,0 +1,418 @@
+"""Every operation is applied at most once (issue 13, part 3; lua/op_lib.lua).
+
+A proxy in front of a real server lets the first copy of one chosen command through to
+the server, drops its reply and closes that connection: the client's own retry (redis-py's
+``Retry`` on a plain client, the cluster client's retry) then sends the very same command
+again. Each test checks the holds on the server afterwards: without op ids the re-sent
+acquire adds a level nobody releases, the re-sent release gives back one level too many
+(or finds nothing and reports the hold lost), the re-sent renewal finds its hand-over
+grant adopted already and reports it revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any, Iterator, List, Optional, Set, Tuple
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import rlocks
+from rlocks._engine import identity
+from rlocks._engine import keys as keys_module
+from rlocks._engine.scripts import Call, run
+from rlocks.server import free_port
+
+from ._servers import LocalCluster, server_version
+from .conftest import NAMESPACE
+
+
+class ReplyDropper:
+    """A loopback TCP proxy to ``target_port``. Once :meth:`arm`-ed with byte patterns, the
+    first client command (one read from the client) containing all of them is passed to
+    the server, and its reply is dropped: the connection is closed in both directions."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._patterns: Optional[Tuple[bytes, ...]] = None
+        self.dropped = threading.Event()
+        self.passed: List[bytes] = []  # every command chunk that matched since arm()
+        self._sockets: Set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.1)
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, *patterns: bytes) -> None:
+        with self._lock:
+            self._patterns = patterns
+            self.dropped.clear()
+            self.passed = []
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                near, _ = self._listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            far = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._sockets.update((near, far))
+            state = {"drop": False}
+            threading.Thread(target=self._up, args=(near, far, state), daemon=True).start()
+            threading.Thread(target=self._down, args=(far, near, state), daemon=True).start()
+
+    def _up(self, near: socket.socket, far: socket.socket, state: dict) -> None:
+        try:
+            while True:
+                chunk = near.recv(65536)
+                if not chunk:
+                    break
+                with self._lock:
+                    patterns = self._patterns
+                    if patterns is not None and all(p in chunk for p in patterns):
+                        self.passed.append(chunk)
+                        if not self.dropped.is_set() and not state["drop"]:
+                            state["drop"] = True  # set before the server can answer
+                far.sendall(chunk)
+        except OSError:
+            pass
+        self._close(near, far)
+
+    def _down(self, far: socket.socket, near: socket.socket, state: dict) -> None:
+        try:
+            while True:
+                chunk = far.recv(65536)
+                if not chunk:
+                    break
+                if state["drop"]:
+                    self.dropped.set()
+                    break  # the command ran; its reply never reaches the client
+                near.sendall(chunk)
+        except OSError:
+            pass
+        self._close(near, far)
+
+    def _close(self, *socks: socket.socket) -> None:
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            socks = list(self._sockets)
+        self._close(*socks)
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[ReplyDropper]:
+    p = ReplyDropper(_port(redis_url))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def retrying(proxy: ReplyDropper) -> Iterator[Any]:
+    """A plain client with redis-py's Retry, as a user would configure it. One connection
+    (``single_connection_client``): rlocks then sends through this client as given, so
+    redis-py's retry is what re-sends a command whose reply was lost."""
+    c = redis.Redis(
+        port=proxy.port, socket_timeout=5, socket_connect_timeout=5,
+        single_connection_client=True, retry=Retry(NoBackoff(), 3),
+    )
+    yield c
+    c.close()
+
+
+def _holds(client: Any, lock: Any, owner: str) -> int:
+    raw = client.hget(lock._keys.hash, lock._hold_field(owner))
+    return 0 if raw is None else int(raw)
+
+
+def _sha(script: Any) -> bytes:
+    return script.sha.encode()
+
+
+def _load(direct: Any, prim: Any) -> None:
+    """Load the scripts first: a NOSCRIPT answer would be one more send to count."""
+    for script in (prim._acquire_script, prim._release_script, prim._renew_script):
+        direct.script_load(script.source)
+
+
+def _check_acquire_release(lock: Any, proxy: ReplyDropper, direct: Any, drop: str) -> None:
+    """Acquire, re-enter, release twice; the reply of the ``drop`` step is lost once
+    (``acquire``, ``reentry``, ``release``: the inner release, ``last``: the outer one)
+    and redis-py sends that step again. The count on the server is right after each."""
+    owner = identity.thread_owner()
+    _load(direct, lock)
+    steps = [
+        ("acquire", lock._acquire_script, lambda: lock.acquire(timeout=5), 1),
+        ("reentry", lock._acquire_script, lambda: lock.acquire(timeout=5), 2),
+        ("release", lock._release_script, lock.release, 1),
+        ("last", lock._release_script, lock.release, 0),
+    ]
+    for step, script, call, holds in steps:
+        if step == drop:
+            proxy.arm(_sha(script))
+        assert call() in (True, None)
+        if step == drop:
+            assert proxy.dropped.is_set() and len(proxy.passed) == 2  # sent, re-sent once
+        assert _holds(direct, lock, owner) == holds, step
+    assert not lock.locked()
+
+
+def _check_renewal_adopts_once(lock: Any, proxy: ReplyDropper, retrying: Any, direct: Any) -> None:
+    """A renewal that adopts a hand-over grant, re-sent: the grant counts as adopted."""
+    holder, waiter = "holder-1", "waiter-1"
+    _load(direct, lock)
+    # The scripts by hand (the engine's own KEYS and ARGV builders): holder takes the lock,
+    # waiter queues, holder's release hands it to the waiter (an unadopted grant).
+    acquire = lock._acquire_arguments
+    keys, args = acquire(holder, 1, False, True)
+    assert Call(lock._acquire_script, keys, args)(direct).granted
+    keys, args = acquire(waiter, 1, False, True)
+    args = tuple("entry-2" if a == identity.process_token() else a for a in args)
+    assert Call(lock._acquire_script, keys, args)(direct).queued
+    keys, args = lock._release_arguments(holder, 1, False)
+    assert Call(lock._release_script, keys, args)(direct).wakes  # granted to the waiter
+
+    renew = lock._items_call((*lock._renew_items(waiter), "a", waiter))
+    proxy.arm(_sha(lock._renew_script), waiter.encode())
+    reply = renew(retrying)
+    assert proxy.dropped.is_set() and len(proxy.passed) == 2
+    assert reply.items == (1, 1)  # renewed, and the grant adopted (not "revoked")
+    assert _holds(direct, lock, waiter) == 1
+    keys, args = lock._release_arguments(waiter, 1, False)
+    assert Call(lock._release_script, keys, args)(direct).status == 1
+
+
+STEPS = ["acquire", "reentry", "release", "last"]
+
+
+@pytest.mark.parametrize("drop", STEPS)
+@pytest.mark.parametrize("kind", ["rlock", "write", "read"])
+def test_a_resent_acquire_or_release_is_applied_once(
+    kind: str, drop: str, name: str, proxy: ReplyDropper, retrying: Any, client: Any
+) -> None:
+    if kind == "rlock":
+        lock: Any = rlocks.RLock(name, client=retrying, namespace=NAMESPACE)
+    else:
+        rw = rlocks.RWLock(name, client=retrying, namespace=NAMESPACE)
+        lock = rw.write_lock if kind == "write" else rw.read_lock
+    _check_acquire_release(lock, proxy, client, drop)
+
+
+def test_a_resent_semaphore_acquire_or_release_is_applied_once(
+    name: str, proxy: ReplyDropper, retrying: Any, client: Any
+) -> None:
+    sem = rlocks.BoundedSemaphore(name, 3, client=retrying, namespace=NAMESPACE)
+    owner = identity.thread_owner()
+    _load(client, sem)
+    proxy.arm(_sha(sem._acquire_script))
+    assert sem.acquire(timeout=5)
+    assert proxy.dropped.is_set() and len(proxy.passed) == 2
+    assert _holds(client, sem, owner) == 1
+    proxy.arm(_sha(sem._release_script))
+    sem.release()  # re-sent without op ids: OVER (a BoundedSemaphore released too often)
+    assert proxy.dropped.is_set() and len(proxy.passed) == 2
+    assert _holds(client, sem, owner) == 0
+    assert int(client.hget(sem._keys.hash, "#free") or 3) == 3
+
+
+def test_a_resent_renewal_adopts_its_grant_once(
+    name: str, proxy: ReplyDropper, retrying: Any, client: Any
+) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    _check_renewal_adopts_once(lock, proxy, retrying, client)
+
+
+@pytest.mark.parametrize("drop", STEPS)
+def test_asyncio_a_resent_acquire_or_release_is_applied_once(
+    drop: str, name: str, proxy: ReplyDropper, client: Any
+) -> None:
+    """The asyncio twins: each script call runs in a task of its own (shielded), yet it
+    counts as its owner's operation (one stream), and redis.asyncio's Retry re-sends."""
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    import rlocks.asyncio as ra
+
+    async def main() -> None:
+        c = aredis.Redis(
+            port=proxy.port, socket_timeout=5, socket_connect_timeout=5,
+            single_connection_client=True, retry=AsyncRetry(NoBackoff(), 3),
+        )
+        try:
+            # Connected first: redis.asyncio 8.1 does not retry the very first command of
+            # a single-connection client (its connection is made inside that attempt).
+            await c.ping()
+            lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+            owner = identity.task_owner()
+            _load(client, lock)
+            steps = [
+                ("acquire", lock._acquire_script, lock.acquire, 1),
+                ("reentry", lock._acquire_script, lock.acquire, 2),
+                ("release", lock._release_script, lock.release, 1),
+                ("last", lock._release_script, lock.release, 0),
+            ]
+            for step, script, call, holds in steps:
+                if step == drop:
+                    proxy.arm(_sha(script))
+                await call()
+                if step == drop:
+                    assert proxy.dropped.is_set() and len(proxy.passed) == 2
+                assert _holds(client, lock, owner) == holds, step
+            # One record: the owner's (its calls ran in tasks of their own).
+            assert client.hkeys(lock._keys.queued()[7]) == [owner.encode()]
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+def test_op_records_are_bounded_and_expire(name: str, client: Any) -> None:
+    """One record per stream (a thread here), and the record keys carry an expiry (at
+    most twice the 60 s a record lives: see lua/op_lib.lua)."""
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    for _ in range(20):
+        with lock:
+            pass
+    ops, ends = lock._keys.queued()[7:9]
+    assert client.hlen(ops) == 1 and client.zcard(ends) == 1
+    assert 0 < client.pttl(ops) <= 120_000 and 0 < client.pttl(ends) <= 120_000
+
+
+def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> None:
+    """Records are only added by a new stream, which first removes up to 8 ended ones:
+    their number never exceeds the most alive at one time. (Server time is driven by
+    ARGV[1], as in test_handover_scripts.)"""
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    ops = lock._keys.queued()[7]
+    seq = iter(range(1, 1000))
+
+    def op(stream: str, now: int) -> None:
+        """Acquire and release by ``stream`` at server time ``now``: two recorded ops."""
+        for script, (keys, args) in (
+            (lock._acquire_script, lock._acquire_arguments(stream, 1, False, False)),
+            (lock._release_script, lock._release_arguments(stream, 1, False)),
+        ):
+            args = (str(now), *args[1:])  # ARGV[1]: '' = server TIME; here a given time
+            args = tuple(f"#{next(seq)}:{stream}" if a == "#" else a for a in args)
+            assert run(client, script, keys, args).status == 1
+
+    now = 1_000_000
+    for i in range(20):
+        op(f"old-{i}", now)
+    assert client.hlen(ops) == 20
+    later = now + 60_001  # every old record has ended
+    sizes = []
+    for i in range(3):
+        op(f"new-{i}", later)
+        sizes.append(client.hlen(ops))
+    assert sizes == [13, 6, 3]
+    op("new-0", later + 1)  # a stream that has a record adds none, removes none
+    assert client.hlen(ops) == 3
+
+
+def test_a_malformed_op_id_is_refused_and_changes_nothing(name: str, client: Any) -> None:
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    keys, args = lock._acquire_arguments("o", 1, False, False)
+    args = tuple("#x:y" if a == "#" else a for a in args)
+    with pytest.raises(redis.ResponseError, match="RLOCKS_BAD_ARG op"):
+        run(client, lock._acquire_script, keys, args)
+    assert client.exists(*keys[:5], *keys[7:]) == 0
+
+
+# -- the local cluster: the cluster client's own retry re-sends --------------------------
+
+cluster_only = pytest.mark.skipif(
+    server_version() < (7, 0),
+    reason="the local cluster needs redis-server 7.0 or newer (its cluster-port "
+    f"directive); found {server_version() or 'none'}",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as c:
+        yield c
+
+
+def _cluster_via(cluster: LocalCluster, key: str) -> Tuple[Any, Any, ReplyDropper]:
+    """(cluster client whose link to ``key``'s node goes through a proxy, plain cluster
+    client, the proxy)."""
+    plain = cluster.client()
+    node = plain.get_node_from_key(key)
+    proxy = ReplyDropper(node.port)
+
+    def remap(address: Tuple[str, int]) -> Tuple[str, int]:
+        return (address[0], proxy.port) if address[1] == node.port else address
+
+    return cluster.client(address_remap=remap), plain, proxy
+
+
+@cluster_only
+@pytest.mark.parametrize(
+    "kind, drop", [(k, d) for k in ("rlock", "write") for d in STEPS] + [("semaphore", "")]
+)
+def test_on_the_cluster_a_resent_operation_is_applied_once(
+    kind: str, drop: str, name: str, cluster: LocalCluster
+) -> None:
+    hash_key = keys_module.keys_for(NAMESPACE, "rlock", name).hash  # same slot, any kind
+    via, plain, proxy = _cluster_via(cluster, hash_key)
+    try:
+        if kind == "rlock":
+            _check_acquire_release(
+                rlocks.RLock(name, client=via, namespace=NAMESPACE), proxy, plain, drop
+            )
+        elif kind == "write":
+            _check_acquire_release(
+                rlocks.RWLock(name, client=via, namespace=NAMESPACE).write_lock, proxy, plain,
+                drop,
+            )
+        else:
+            sem = rlocks.BoundedSemaphore(name, 2, client=via, namespace=NAMESPACE)
+            owner = identity.thread_owner()
+            _load(plain, sem)
+            proxy.arm(_sha(sem._acquire_script))
+            assert sem.acquire(timeout=5)
+            assert proxy.dropped.is_set() and len(proxy.passed) == 2
+            assert _holds(plain, sem, owner) == 1
+            proxy.arm(_sha(sem._release_script))
+            sem.release()
+            assert proxy.dropped.is_set() and len(proxy.passed) == 2
+            assert _holds(plain, sem, owner) == 0
+    finally:
+        via.close()
+        plain.close()
+        proxy.close()
+
+
+@cluster_only
+def test_on_the_cluster_a_resent_renewal_adopts_its_grant_once(
+    name: str, cluster: LocalCluster
+) -> None:
+    hash_key = keys_module.keys_for(NAMESPACE, "rlock", name).hash
+    via, plain, proxy = _cluster_via(cluster, hash_key)
+    try:
+        lock = rlocks.RLock(name, client=plain, namespace=NAMESPACE)
+        _check_renewal_adopts_once(lock, proxy, via, plain)
+    finally:
+        via.close()
+        plain.close()
+        proxy.close()
