@@ -261,6 +261,14 @@ class _SemaphoreCore(Primitive):
             return err
         return None
 
+    def _checks_hand_over(self, owner: str) -> bool:
+        # The lost-permit check compares the owner's count on the server with its books:
+        # only an owner with permits on the books (or known lost) can fail it.
+        if super()._checks_hand_over(owner):
+            return True
+        hold = self._holds.get(owner)
+        return (hold is not None and hold.lost) or self._held_by_all_objects(owner) > 0
+
     def _release_refused(self, release: "_Release", since: float, exc: ResponseError) -> Exception:
         # Redis refused with an error reply and changed nothing: the permits are theirs.
         self._unreserve(release, since)

@@ -545,6 +545,12 @@ class Primitive(Renewable):
             return self._replication_error(reply)
         return None
 
+    def _checks_hand_over(self, owner: str) -> bool:
+        """Whether a hand-over grant to ``owner`` needs a round trip before it is kept, to
+        run the checks of ``_grant_refusal`` (no I/O): with ``replicas=``, whose WAIT the
+        releaser's script did not run."""
+        return self._wait is not None
+
     def _short_of_replicas(self, reply: Reply) -> bool:
         """Whether a grant was acknowledged by fewer replicas than ``replicas=`` asks."""
         return reply.granted and self._wait is not None and reply.replicas < self._wait[0]

@@ -202,7 +202,6 @@ def _take(
                 return True
             # Revoked before this process could adopt it: queue again (at the tail).
             hub.rewait(waiter)
-            st.queued = False
         now = monotonic()
         if det is not None and now >= det.due and (deadline is None or now < deadline):
             # (Not once the deadline passed: the time-out goes first, bounded as before.)
@@ -281,8 +280,8 @@ def _take(
             hub.note_grant(waiter)
         return (yield from _granted(prim, owner, count, reply, since, st))
     # The deadline passed: the grant and the leave race under the hub mutex.
-    if hub.claim(waiter, leaving=True):
-        return (yield from _handed(prim, owner, count, first, st))
+    if hub.claim(waiter, leaving=True) and (yield from _handed(prim, owner, count, first, st)):
+        return True
     if st.queued:
         st.queued = False
         try:
@@ -352,7 +351,26 @@ def _granted(
 def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
     """Record a hand-over grant the hub (or a release reply) announced: no round trip,
     unless nothing renews this primitive, which then adopts it here (False: the grant's
-    short lease had ended and it was revoked, so there is nothing to record)."""
+    short lease had ended and it was revoked, so there is nothing to record), or unless
+    the grant must pass the checks a direct grant passes (``_checks_hand_over``).
+
+    Raises what ``_granted`` raises for a grant that cannot be kept (given back first).
+    """
+    st.queued = False  # the grant took the entry out of the queue
+    if prim._checks_hand_over(owner):
+        # The hand-over was made by the releaser's script, which WAITed for nobody and
+        # could not know this owner's books. Its re-check (acquire, wait = 1) answers
+        # ADOPTED with the owner's count on the server, adding nothing, and goes with
+        # WAIT as a direct acquire does: ``_granted`` then applies the same refusals.
+        op = _call(st, prim._acquire_call(owner, count, False, True))
+        reply = yield op
+        st.op = None
+        prim._deliver(reply, op.sent)
+        if reply.queued:
+            # Revoked meanwhile (not adopted within the entry lease): queued again.
+            st.queued = True
+            return False
+        return (yield from _granted(prim, owner, count, reply, since, st))
     if not prim._auto_renew:
         reply = yield _call(st, prim._adopt_call(owner))
         st.op = None
