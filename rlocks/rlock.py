@@ -59,7 +59,7 @@ class RLock(ReentrantLock, _RLockCore):
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
     on_lost=None, replicas=0, replica_wait=1.0, fair=True,
-    deadlock_timeout=1.0)``
+    deadlock_timeout=1.0, entry_lease=2.0)``
 
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
@@ -90,8 +90,14 @@ class RLock(ReentrantLock, _RLockCore):
       the same script, so it returns without another round trip. ``False`` lets a free
       lock go to whoever asks first (the releasing thread may take it again at once); a
       release then wakes one waiting process instead of granting it. Every process using
-      the name must pass the same value. A waiting process that dies delays the next
-      holder at most the queue entry's lease (2 s). TypeError if not a bool.
+      the name must pass the same value. TypeError if not a bool.
+    - ``entry_lease``: seconds (default 2.0) a process's queue entry lives unless its
+      renewer renews it (every third of it while a thread waits), and a hand-over grant
+      lives until its process adopts it: a waiting process that dies, or dies just after
+      being handed the lock, delays the next holder at most this long. A shorter one
+      bounds that stall at the price of more renewals. Every process using the name
+      should pass the same value (a grant made by another process's release lives that
+      process's lease). TypeError/ValueError unless a number of seconds >= 0.01.
     - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking
       ``acquire`` checks, and checks again every ``deadlock_timeout``, whether it is part
       of a cycle of waits between RLocks and RWLock sides (any processes, any hosts);

@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError
 from ._engine import identity
 from ._engine.clients import io_client
 from ._engine.constructors import public_init
-from ._engine.primitive import Primitive
+from ._engine.primitive import ENTRY_LEASE, Primitive
 from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load_queued
@@ -250,10 +250,12 @@ class _RWPair(Generic[R, W]):
         replica_wait: float = 1.0,
         fair: bool = True,
         deadlock_timeout: Optional[float] = 1.0,
+        entry_lease: float = ENTRY_LEASE,
     ) -> None:
         options: Dict[str, Any] = dict(
             fair=fair,
             deadlock_timeout=deadlock_timeout,
+            entry_lease=entry_lease,
             client=client,
             ttl=ttl,
             auto_renew=auto_renew,
@@ -315,7 +317,7 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
     on_lost=None, replicas=0, replica_wait=1.0, fair=True,
-    deadlock_timeout=1.0)``
+    deadlock_timeout=1.0, entry_lease=2.0)``
 
     ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
     ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
@@ -336,7 +338,8 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
       side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
 
     ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas``,
-    ``replica_wait``, ``fair`` and ``deadlock_timeout`` mean what they mean for
+    ``replica_wait``, ``fair``, ``deadlock_timeout`` and ``entry_lease`` mean what they
+    mean for
     :class:`rlocks.RLock`; every hold (each reader, the writer) has its own lease, so one
     dead reader stops counting ``ttl`` after it died while others read on. ``on_lost`` is
     called with the side (``read_lock`` / ``write_lock``) that was lost.

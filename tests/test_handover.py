@@ -5,7 +5,7 @@ they could adopt it) delay the next holder at most the entry lease; a time-out o
 cancel racing a grant leaves no hold and passes it on; waiters of several processes are
 served in arrival order; ``fair=False`` lets a free primitive be taken past the queue.
 Every kind, on a single server and on the local cluster. Bounds come from the entry
-lease (``Primitive._entry_ms``) and are polled with a deadline.
+lease (``entry_lease``, default ``ENTRY_LEASE``) and are polled with a deadline.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import rlocks
 import rlocks.asyncio
 from rlocks._engine import aio, waiting
 from rlocks._engine.keys import keys_for
-from rlocks._engine.primitive import Primitive
+from rlocks._engine.primitive import ENTRY_LEASE
 from rlocks._engine.scripts import run
 
 from . import _procs
@@ -33,7 +33,7 @@ from ._servers import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 NS = "rlocks-handover-test"
-ENTRY_S = Primitive._entry_ms / 1000.0
+ENTRY_S = ENTRY_LEASE
 # A dead waiter's grant lives one entry lease; the survivor looks again at least every
 # entry lease (its renewal every third of it tidies and hands over too); plus slack for a
 # loaded machine, well under the 30 s holder lease a wrong fix would wait for.
@@ -270,6 +270,71 @@ def test_fair_must_be_a_bool(client: "redis.Redis[bytes]", name: str) -> None:
     ):
         with pytest.raises(TypeError, match="fair must be a bool"):
             make()
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [(True, TypeError), ("2", TypeError), (None, TypeError), (0, ValueError),
+     (0.005, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+     (float("inf"), ValueError)],
+)
+def test_entry_lease_is_checked_before_any_io(bad: Any, error: type, name: str) -> None:
+    # No server at that port: a Redis call would fail with a ConnectionError instead.
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2)
+    for make in (
+        lambda: rlocks.RLock(name, client=dead, entry_lease=bad),
+        lambda: rlocks.RWLock(name, client=dead, entry_lease=bad),
+        lambda: rlocks.Semaphore(name, 2, client=dead, entry_lease=bad),
+        lambda: rlocks.BoundedSemaphore(name, 2, client=dead, entry_lease=bad),
+        lambda: rlocks.asyncio.RLock(name, client=redis.asyncio.Redis(port=1), entry_lease=bad),
+    ):
+        with pytest.raises(error, match="entry_lease"):
+            make()
+
+
+@pytest.mark.parametrize("kind", ["rlock", "read", "sem"])
+def test_the_entry_lease_is_the_one_the_constructor_was_given(
+    client: "redis.Redis[bytes]", name: str, kind: str
+) -> None:
+    """A queued entry, and a hand-over grant until adopted, live ``entry_lease``."""
+
+    def make(**kw: Any) -> Tuple[Any, Any]:
+        if kind == "rlock":
+            lock = rlocks.RLock(name, client=client, namespace=NS, **kw)
+            return lock, lock
+        if kind == "read":
+            rw = rlocks.RWLock(name, client=client, namespace=NS, **kw)
+            return rw.read_lock, rw.write_lock
+        sem = rlocks.Semaphore(name, 1, client=client, namespace=NS, **kw)
+        return sem, sem
+
+    waiting, _ = make(entry_lease=0.25)
+    _, holding = make()
+    assert waiting._entry_ms == 250
+    queue, times = waiting._keys.queued()[2], waiting._keys.queued()[4]
+    assert holding.acquire()
+    results: List[Any] = []
+
+    def waiter() -> None:
+        try:
+            results.append(waiting.acquire(timeout=20))
+            waiting.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 15, "the waiter to queue")
+        (member, ends), = client.zrange(times, 0, -1, withscores=True)
+        assert member.startswith(b"e:")
+        secs, micros = client.time()
+        left = ends - (secs * 1000 + micros // 1000)
+        assert 0 < left <= 250, left  # the default (2 s) would leave up to 2000 ms
+    finally:
+        holding.release()
+        thread.join(20)
+    assert results == [True]
 
 
 @pytest.mark.parametrize("kind", ["rlock", "write", "sem"])

@@ -36,7 +36,7 @@ from .scripts import BUSY, NOT_OWNER, UPGRADE, Arg, Call, Reply, Script, Wait, f
 from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for, serial
 
-__all__ = ["Hold", "Primitive"]
+__all__ = ["ENTRY_LEASE", "Hold", "Primitive"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 # here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
 _process_tokens: Dict[Tuple[Tuple[int, str, str], str], int] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
+
+
+#: Default ``entry_lease`` (s): the bound on the stall a dead waiter causes (issue 12).
+ENTRY_LEASE = 2.0
 
 
 def _reset_after_fork() -> None:
@@ -125,6 +129,7 @@ class Primitive(Renewable):
         "_wait",
         "_fair",
         "_deadlock_timeout",
+        "_entry_ms",
         "__weakref__",
     )
 
@@ -139,10 +144,6 @@ class Primitive(Renewable):
     _acquire_script: ClassVar[Script]
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
-    #: ms a queue entry, and a hand-over grant not adopted yet, lives without renewal:
-    #: the most a dead waiter (or a process dead just after being handed the primitive)
-    #: delays the next hand-over.
-    _entry_ms: ClassVar[int] = 2000
     _leave_script: ClassVar[Script]
     #: Whether a long wait records a wait-for edge and checks for deadlocks (see
     #: :mod:`.deadlock`): RLock and RWLock sides, whose holds only their owner releases.
@@ -164,6 +165,7 @@ class Primitive(Renewable):
         replica_wait: float = 1.0,
         fair: bool = True,
         deadlock_timeout: Optional[float] = 1.0,
+        entry_lease: float = ENTRY_LEASE,
     ) -> None:
         label = self._label
         self._name = checks.check_name(name, label)
@@ -198,6 +200,10 @@ class Primitive(Renewable):
             raise TypeError(f"{label}({name!r}): fair must be a bool, not {type(fair).__name__}")
         self._fair = fair
         self._deadlock_timeout = checks.deadlock_timeout(deadlock_timeout, label, name)
+        #: ms a queue entry, and a hand-over grant not adopted yet, lives without
+        #: renewal: the most a dead waiter (or a process dead just after being handed
+        #: the primitive) delays the next hand-over.
+        self._entry_ms = checks.entry_lease(entry_lease, label, name)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
         self._channel = self._keys.wake(self._wake_role)
