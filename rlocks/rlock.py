@@ -43,8 +43,12 @@ class _RLockCore(Primitive):
         args = (owner, count, 1 if everything else 0)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, identity.process_token(), "")
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args: Tuple[Arg, ...] = (owner, identity.process_token(), "")
+        if ask is not None:
+            args = (owner, identity.process_token(), ask[0], ask[2])
         return self._keys.queued(), (*self._context(), *args)
 
     def _renew_arguments(

@@ -98,8 +98,12 @@ class _SideCore(Primitive):
         args = (owner, self._side, count, 1 if everything else 0)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, identity.process_token(), "")
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args: Tuple[Arg, ...] = (owner, identity.process_token(), "")
+        if ask is not None:
+            args = (owner, identity.process_token(), *ask)
         return self._keys.queued(), (*self._context(), *args)
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:

@@ -149,8 +149,13 @@ class _SemaphoreCore(Primitive):
                 1 if waiting else 0)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, owner, identity.process_token(), "")
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        # (the next waiter is also the owner its permits go to, as in acquire)
+        args: Tuple[Arg, ...] = (owner, owner, identity.process_token(), "")
+        if ask is not None:
+            args = (owner, owner, identity.process_token(), ask[0], ask[2])
         return self._keys.queued(), (*self._context(), *args)
 
     def _queues_locally(self, owner: str) -> bool:

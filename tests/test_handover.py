@@ -23,7 +23,7 @@ import redis
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import aio, waiting
+from rlocks._engine import aio, identity, waiting
 from rlocks._engine.keys import keys_for
 from rlocks._engine.primitive import ENTRY_LEASE
 from rlocks._engine.scripts import run
@@ -270,6 +270,107 @@ def test_fair_must_be_a_bool(client: "redis.Redis[bytes]", name: str) -> None:
     ):
         with pytest.raises(TypeError, match="fair must be a bool"):
             make()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_a_head_waiter_timing_out_keeps_its_process_place(
+    redis_url: str, kind: str, name: str
+) -> None:
+    """The thread holding its process's queue entry times out while another thread of the
+    process still waits: the entry is re-pointed to that thread, keeping its place ahead
+    of a process that queued later, which is then served after it."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    data = f"{NS}:data:{{{name}}}"
+    prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
+    queue = _queue_key(kind, name)
+    hub = waiting.hub_for(client, NS)
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    results: Dict[str, Any] = {}
+    got_b = threading.Event()
+    leave_b = threading.Event()
+
+    def local(tag: str, timeout: float) -> None:
+        try:
+            ok = results[tag] = acquire(timeout=timeout)
+            if ok and tag == "b":
+                got_b.set()
+                assert leave_b.wait(30)
+                release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results[tag] = exc
+            got_b.set()
+
+    a = threading.Thread(target=local, args=("a", 3.0))
+    a.start()
+    wait_until(lambda: client.zcard(queue) == 1, 15, "A to queue")
+    b = threading.Thread(target=local, args=("b", 60.0))
+    b.start()
+    wait_until(lambda: len(hub._channels[prim._channel].waiters) == 2, 15, "B to wait")
+    other = _worker({"url": redis_url}, kind, name, data)
+    try:
+        wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
+        a.join(30)
+        assert results.get("a") is False, results
+        mine = identity.process_token().encode()
+        # Without the re-pointing, A's leave took the entry out and B queued at the tail.
+        assert client.zrange(queue, 0, -1)[0] == mine, client.zrange(queue, 0, -1)
+        for _ in range(nesting):
+            release()
+        assert got_b.wait(30) and results.get("b") is True, results
+        assert client.llen(f"{data}:got") == 0, "the later process was served first"
+        leave_b.set()
+        wait_until(lambda: client.llen(f"{data}:got") == 1, 30, "the other process's turn")
+        other.join(30)
+        assert other.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+    finally:
+        leave_b.set()
+        b.join(30)
+        _reap(other)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+        client.close()
+
+
+def test_an_asyncio_head_task_timing_out_keeps_its_process_place(
+    redis_url: str, name: str
+) -> None:
+    """The asyncio twin: the entry passes to the next task of the process."""
+    client = redis.Redis.from_url(redis_url)
+    queue = _queue_key("rlock", name)
+    holder = rlocks.RLock(name, client=client, namespace=NS)
+    assert holder.acquire()
+
+    async def main() -> List[Any]:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        lock = rlocks.asyncio.RLock(name, client=aclient, namespace=NS)
+        order: List[Any] = []
+
+        async def task(tag: str, timeout: float) -> None:
+            ok = await lock.acquire(timeout=timeout)
+            order.append((tag, ok))
+            if ok:
+                await lock.release()
+
+        first = asyncio.ensure_future(task("a", 2.0))
+        while not await aclient.zcard(queue):
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(task("b", 60.0))
+        await asyncio.sleep(0.05)  # let B register behind A
+        # a queue entry of another process, behind this one's
+        await aclient.zadd(queue, {"another-process": 1e15})
+        await first
+        head = (await aclient.zrange(queue, 0, 0))[0]
+        order.append(head.decode())
+        await aclient.zrem(queue, "another-process")
+        holder.release()  # (a sync call on the loop: this thread holds it)
+        await second
+        await aclient.aclose()
+        return order
+
+    order = asyncio.run(main())
+    assert order == [("a", False), identity.process_token(), ("b", True)], order
+    client.close()
 
 
 @pytest.mark.parametrize(

@@ -405,13 +405,16 @@ class Primitive(Renewable):
             self._wait,
         )
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        """KEYS and ARGV of the leave script for waiter ``owner`` (no next waiter)."""
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of the leave script for waiter ``owner``; ``ask``: the next local
+        waiter (owner, renew item kind, count) the entry is re-pointed to, or None."""
         raise NotImplementedError
 
-    def _leave_call(self, owner: str) -> Call:
+    def _leave_call(self, owner: str, ask: Optional[Tuple[str, str, int]] = None) -> Call:
         return self._prepared(
-            ("leave", owner), self._leave_script, lambda: self._leave_arguments(owner)
+            ("leave", owner, ask), self._leave_script, lambda: self._leave_arguments(owner, ask)
         )
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:

@@ -181,6 +181,8 @@ class Waiter:
         "other_seen",
         "counts",
         "token",
+        "ask",
+        "named",
     )
 
     def __init__(
@@ -202,6 +204,12 @@ class Waiter:
         self.counts = False
         #: The fencing token its grant line carried (0: none, or a semaphore's grant).
         self.token = 0
+        #: What its acquire asks, (renew item kind, count): what a leaving head names
+        #: when it re-points the process's queue entry to this waiter.
+        self.ask: Tuple[str, int] = ("", 1)
+        #: A leaving head re-pointed the process's entry to it: it is in the server's
+        #: queue before it asked, so it must leave it if it stops waiting.
+        self.named = False
 
     @property
     def subscribed(self) -> bool:
@@ -313,6 +321,27 @@ class WakeHub:
             if leaving:
                 waiter.state = LEAVING
             return False
+
+    def successor(self, waiter: Waiter) -> Optional[Waiter]:
+        """The waiter after ``waiter`` on its channel that still waits, or None (no I/O)."""
+        with self._mutex:
+            after = False
+            for other in waiter.channel.waiters:
+                if after and other.state == WAITING:
+                    return other
+                after = after or other is waiter
+            return None
+
+    def take_over(self, waiter: Waiter) -> bool:
+        """The process's entry was re-pointed to ``waiter``: mark it named, unless it
+        stopped waiting meanwhile (False: the entry names a waiter that is gone)."""
+        with self._mutex:
+            if waiter.state != WAITING or waiter not in waiter.channel.waiters:
+                return False
+            waiter.named = True
+            # as if it had queued now: the channel was confirmed for the leaving head
+            waiter.counts = waiter.channel.confirmed.is_set()
+            return True
 
     def rewait(self, waiter: Waiter) -> None:
         """``waiter``'s grant was revoked before it was recorded: it waits again."""
