@@ -111,6 +111,45 @@ def test_unbounded_release_grows_and_persists(client: "redis.Redis[bytes]", name
     assert client.hget(key(name), "#free") == b"2"
 
 
+@pytest.mark.parametrize("bounded", [False, True])
+def test_a_value_of_zero_queues_as_threading_waits(
+    client: "redis.Redis[bytes]", name: str, bounded: bool
+) -> None:
+    """Semaphore(0): a waiter queues until a release, which hands it the permit.
+    BoundedSemaphore(0): a waiter can never be served and times out leaving no entry;
+    release() raises ValueError and changes nothing (threading's semantics)."""
+    sem = make(name, client, 0, bounded=bounded)
+    queue = sem._keys.queued()[2]
+    results: list = []
+
+    def waiter() -> None:
+        try:
+            results.append(sem.acquire(timeout=3 if bounded else 30))
+            if results[-1]:
+                sem.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_for(lambda: client.zcard(queue) == 1, 10, "the waiter to queue")
+        if bounded:
+            with pytest.raises(ValueError, match="released too many times"):
+                sem.release()
+            assert client.zcard(queue) == 1, "a refused release must change nothing"
+        else:
+            sem.release()
+    finally:
+        thread.join(30)
+    assert results == [not bounded], results
+    assert client.zcard(queue) == 0
+    if bounded:
+        assert not client.exists(key(name), queue)
+    else:
+        assert client.hget(key(name), "#free") == b"1"  # the released permit came back
+
+
 def test_release_publishes_the_number_of_permits(client: "redis.Redis[bytes]", name: str) -> None:
     # Issue 12: a release grants its permits to the queued waiters they cover, in order,
     # and its one message names exactly those (not a count for every process to race for).
