@@ -332,6 +332,56 @@ def test_a_head_waiter_timing_out_keeps_its_process_place(
         client.close()
 
 
+@pytest.mark.timeout(120)
+def test_two_local_waiters_timing_out_together_pass_the_place_to_the_third(
+    redis_url: str, name: str
+) -> None:
+    """The head and the thread it names time out at about the same time (either may
+    stop first): the process's entry ends up named to the third thread, which keeps the
+    process's place ahead of a process that queued later."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    data = f"{NS}:data:{{{name}}}"
+    lock = rlocks.RLock(name, client=client, namespace=NS)
+    queue = _queue_key("rlock", name)
+    hub = waiting.hub_for(client, NS)
+    assert lock.acquire()
+    results: Dict[str, Any] = {}
+
+    def local(tag: str, timeout: float) -> None:
+        try:
+            ok = results[tag] = lock.acquire(timeout=timeout)
+            if ok:
+                lock.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results[tag] = exc
+
+    threads = {tag: threading.Thread(target=local, args=(tag, t))
+               for tag, t in (("a", 2.0), ("b", 2.0), ("c", 60.0))}
+    threads["a"].start()
+    wait_until(lambda: client.zcard(queue) == 1, 15, "A to queue")
+    for k, tag in enumerate("bc"):
+        threads[tag].start()
+        wait_until(lambda: len(hub._channels[lock._channel].waiters) == 2 + k, 15, "to wait")
+    other = _worker({"url": redis_url}, "rlock", name, data)
+    try:
+        wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
+        threads["a"].join(30)
+        threads["b"].join(30)
+        assert results.get("a") is False and results.get("b") is False, results
+        mine = identity.process_token().encode()
+        wait_until(lambda: client.zrange(queue, 0, -1)[:1] == [mine], 10,
+                   "C to hold the process's place")
+        lock.release()
+        threads["c"].join(30)
+        assert results.get("c") is True, results
+        other.join(30)
+        assert other.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+    finally:
+        _reap(other)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+        client.close()
+
+
 def test_an_asyncio_head_task_timing_out_keeps_its_process_place(
     redis_url: str, name: str
 ) -> None:

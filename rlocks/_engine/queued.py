@@ -321,8 +321,9 @@ def _leave(
         reply = yield op
         st.op = None
         hub.deliver(waiter.channel.name, reply.wakes, op.sent)
-        if reply.status == PASSED and leaving is waiter:
-            hub.note_grant(waiter)
+        if reply.status == PASSED:
+            # the grant's line, when the hub reads it, must not grant a later wait
+            hub.note_grant(leaving)
         # value 0: the entry left, or was granted to nxt at once (its line says so)
         if nxt is None or reply.status != GRANTED or reply.value == 0 or hub.take_over(nxt):
             return

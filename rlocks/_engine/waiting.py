@@ -183,6 +183,7 @@ class Waiter:
         "token",
         "ask",
         "named",
+        "gone",
     )
 
     def __init__(
@@ -210,6 +211,9 @@ class Waiter:
         #: A leaving head re-pointed the process's entry to it: it is in the server's
         #: queue before it asked, so it must leave it if it stops waiting.
         self.named = False
+        #: It stopped waiting ungranted before it was named: a leaving head must not
+        #: name it (see ``take_over``).
+        self.gone = False
 
     @property
     def subscribed(self) -> bool:
@@ -320,6 +324,7 @@ class WakeHub:
                 return True
             if leaving:
                 waiter.state = LEAVING
+                waiter.gone = not waiter.named
             return False
 
     def successor(self, waiter: Waiter) -> Optional[Waiter]:
@@ -334,13 +339,15 @@ class WakeHub:
 
     def take_over(self, waiter: Waiter) -> bool:
         """The process's entry was re-pointed to ``waiter``: mark it named, unless it
-        stopped waiting meanwhile (False: the entry names a waiter that is gone)."""
+        stopped waiting ungranted meanwhile (False: the entry names a waiter that is
+        gone, and the caller must take it out in its name). A waiter granted meanwhile
+        records its grant itself (True)."""
         with self._mutex:
-            if waiter.state != WAITING or waiter not in waiter.channel.waiters:
-                return False
-            waiter.named = True
             # as if it had queued now: the channel was confirmed for the leaving head
             waiter.counts = waiter.channel.confirmed.is_set()
+            if waiter.gone:
+                return False
+            waiter.named = True
             return True
 
     def rewait(self, waiter: Waiter) -> None:
