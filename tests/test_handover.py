@@ -74,7 +74,9 @@ class _Scene:
     and the worker processes queued on it. On exit, the workers still running are
     killed (stopped ones woken first) and the workers' data keys deleted."""
 
-    def __init__(self, client: Any, kind: str, name: str, fair: bool = True) -> None:
+    def __init__(
+        self, client: Any, kind: str, name: str, fair: bool = True, entry_lease: float = ENTRY_S
+    ) -> None:
         self.client = client
         self.kind = kind
         self.name = name
@@ -82,7 +84,7 @@ class _Scene:
         self.queue = _queue_key(kind, name)
         self.procs: List[Any] = []
         _prim, acquire, self._release, self._nesting = _procs.make_mutex(
-            kind, name, client, NS, ttl=30, fair=fair
+            kind, name, client, NS, ttl=30, fair=fair, entry_lease=entry_lease
         )
         for _ in range(self._nesting):
             assert acquire(timeout=10)
@@ -149,7 +151,7 @@ def test_a_dead_waiter_delays_the_next_holder_at_most_the_entry_lease(
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", _procs.KINDS)
 def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
-    target: Tuple[Any, Dict[str, Any]], kind: str, name: str, monkeypatch: pytest.MonkeyPatch
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
 ) -> None:
     client, spec = target
     # The grant this process's release hands the stopped victim lives the releaser's entry
@@ -158,8 +160,7 @@ def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
     # a grant) and its release raised LockLostError, as for any hold paused past its
     # lease ([cluster-sem] failed so). 60 s: the race the test is about, time-out against
     # grant, stays; the victim's and the survivor's own entry leases stay 2 s.
-    monkeypatch.setattr(Primitive, "_entry_ms", 60_000)
-    with _Scene(client, kind, name) as scene:
+    with _Scene(client, kind, name, entry_lease=60.0) as scene:
         data, queue = scene.data, scene.queue
         timeout = ENTRY_S / 2  # its deadline passes while stopped, before its grant's lease ends
         victim = scene.worker(spec, timeout=timeout)
