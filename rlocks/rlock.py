@@ -43,8 +43,12 @@ class _RLockCore(Primitive):
         args = (owner, count, 1 if everything else 0)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, identity.process_token(), "")
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args: Tuple[Arg, ...] = (owner, identity.process_token(), "")
+        if ask is not None:
+            args = (owner, identity.process_token(), ask[0], ask[2])
         return self._keys.queued(), (*self._context(), *args)
 
     def _renew_arguments(
@@ -59,7 +63,7 @@ class RLock(ReentrantLock, _RLockCore):
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
     on_lost=None, replicas=0, replica_wait=1.0, fair=True,
-    deadlock_timeout=1.0)``
+    deadlock_timeout=1.0, entry_lease=2.0)``
 
     The owner is the calling *thread* (of this process, on this host): the thread that
     acquired may acquire again without blocking and must release as many times. Other
@@ -91,8 +95,14 @@ class RLock(ReentrantLock, _RLockCore):
       lock go to whoever asks first (the releasing thread may take it again at once); a
       release then wakes one waiting process instead of granting it, and grants it at the
       first release after its patience (100 ms) ends. Every process using the name must
-      pass the same value. A waiting process that dies delays the next
-      holder at most the queue entry's lease (2 s). TypeError if not a bool.
+      pass the same value. TypeError if not a bool.
+    - ``entry_lease``: seconds (default 2.0) a process's queue entry lives unless its
+      renewer renews it (every third of it while a thread waits), and a hand-over grant
+      lives until its process adopts it: a waiting process that dies, or dies just after
+      being handed the lock, delays the next holder at most this long. A shorter one
+      bounds that stall at the price of more renewals. Every process using the name
+      should pass the same value (a grant made by another process's release lives that
+      process's lease). TypeError/ValueError unless a number of seconds >= 0.01.
     - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking
       ``acquire`` checks, and checks again every ``deadlock_timeout``, whether it is part
       of a cycle of waits between RLocks and RWLock sides (any processes, any hosts);

@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError
 from ._engine import identity
 from ._engine.clients import io_client
 from ._engine.constructors import public_init
-from ._engine.primitive import Primitive
+from ._engine.primitive import ENTRY_LEASE, Primitive
 from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load_queued
@@ -101,8 +101,12 @@ class _SideCore(Primitive):
         args = (owner, self._side, count, 1 if everything else 0)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, identity.process_token(), "")
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        args: Tuple[Arg, ...] = (owner, identity.process_token(), "")
+        if ask is not None:
+            args = (owner, identity.process_token(), *ask)
         return self._keys.queued(), (*self._context(), *args)
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:
@@ -253,10 +257,12 @@ class _RWPair(Generic[R, W]):
         replica_wait: float = 1.0,
         fair: bool = True,
         deadlock_timeout: Optional[float] = 1.0,
+        entry_lease: float = ENTRY_LEASE,
     ) -> None:
         options: Dict[str, Any] = dict(
             fair=fair,
             deadlock_timeout=deadlock_timeout,
+            entry_lease=entry_lease,
             client=client,
             ttl=ttl,
             auto_renew=auto_renew,
@@ -318,7 +324,7 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
     on_lost=None, replicas=0, replica_wait=1.0, fair=True,
-    deadlock_timeout=1.0)``
+    deadlock_timeout=1.0, entry_lease=2.0)``
 
     ``rwlock.read_lock`` and ``rwlock.write_lock`` each behave like a
     ``threading.RLock`` (``acquire``, ``release``, ``with``, ``locked``, ``_is_owned``,
@@ -340,7 +346,8 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
       side gets :class:`UpgradeError` (a RuntimeError) at once instead of a deadlock.
 
     ``client``, ``ttl``, ``auto_renew``, ``namespace``, ``on_lost``, ``replicas``,
-    ``replica_wait``, ``fair`` and ``deadlock_timeout`` mean what they mean for
+    ``replica_wait``, ``fair``, ``deadlock_timeout`` and ``entry_lease`` mean what they
+    mean for
     :class:`rlocks.RLock`; every hold (each reader, the writer) has its own lease, so one
     dead reader stops counting ``ttl`` after it died while others read on. ``on_lost`` is
     called with the side (``read_lock`` / ``write_lock``) that was lost.

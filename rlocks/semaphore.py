@@ -36,7 +36,7 @@ from redis.exceptions import ResponseError
 from ._engine import checks, identity, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
-from ._engine.primitive import Primitive
+from ._engine.primitive import ENTRY_LEASE, Primitive
 from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued
 from ._engine.state import PrimitiveState
 from ._engine.waiting import serial
@@ -110,6 +110,7 @@ class _SemaphoreCore(Primitive):
         replicas: int = 0,
         replica_wait: float = 1.0,
         fair: bool = True,
+        entry_lease: float = ENTRY_LEASE,
     ) -> None:
         label = f"{self._label}({name!r})"
         value = _count(value, "value", label)
@@ -125,6 +126,7 @@ class _SemaphoreCore(Primitive):
             replicas=replicas,
             replica_wait=replica_wait,
             fair=fair,
+            entry_lease=entry_lease,
         )
         self._value = value
 
@@ -147,8 +149,13 @@ class _SemaphoreCore(Primitive):
                 1 if waiting else 0)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, owner, identity.process_token(), "")
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        # (the next waiter is also the owner its permits go to, as in acquire)
+        args: Tuple[Arg, ...] = (owner, owner, identity.process_token(), "")
+        if ask is not None:
+            args = (owner, owner, identity.process_token(), ask[0], ask[2])
         return self._keys.queued(), (*self._context(), *args)
 
     def _queues_locally(self, owner: str) -> bool:
@@ -262,6 +269,14 @@ class _SemaphoreCore(Primitive):
             return err
         return None
 
+    def _checks_hand_over(self, owner: str) -> bool:
+        # The lost-permit check compares the owner's count on the server with its books:
+        # only an owner with permits on the books (or known lost) can fail it.
+        if super()._checks_hand_over(owner):
+            return True
+        hold = self._holds.get(owner)
+        return (hold is not None and hold.lost) or self._held_by_all_objects(owner) > 0
+
     def _release_refused(self, release: "_Release", since: float, exc: ResponseError) -> Exception:
         # Redis refused with an error reply and changed nothing: the permits are theirs.
         self._unreserve(release, since)
@@ -359,7 +374,8 @@ class Semaphore(_SemaphoreCore):
     """A counting semaphore shared by every process that uses the same name and Redis.
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
-    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0, fair=True)``
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0, fair=True,
+    entry_lease=2.0)``
 
     Like ``threading.Semaphore``: ``acquire()`` takes a permit, waiting while none is
     free; ``release(n)`` gives ``n`` back, and any thread may release: its own permits
@@ -388,8 +404,9 @@ class Semaphore(_SemaphoreCore):
     waiters they cover, and a waiter that wants more than is free blocks those behind it.
     ``fair=False`` lets a free permit go to whoever asks first; a release still wakes
     only as many waiting processes as it frees permits for, and grants them at the first
-    release after their patience (100 ms) ends. Every process using the name
-    must pass the same ``fair``.
+    release after their patience (100 ms) ends. Every process using the name must pass the
+    same ``fair``. ``entry_lease`` (default 2 s) bounds how long a waiting process that
+    dies delays the others, as for :class:`rlocks.RLock`.
 
     Construction validates arguments and does no I/O.
     """

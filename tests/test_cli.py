@@ -288,6 +288,31 @@ def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
     assert got.is_set()
 
 
+def test_inspect_shows_the_queue_in_order_with_each_entry_s_lease(
+    run: Callable[..., Result], ns: str, name: str, held: List[Any]
+) -> None:
+    """Issue 12: ``inspect`` lists the queue head first, each entry with its lease."""
+    from rlocks._engine.scripts import run as run_script
+
+    sem = rlocks.Semaphore(name, 1, namespace=ns, entry_lease=5.0)
+    assert sem.acquire()
+    held.append(sem)
+    ghosts = [f"proc-{k}-{uuid.uuid4().hex[:6]}" for k in range(3)]
+    for k, ghost in enumerate(ghosts):
+        waiter = f"{ghost}:1"
+        args = (*sem._context(), waiter, waiter, ghost, 30000, 1, 1)
+        reply = run_script(sem.client, sem._acquire_script, sem._keys.queued(), args)
+        assert reply.queued and reply.value == k + 1, reply
+    data = json.loads(run("inspect", name, "--json").stdout)
+    assert [entry["waiter"] for entry in data["queue"]] == [f"{g}:1" for g in ghosts]
+    for entry in data["queue"]:
+        assert 0 < entry["lease_left_ms"] <= 5000 and entry["wanted"] == 1
+    text = run("inspect", name).stdout
+    positions = [text.index(f"{g}:1") for g in ghosts]
+    assert positions == sorted(positions), text
+    sem.client.delete(*sem._keys.queued()[2:5])
+
+
 def test_inspect_a_semaphore_shows_value_free_and_holders(
     run: Callable[..., Result], ns: str, name: str, held: List[Any]
 ) -> None:

@@ -5,7 +5,7 @@ they could adopt it) delay the next holder at most the entry lease; a time-out o
 cancel racing a grant leaves no hold and passes it on; waiters of several processes are
 served in arrival order; ``fair=False`` lets a free primitive be taken past the queue.
 Every kind, on a single server and on the local cluster. Bounds come from the entry
-lease (``Primitive._entry_ms``) and are polled with a deadline.
+lease (``entry_lease``, default ``ENTRY_LEASE``) and are polled with a deadline.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import redis
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import aio, waiting
+from rlocks._engine import aio, identity, waiting
 from rlocks._engine.keys import keys_for
-from rlocks._engine.primitive import Primitive
+from rlocks._engine.primitive import ENTRY_LEASE
 from rlocks._engine.scripts import run
 
 from . import _procs
@@ -33,7 +33,7 @@ from ._servers import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 NS = "rlocks-handover-test"
-ENTRY_S = Primitive._entry_ms / 1000.0
+ENTRY_S = ENTRY_LEASE
 # A dead waiter's grant lives one entry lease; the survivor looks again at least every
 # entry lease (its renewal every third of it tidies and hands over too); plus slack for a
 # loaded machine, well under the 30 s holder lease a wrong fix would wait for.
@@ -74,7 +74,9 @@ class _Scene:
     and the worker processes queued on it. On exit, the workers still running are
     killed (stopped ones woken first) and the workers' data keys deleted."""
 
-    def __init__(self, client: Any, kind: str, name: str, fair: bool = True) -> None:
+    def __init__(
+        self, client: Any, kind: str, name: str, fair: bool = True, entry_lease: float = ENTRY_S
+    ) -> None:
         self.client = client
         self.kind = kind
         self.name = name
@@ -82,7 +84,7 @@ class _Scene:
         self.queue = _queue_key(kind, name)
         self.procs: List[Any] = []
         _prim, acquire, self._release, self._nesting = _procs.make_mutex(
-            kind, name, client, NS, ttl=30, fair=fair
+            kind, name, client, NS, ttl=30, fair=fair, entry_lease=entry_lease
         )
         for _ in range(self._nesting):
             assert acquire(timeout=10)
@@ -149,7 +151,7 @@ def test_a_dead_waiter_delays_the_next_holder_at_most_the_entry_lease(
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", _procs.KINDS)
 def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
-    target: Tuple[Any, Dict[str, Any]], kind: str, name: str, monkeypatch: pytest.MonkeyPatch
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
 ) -> None:
     client, spec = target
     # The grant this process's release hands the stopped victim lives the releaser's entry
@@ -158,8 +160,7 @@ def test_a_time_out_racing_a_grant_leaves_no_hold_and_passes_it_on(
     # a grant) and its release raised LockLostError, as for any hold paused past its
     # lease ([cluster-sem] failed so). 60 s: the race the test is about, time-out against
     # grant, stays; the victim's and the survivor's own entry leases stay 2 s.
-    monkeypatch.setattr(Primitive, "_entry_ms", 60_000)
-    with _Scene(client, kind, name) as scene:
+    with _Scene(client, kind, name, entry_lease=60.0) as scene:
         data, queue = scene.data, scene.queue
         timeout = ENTRY_S / 2  # its deadline passes while stopped, before its grant's lease ends
         victim = scene.worker(spec, timeout=timeout)
@@ -439,6 +440,222 @@ def test_fair_must_be_a_bool(client: "redis.Redis[bytes]", name: str) -> None:
     ):
         with pytest.raises(TypeError, match="fair must be a bool"):
             make()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_a_head_waiter_timing_out_keeps_its_process_place(
+    redis_url: str, kind: str, name: str
+) -> None:
+    """The thread holding its process's queue entry times out while another thread of the
+    process still waits: the entry is re-pointed to that thread, keeping its place ahead
+    of a process that queued later, which is then served after it."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    data = f"{NS}:data:{{{name}}}"
+    prim, acquire, release, nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
+    queue = _queue_key(kind, name)
+    hub = waiting.hub_for(client, NS)
+    for _ in range(nesting):
+        assert acquire(timeout=10)
+    results: Dict[str, Any] = {}
+    got_b = threading.Event()
+    leave_b = threading.Event()
+
+    def local(tag: str, timeout: float) -> None:
+        try:
+            ok = results[tag] = acquire(timeout=timeout)
+            if ok and tag == "b":
+                got_b.set()
+                assert leave_b.wait(30)
+                release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results[tag] = exc
+            got_b.set()
+
+    a = threading.Thread(target=local, args=("a", 3.0))
+    a.start()
+    wait_until(lambda: client.zcard(queue) == 1, 15, "A to queue")
+    b = threading.Thread(target=local, args=("b", 60.0))
+    b.start()
+    wait_until(lambda: len(hub._channels[prim._channel].waiters) == 2, 15, "B to wait")
+    other = _worker({"url": redis_url}, kind, name, data)
+    try:
+        wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
+        a.join(30)
+        assert results.get("a") is False, results
+        mine = identity.process_token().encode()
+        # Without the re-pointing, A's leave took the entry out and B queued at the tail.
+        assert client.zrange(queue, 0, -1)[0] == mine, client.zrange(queue, 0, -1)
+        for _ in range(nesting):
+            release()
+        assert got_b.wait(30) and results.get("b") is True, results
+        assert client.llen(f"{data}:got") == 0, "the later process was served first"
+        leave_b.set()
+        wait_until(lambda: client.llen(f"{data}:got") == 1, 30, "the other process's turn")
+        other.join(30)
+        assert other.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+    finally:
+        leave_b.set()
+        b.join(30)
+        _reap(other)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_two_local_waiters_timing_out_together_pass_the_place_to_the_third(
+    redis_url: str, name: str
+) -> None:
+    """The head and the thread it names time out at about the same time (either may
+    stop first): the process's entry ends up named to the third thread, which keeps the
+    process's place ahead of a process that queued later."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    data = f"{NS}:data:{{{name}}}"
+    lock = rlocks.RLock(name, client=client, namespace=NS)
+    queue = _queue_key("rlock", name)
+    hub = waiting.hub_for(client, NS)
+    assert lock.acquire()
+    results: Dict[str, Any] = {}
+
+    def local(tag: str, timeout: float) -> None:
+        try:
+            ok = results[tag] = lock.acquire(timeout=timeout)
+            if ok:
+                lock.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results[tag] = exc
+
+    threads = {tag: threading.Thread(target=local, args=(tag, t))
+               for tag, t in (("a", 2.0), ("b", 2.0), ("c", 60.0))}
+    threads["a"].start()
+    wait_until(lambda: client.zcard(queue) == 1, 15, "A to queue")
+    for k, tag in enumerate("bc"):
+        threads[tag].start()
+        wait_until(lambda: len(hub._channels[lock._channel].waiters) == 2 + k, 15, "to wait")
+    other = _worker({"url": redis_url}, "rlock", name, data)
+    try:
+        wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
+        threads["a"].join(30)
+        threads["b"].join(30)
+        assert results.get("a") is False and results.get("b") is False, results
+        mine = identity.process_token().encode()
+        wait_until(lambda: client.zrange(queue, 0, -1)[:1] == [mine], 10,
+                   "C to hold the process's place")
+        lock.release()
+        threads["c"].join(30)
+        assert results.get("c") is True, results
+        other.join(30)
+        assert other.exitcode == _procs.EXIT_OK, client.lrange(f"{data}:errors", 0, -1)
+    finally:
+        _reap(other)
+        client.delete(f"{data}:got", f"{data}:errors", f"{data}:timed-out")
+        client.close()
+
+
+def test_an_asyncio_head_task_timing_out_keeps_its_process_place(
+    redis_url: str, name: str
+) -> None:
+    """The asyncio twin: the entry passes to the next task of the process."""
+    client = redis.Redis.from_url(redis_url)
+    queue = _queue_key("rlock", name)
+    holder = rlocks.RLock(name, client=client, namespace=NS)
+    assert holder.acquire()
+
+    async def main() -> List[Any]:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        lock = rlocks.asyncio.RLock(name, client=aclient, namespace=NS)
+        order: List[Any] = []
+
+        async def task(tag: str, timeout: float) -> None:
+            ok = await lock.acquire(timeout=timeout)
+            order.append((tag, ok))
+            if ok:
+                await lock.release()
+
+        first = asyncio.ensure_future(task("a", 2.0))
+        while not await aclient.zcard(queue):
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(task("b", 60.0))
+        await asyncio.sleep(0.05)  # let B register behind A
+        # a queue entry of another process, behind this one's
+        await aclient.zadd(queue, {"another-process": 1e15})
+        await first
+        head = (await aclient.zrange(queue, 0, 0))[0]
+        order.append(head.decode())
+        await aclient.zrem(queue, "another-process")
+        holder.release()  # (a sync call on the loop: this thread holds it)
+        await second
+        await aclient.aclose()
+        return order
+
+    order = asyncio.run(main())
+    assert order == [("a", False), identity.process_token(), ("b", True)], order
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [(True, TypeError), ("2", TypeError), (None, TypeError), (0, ValueError),
+     (0.005, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+     (float("inf"), ValueError)],
+)
+def test_entry_lease_is_checked_before_any_io(bad: Any, error: type, name: str) -> None:
+    # No server at that port: a Redis call would fail with a ConnectionError instead.
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2)
+    for make in (
+        lambda: rlocks.RLock(name, client=dead, entry_lease=bad),
+        lambda: rlocks.RWLock(name, client=dead, entry_lease=bad),
+        lambda: rlocks.Semaphore(name, 2, client=dead, entry_lease=bad),
+        lambda: rlocks.BoundedSemaphore(name, 2, client=dead, entry_lease=bad),
+        lambda: rlocks.asyncio.RLock(name, client=redis.asyncio.Redis(port=1), entry_lease=bad),
+    ):
+        with pytest.raises(error, match="entry_lease"):
+            make()
+
+
+@pytest.mark.parametrize("kind", ["rlock", "read", "sem"])
+def test_the_entry_lease_is_the_one_the_constructor_was_given(
+    client: "redis.Redis[bytes]", name: str, kind: str
+) -> None:
+    """A queued entry, and a hand-over grant until adopted, live ``entry_lease``."""
+
+    def make(**kw: Any) -> Tuple[Any, Any]:
+        if kind == "rlock":
+            lock = rlocks.RLock(name, client=client, namespace=NS, **kw)
+            return lock, lock
+        if kind == "read":
+            rw = rlocks.RWLock(name, client=client, namespace=NS, **kw)
+            return rw.read_lock, rw.write_lock
+        sem = rlocks.Semaphore(name, 1, client=client, namespace=NS, **kw)
+        return sem, sem
+
+    waiting, _ = make(entry_lease=0.25)
+    _, holding = make()
+    assert waiting._entry_ms == 250
+    queue, times = waiting._keys.queued()[2], waiting._keys.queued()[4]
+    assert holding.acquire()
+    results: List[Any] = []
+
+    def waiter() -> None:
+        try:
+            results.append(waiting.acquire(timeout=20))
+            waiting.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 15, "the waiter to queue")
+        (member, ends), = client.zrange(times, 0, -1, withscores=True)
+        assert member.startswith(b"e:")
+        secs, micros = client.time()
+        left = ends - (secs * 1000 + micros // 1000)
+        assert 0 < left <= 250, left  # the default (2 s) would leave up to 2000 ms
+    finally:
+        holding.release()
+        thread.join(20)
+    assert results == [True]
 
 
 @pytest.mark.parametrize("kind", ["rlock", "write", "sem"])

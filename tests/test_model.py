@@ -7,14 +7,22 @@ through a queue. After every step the test compares the rlocks answer with
 exception type), the owner's ``_recursion_count()`` / ``_is_owned()`` with the model, and
 the Redis hash with the model exactly: ``{owner id: count}`` for the one holder, no key at
 all when free, and a lease on the key whenever it exists.
+
+A second machine (``QueueMachine``) adds what the server-side queue brings (issue 12):
+threads that wait (queued), threads that time out (the head of the process's waiters
+included: its place passes to the next one), and dead waiting processes ("ghosts": queue
+entries no process renews). It checks that the waiting threads are served in arrival
+order, within the entry lease bound despite the ghosts, and the Redis hash and queue
+after every step.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -22,7 +30,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import rlocks
-from rlocks._engine.identity import thread_owner
+from rlocks._engine import waiting
+from rlocks._engine.identity import process_token, thread_owner
+from rlocks._engine.scripts import run
 
 from .conftest import NAMESPACE
 
@@ -52,9 +62,24 @@ class Owner:
                 self._results.put(("raised", type(exc)))
 
     def run(self, step: Callable[[], Any]) -> Any:
+        self.start(step)
+        return self.collect(20)
+
+    def start(self, step: Callable[[], Any]) -> None:
+        """Give the thread ``step`` without waiting for it (a blocking acquire)."""
         self._steps.put(step)
-        kind, value = self._results.get(timeout=20)
+
+    def collect(self, timeout: float) -> Any:
+        """The outcome of the step started last (AssertionError after ``timeout`` s)."""
+        try:
+            kind, value = self._results.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"owner {self.index}: no outcome within {timeout} s") from None
         return value if kind == "ok" else ("raised", value)
+
+    def busy(self) -> bool:
+        """Whether its last step has not ended yet (no outcome waiting either)."""
+        return self._results.empty()
 
     def stop(self) -> None:
         self._steps.put(None)
@@ -181,6 +206,203 @@ def test_rlock_follows_the_threading_model(client: Any) -> None:
     runner.settings = settings(
         max_examples=40,
         stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        database=None,
+    )
+    runner.runTest()
+
+
+ENTRY = 0.5  # s: the entry lease of the queue machine's locks (the ghosts' delay bound)
+GHOSTS = 2  # at most per example: each may delay the next holder up to 2 * ENTRY
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """Waiting, time-outs and dead waiters on one RLock (threads of this process)."""
+
+    client: Any = None  # set by the test before running
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = f"qmodel-{uuid.uuid4().hex[:12]}"
+        self.owners = [Owner(i) for i in range(OWNERS + 1)]
+        self.ours = [
+            rlocks.RLock(self.name, client=self.client, ttl=30, namespace=NAMESPACE,
+                         entry_lease=ENTRY)
+            for _ in self.owners
+        ]
+        self.keys = self.ours[0]._keys.queued()
+        self.hub = waiting.hub_for(self.client, NAMESPACE)
+        self.holder: Optional[int] = None
+        self.count = 0
+        self.local: List[int] = []  # waiting threads, in arrival order
+        self.ghosts = 0
+        self.ghost_until = 0.0  # monotonic: every ghost's entry and grant are over by then
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def idle(self) -> List[int]:
+        return [i for i in range(len(self.owners)) if i != self.holder and i not in self.local]
+
+    def local_waiters(self) -> int:
+        channel = self.hub._channels.get(self.ours[0]._channel)
+        return 0 if channel is None else len(channel.waiters)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out after {timeout} s: {what}"
+            time.sleep(0.005)
+
+    def ghosts_over(self) -> None:
+        """Wait until no ghost can still delay anyone, then let a script purge them."""
+        pause = self.ghost_until - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        # a renewal of nothing: purges what ended and hands over, changes nothing else
+        run(self.client, self.ours[0]._renew_script, self.keys,
+            (*self.ours[0]._context(), 30000))
+
+    def served(self) -> None:
+        """The lock was freed: the first waiting thread gets it, within the bound."""
+        if not self.local:
+            return
+        nxt = self.local.pop(0)
+        bound = 2 * ENTRY * self.ghosts + 10.0  # ghosts' delay, plus a loaded machine's
+        assert self.owners[nxt].collect(bound) is True
+        self.holder, self.count = nxt, 1
+        for other in self.local:
+            assert self.owners[other].busy(), f"owner {other} returned out of turn"
+        # the next one queues the process again: wait for it, so steps see a stable queue
+        if self.local:
+            self.wait_for(lambda: self.client.zscore(self.keys[2], process_token()) is not None,
+                          10, "the next waiter to queue")
+
+    # -- rules -------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def try_acquire(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from([*self.idle(), *([self.holder] if self.holder is not None else [])]))
+        if self.holder is None:
+            self.ghosts_over()
+        got = self.owners[i].run(lambda: self.ours[i].acquire(blocking=False))
+        # fair: a free lock with threads of this process queued goes to them, not a try
+        expected = self.holder == i or (self.holder is None and not self.local)
+        assert got is expected, (got, i, self.holder, self.local)
+        if got:
+            self.holder = i
+            self.count += 1
+
+    @precondition(lambda self: self.holder is not None and bool(self.idle()))
+    @rule(data=st.data())
+    def wait(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from(self.idle()))
+        before = self.local_waiters()
+        self.owners[i].start(lambda: self.ours[i].acquire(timeout=60))
+        self.wait_for(lambda: self.local_waiters() == before + 1, 10, "the waiter to register")
+        if not self.local:  # the head: it registers first, then queues the process
+            self.wait_for(lambda: self.client.zscore(self.keys[2], process_token()) is not None,
+                          10, "the process to queue")
+        self.local.append(i)
+
+    @precondition(lambda self: self.holder is not None and bool(self.idle()))
+    @rule(data=st.data(), head=st.booleans())
+    def time_out(self, data: st.DataObject, head: bool) -> None:
+        """A thread waits and times out; ``head`` (with no thread waiting yet): it holds
+        the process's entry, and a thread that comes after it takes its place."""
+        i = data.draw(st.sampled_from(self.idle()))
+        entry = process_token()
+        if head and not self.local and len(self.idle()) > 1:
+            j = data.draw(st.sampled_from([k for k in self.idle() if k != i]))
+            self.owners[i].start(lambda: self.ours[i].acquire(timeout=0.5))
+            self.wait_for(lambda: self.client.zscore(self.keys[2], entry) is not None, 10,
+                          "the head to queue")
+            self.owners[j].start(lambda: self.ours[j].acquire(timeout=60))
+            self.wait_for(lambda: self.local_waiters() == 2, 10, "the second waiter")
+            ahead = set(self.client.zrangebyscore(self.keys[2], "-inf",
+                                                  self.client.zscore(self.keys[2], entry)))
+            assert self.owners[i].collect(10) is False
+            self.local.append(j)
+            score = self.client.zscore(self.keys[2], entry)
+            assert score is not None, "the process lost its entry with its head"
+            now_ahead = set(self.client.zrangebyscore(self.keys[2], "-inf", score))
+            assert now_ahead <= ahead, "the process lost its place with its head"
+        else:
+            self.owners[i].start(lambda: self.ours[i].acquire(timeout=0.2))
+            assert self.owners[i].collect(10) is False
+
+    @precondition(lambda self: self.holder is not None and self.ghosts < GHOSTS)
+    @rule()
+    def ghost(self) -> None:
+        """A waiting process that dies: its entry is queued and never renewed."""
+        self.ghosts += 1
+        gid = f"ghost-{uuid.uuid4().hex[:8]}"
+        args = (*self.ours[0]._context(), f"{gid}:1", gid, 30000, 1, 0, 1)
+        reply = run(self.client, self.ours[0]._acquire_script, self.keys, args)
+        assert reply.queued, reply
+        # its entry ends within ENTRY; a grant made to it before that, ENTRY after it
+        self.ghost_until = time.monotonic() + 2 * ENTRY + 0.05
+
+    @precondition(lambda self: self.holder is not None)
+    @rule(leave=st.booleans())
+    def release(self, leave: bool) -> None:
+        i = self.holder
+        assert i is not None
+        times = self.count if leave else 1
+        for _ in range(times):
+            assert self.owners[i].run(self.ours[i].release) is None
+        self.count -= times
+        if self.count == 0:
+            self.holder = None
+            self.served()
+
+    @precondition(lambda self: bool(self.idle()))
+    @rule(data=st.data())
+    def release_unowned(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from(self.idle()))
+        assert self.owners[i].run(self.ours[i].release) == ("raised", rlocks.NotOwnedError)
+
+    # -- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def redis_matches_the_model(self) -> None:
+        state = self.client.hgetall(self.keys[0])
+        if self.holder is not None:
+            assert state == {self.owners[self.holder].id.encode(): str(self.count).encode()}
+        else:
+            # only a dead waiter's grant, until its short lease ends
+            assert all(field.startswith(b"ghost-") for field in state), state
+        assert self.local_waiters() == len(self.local)
+        queued = self.client.zscore(self.keys[2], process_token()) is not None
+        assert queued is bool(self.local), (queued, self.local)
+
+    @invariant()
+    def local_views_match_the_model(self) -> None:
+        for i in self.idle() + ([self.holder] if self.holder is not None else []):
+            count = self.count if self.holder == i else 0
+            assert self.owners[i].run(self.ours[i]._recursion_count) == count
+
+    def teardown(self) -> None:
+        try:
+            while self.holder is not None:
+                i = self.holder
+                for _ in range(self.count):
+                    self.owners[i].run(self.ours[i].release)
+                self.holder, self.count = None, 0
+                self.served()
+        finally:
+            for owner in self.owners:
+                owner.stop()
+            self.client.delete(*self.keys[:5])
+
+
+@pytest.mark.timeout(120)
+def test_queued_waiters_follow_the_fifo_model(client: Any) -> None:
+    QueueMachine.client = client
+    runner = QueueMachine.TestCase()
+    runner.settings = settings(
+        max_examples=15,
+        stateful_step_count=15,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
         database=None,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import pytest
 import redis
@@ -91,6 +92,50 @@ def test_asyncio_twin_waits_for_replicas_too(pair: Any, name: str) -> None:
         assert not await client.exists(key(name))
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_a_hand_over_grant_short_of_replicas_is_given_back_too(
+    pair: Any, name: str, kind: str
+) -> None:
+    """A waiter granted by hand-over (in the releaser's script, which WAITs for nobody)
+    gets the same WAIT as a direct grant: short of replicas, it is given back and raises."""
+    master, _ = pair
+    client = redis.Redis(port=master.port)
+
+    def make(**kw: Any) -> Any:
+        if kind == "rlock":
+            return rlocks.RLock(name, client=client, namespace=NAMESPACE, **kw)
+        return rlocks.Semaphore(name, 1, client=client, namespace=NAMESPACE, **kw)
+
+    holder = make()
+    strict = make(replicas=2, replica_wait=0.1)
+    queue = strict._keys.queued()[2]
+    assert holder.acquire()
+    errors: List[BaseException] = []
+    results: List[bool] = []
+
+    def waiter() -> None:
+        try:
+            results.append(strict.acquire(timeout=20))
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 15, "the waiter to queue")
+        holder.release()
+    finally:
+        thread.join(30)
+    assert not thread.is_alive()
+    assert results == [] and len(errors) == 1, (results, errors)
+    assert isinstance(errors[0], rlocks.errors.ReplicationError), errors
+    assert (errors[0].acknowledged, errors[0].required) == (1, 2)
+    # given back: nobody holds it, and a plain acquire gets it at once
+    assert holder.acquire(blocking=False)
+    holder.release()
+    assert not client.exists(strict._keys.hash)
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])

@@ -111,6 +111,45 @@ def test_unbounded_release_grows_and_persists(client: "redis.Redis[bytes]", name
     assert client.hget(key(name), "#free") == b"2"
 
 
+@pytest.mark.parametrize("bounded", [False, True])
+def test_a_value_of_zero_queues_as_threading_waits(
+    client: "redis.Redis[bytes]", name: str, bounded: bool
+) -> None:
+    """Semaphore(0): a waiter queues until a release, which hands it the permit.
+    BoundedSemaphore(0): a waiter can never be served and times out leaving no entry;
+    release() raises ValueError and changes nothing (threading's semantics)."""
+    sem = make(name, client, 0, bounded=bounded)
+    queue = sem._keys.queued()[2]
+    results: list = []
+
+    def waiter() -> None:
+        try:
+            results.append(sem.acquire(timeout=3 if bounded else 30))
+            if results[-1]:
+                sem.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            results.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_for(lambda: client.zcard(queue) == 1, 10, "the waiter to queue")
+        if bounded:
+            with pytest.raises(ValueError, match="released too many times"):
+                sem.release()
+            assert client.zcard(queue) == 1, "a refused release must change nothing"
+        else:
+            sem.release()
+    finally:
+        thread.join(30)
+    assert results == [not bounded], results
+    assert client.zcard(queue) == 0
+    if bounded:
+        assert not client.exists(key(name), queue)
+    else:
+        assert client.hget(key(name), "#free") == b"1"  # the released permit came back
+
+
 def test_release_publishes_the_number_of_permits(client: "redis.Redis[bytes]", name: str) -> None:
     # Issue 12: a release grants its permits to the queued waiters they cover, in order,
     # and its one message names exactly those (not a count for every process to race for).
@@ -397,6 +436,54 @@ def test_a_grant_after_a_reported_loss_is_the_new_holders_own(
     with pytest.raises(LockLostError):
         sem.release()
     assert not client.exists(key(name))
+
+
+@pytest.mark.parametrize("auto_renew", [True, False])
+def test_a_hand_over_grant_that_finds_the_threads_permits_gone_is_given_back(
+    client: "redis.Redis[bytes]", name: str, auto_renew: bool
+) -> None:
+    """The lost-permit check of a direct grant holds for a grant made by hand-over (in
+    another thread's release script) too: the thread's earlier permit is gone, so the
+    new one goes back and acquire() raises instead of hiding the loss."""
+    sem = make(name, client, 2, auto_renew=auto_renew)
+    queue = sem._keys.queued()[2]
+    assert sem.acquire()
+    client.delete(key(name))  # the loss is not known locally yet
+    taken = threading.Barrier(3)
+    go = threading.Event()
+    errors: list = []
+
+    def other() -> None:
+        try:
+            assert sem.acquire(timeout=20)
+            taken.wait(20)
+            assert go.wait(20)
+            sem.release()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    others = [threading.Thread(target=other) for _ in range(2)]
+    for thread in others:
+        thread.start()
+    taken.wait(20)  # the two permits are taken: the next acquire queues
+    releaser = threading.Thread(
+        target=lambda: (wait_for(lambda: client.zcard(queue) == 1, 20, "the queue"), go.set())
+    )
+    releaser.start()
+    try:
+        with pytest.raises(LockLostError):
+            sem.acquire(timeout=20)
+    finally:
+        go.set()
+        for thread in (*others, releaser):
+            thread.join(20)
+    if errors:
+        raise errors[0]
+    wait_for(lambda: not client.exists(key(name)), 10, "every permit to be back")
+    with pytest.raises(LockLostError):
+        sem.release()
+    assert sem.acquire(blocking=False)  # the lost hold is gone: a fresh start
+    sem.release()
 
 
 def test_a_grant_that_finds_the_threads_permits_gone_is_given_back(

@@ -159,3 +159,18 @@ def deadlock_timeout(value: object, kind: str, name: str) -> Optional[float]:
             f"None, got {value!r}"
         )
     return seconds
+
+
+def entry_lease(value: object, kind: str, name: str) -> int:
+    """``entry_lease``: seconds a queue entry (and a hand-over grant not adopted yet)
+    lives without renewal; returns it in whole milliseconds."""
+    label = _label(kind, name)
+    if isinstance(value, bool):
+        raise TypeError(f"{label}: entry_lease must be a number of seconds, not bool")
+    seconds = _real(value, "entry_lease", label)
+    # Renewed every third of it: below 10 ms a renewal could not keep up with its lease.
+    if not (0.01 <= seconds <= _TTL_MAX):
+        raise ValueError(
+            f"{label}: entry_lease must be a finite number of seconds >= 0.01, got {value!r}"
+        )
+    return round(seconds * 1000.0)

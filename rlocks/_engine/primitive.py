@@ -48,7 +48,7 @@ from .scripts import (
 from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for, serial
 
-__all__ = ["Hold", "Primitive"]
+__all__ = ["ENTRY_LEASE", "Hold", "Primitive"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,10 @@ _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 # here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
 _process_tokens: Dict[Tuple[Tuple[int, str, str], str], int] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
+
+
+#: Default ``entry_lease`` (s): the bound on the stall a dead waiter causes (issue 12).
+ENTRY_LEASE = 2.0
 
 
 def _reset_after_fork() -> None:
@@ -137,6 +141,7 @@ class Primitive(Renewable):
         "_wait",
         "_fair",
         "_deadlock_timeout",
+        "_entry_ms",
         "__weakref__",
     )
 
@@ -151,10 +156,6 @@ class Primitive(Renewable):
     _acquire_script: ClassVar[Script]
     _release_script: ClassVar[Script]
     _renew_script: ClassVar[Script]
-    #: ms a queue entry, and a hand-over grant not adopted yet, lives without renewal:
-    #: the most a dead waiter (or a process dead just after being handed the primitive)
-    #: delays the next hand-over.
-    _entry_ms: ClassVar[int] = 2000
     #: ``fair=False``: ms a waiter woken by a release may be passed over by bargers before
     #: the next release hands the primitive to it (each queue position waits at most this
     #: plus one hold). Long enough for a releasing thread to run many sections in a row
@@ -183,6 +184,7 @@ class Primitive(Renewable):
         replica_wait: float = 1.0,
         fair: bool = True,
         deadlock_timeout: Optional[float] = 1.0,
+        entry_lease: float = ENTRY_LEASE,
     ) -> None:
         label = self._label
         self._name = checks.check_name(name, label)
@@ -217,6 +219,10 @@ class Primitive(Renewable):
             raise TypeError(f"{label}({name!r}): fair must be a bool, not {type(fair).__name__}")
         self._fair = fair
         self._deadlock_timeout = checks.deadlock_timeout(deadlock_timeout, label, name)
+        #: ms a queue entry, and a hand-over grant not adopted yet, lives without
+        #: renewal: the most a dead waiter (or a process dead just after being handed
+        #: the primitive) delays the next hand-over.
+        self._entry_ms = checks.entry_lease(entry_lease, label, name)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
         self._channel = self._keys.wake(self._wake_role)
@@ -429,13 +435,16 @@ class Primitive(Renewable):
             self._wait,
         )
 
-    def _leave_arguments(self, owner: str) -> Tuple[Sequence[str], Sequence[Arg]]:
-        """KEYS and ARGV of the leave script for waiter ``owner`` (no next waiter)."""
+    def _leave_arguments(
+        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of the leave script for waiter ``owner``; ``ask``: the next local
+        waiter (owner, renew item kind, count) the entry is re-pointed to, or None."""
         raise NotImplementedError
 
-    def _leave_call(self, owner: str) -> Call:
+    def _leave_call(self, owner: str, ask: Optional[Tuple[str, str, int]] = None) -> Call:
         return self._prepared(
-            ("leave", owner), self._leave_script, lambda: self._leave_arguments(owner)
+            ("leave", owner, ask), self._leave_script, lambda: self._leave_arguments(owner, ask)
         )
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:
@@ -577,6 +586,12 @@ class Primitive(Renewable):
         if self._short_of_replicas(reply):
             return self._replication_error(reply)
         return None
+
+    def _checks_hand_over(self, owner: str) -> bool:
+        """Whether a hand-over grant to ``owner`` needs a round trip before it is kept, to
+        run the checks of ``_grant_refusal`` (no I/O): with ``replicas=``, whose WAIT the
+        releaser's script did not run."""
+        return self._wait is not None
 
     def _short_of_replicas(self, reply: Reply) -> bool:
         """Whether a grant was acknowledged by fewer replicas than ``replicas=`` asks."""

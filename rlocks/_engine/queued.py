@@ -194,6 +194,7 @@ def _take(
     plan = WaitPlan(deadline)
     metrics.wait_began(prim, first)
     waiter = st.waiter = hub.register(channel, owner)
+    waiter.ask = (prim._renew_items(owner)[0], count)
     entry_s = prim._entry_ms / 1000.0
     det = st.detector = prim._detector(owner, first)
     while True:
@@ -202,7 +203,6 @@ def _take(
                 return True
             # Revoked before this process could adopt it: queue again (at the tail).
             hub.rewait(waiter)
-            st.queued = False
         now = monotonic()
         if det is not None and now >= det.due and (deadline is None or now < deadline):
             # (Not once the deadline passed: the time-out goes first, bounded as before.)
@@ -219,7 +219,15 @@ def _take(
         if not hub.is_head(waiter):
             pause = plan.idle()
             if pause is None:
-                return False  # never asked Redis: nothing to leave
+                # Under the hub mutex: either a leaving head named it in the process's
+                # entry before this (then it leaves the queue in its turn, passing the
+                # entry on), or the head will not name it.
+                if hub.claim(waiter, leaving=True):
+                    return (yield from _handed(prim, owner, count, first, st))
+                if not waiter.named:
+                    return False  # never asked Redis: nothing to leave
+                st.queued = True
+                break
             if det is not None:
                 pause = det.pause(pause)
             yield Op(WAIT, waiter=waiter, timeout=pause)
@@ -281,23 +289,46 @@ def _take(
             hub.note_grant(waiter)
         return (yield from _granted(prim, owner, count, reply, since, st))
     # The deadline passed: the grant and the leave race under the hub mutex.
-    if hub.claim(waiter, leaving=True):
-        return (yield from _handed(prim, owner, count, first, st))
-    if st.queued:
+    if hub.claim(waiter, leaving=True) and (yield from _handed(prim, owner, count, first, st)):
+        return True
+    if st.queued or waiter.named:
         st.queued = False
         try:
-            op = _call(st, prim._leave_call(owner))
-            reply = yield op
+            yield from _leave(prim, owner, hub, waiter, st)
         except LINK_ERRORS:
             # The entry (and any grant that raced) ends with its short lease.
             log.debug("%s: leave failed; the entry ends with its lease", prim._describe())
-            return False
         finally:
             st.op = None
-        hub.deliver(channel, reply.wakes, op.sent)
-        if reply.status == PASSED:
-            hub.note_grant(waiter)
     return False
+
+
+def _leave(
+    prim: "Primitive", owner: str, hub: WakeHub, waiter: Waiter, st: _Take
+) -> Generator[Op, Any, None]:
+    """Take ``waiter`` out of the server's queue in one step (time-out, cancel, error).
+
+    The process keeps its place: the entry is re-pointed to the next local waiter, which
+    then leaves in its turn should it stop waiting before asking. If that waiter stopped
+    waiting while the leave was in flight, the entry leaves (or is passed on) in its
+    name. Raises Redis errors.
+    """
+    gone, leaving = owner, waiter
+    while True:
+        nxt = hub.successor(waiter)
+        ask = None if nxt is None else (nxt.id, *nxt.ask)
+        op = _call(st, prim._leave_call(gone, ask))
+        reply = yield op
+        st.op = None
+        hub.deliver(waiter.channel.name, reply.wakes, op.sent)
+        if reply.status == PASSED:
+            # the grant's line, when the hub reads it, must not grant a later wait
+            hub.note_grant(leaving)
+        # value 0: the entry left, or was granted to nxt at once (its line says so)
+        if nxt is None or reply.status != GRANTED or reply.value == 0 or hub.take_over(nxt):
+            return
+        # nxt stopped waiting before it was named: the entry names nobody who waits.
+        gone, leaving = nxt.id, nxt
 
 
 def _reads(reads: deadlock.Reads) -> Generator[Op, Any, Any]:
@@ -352,7 +383,26 @@ def _granted(
 def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
     """Record a hand-over grant the hub (or a release reply) announced: no round trip,
     unless nothing renews this primitive, which then adopts it here (False: the grant's
-    short lease had ended and it was revoked, so there is nothing to record)."""
+    short lease had ended and it was revoked, so there is nothing to record), or unless
+    the grant must pass the checks a direct grant passes (``_checks_hand_over``).
+
+    Raises what ``_granted`` raises for a grant that cannot be kept (given back first).
+    """
+    st.queued = False  # the grant took the entry out of the queue
+    if prim._checks_hand_over(owner):
+        # The hand-over was made by the releaser's script, which WAITed for nobody and
+        # could not know this owner's books. Its re-check (acquire, wait = 1) answers
+        # ADOPTED with the owner's count on the server, adding nothing, and goes with
+        # WAIT as a direct acquire does: ``_granted`` then applies the same refusals.
+        op = _call(st, prim._acquire_call(owner, count, False, True))
+        reply = yield op
+        st.op = None
+        prim._deliver(reply, op.sent)
+        if reply.queued:
+            # Revoked meanwhile (not adopted within the entry lease): queued again.
+            st.queued = True
+            return False
+        return (yield from _granted(prim, owner, count, reply, since, st))
     if not prim._auto_renew:
         reply = yield _call(st, prim._adopt_call(owner))
         st.op = None
@@ -383,13 +433,12 @@ def _abandon(
         if give_back:
             yield Op(CALL, prim._undo_call(owner, count))
             log.debug("%s: grant to %s given back while unwinding", prim._describe(), owner)
-        elif st.queued and waiter is not None and hub is not None:
+        elif (st.queued or (waiter is not None and waiter.named)) and (
+            waiter is not None and hub is not None
+        ):
             if isinstance(exc, LINK_ERRORS):
                 return  # the link is down: the entry ends with its lease
-            op = Op(CALL, prim._leave_call(owner))
-            reply = yield op
-            if reply.status == PASSED:
-                hub.note_grant(waiter)
+            yield from _leave(prim, owner, hub, waiter, st)
     except BaseException:  # noqa: BLE001 - the first exception is what propagates
         log.debug("%s: clean-up of %s left to leases", prim._describe(), owner)
     det = st.detector

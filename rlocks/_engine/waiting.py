@@ -181,6 +181,9 @@ class Waiter:
         "other_seen",
         "counts",
         "token",
+        "ask",
+        "named",
+        "gone",
     )
 
     def __init__(
@@ -202,6 +205,15 @@ class Waiter:
         self.counts = False
         #: The fencing token its grant line carried (0: none, or a semaphore's grant).
         self.token = 0
+        #: What its acquire asks, (renew item kind, count): what a leaving head names
+        #: when it re-points the process's queue entry to this waiter.
+        self.ask: Tuple[str, int] = ("", 1)
+        #: A leaving head re-pointed the process's entry to it: it is in the server's
+        #: queue before it asked, so it must leave it if it stops waiting.
+        self.named = False
+        #: It stopped waiting ungranted before it was named: a leaving head must not
+        #: name it (see ``take_over``).
+        self.gone = False
 
     @property
     def subscribed(self) -> bool:
@@ -312,7 +324,31 @@ class WakeHub:
                 return True
             if leaving:
                 waiter.state = LEAVING
+                waiter.gone = not waiter.named
             return False
+
+    def successor(self, waiter: Waiter) -> Optional[Waiter]:
+        """The waiter after ``waiter`` on its channel that still waits, or None (no I/O)."""
+        with self._mutex:
+            after = False
+            for other in waiter.channel.waiters:
+                if after and other.state == WAITING:
+                    return other
+                after = after or other is waiter
+            return None
+
+    def take_over(self, waiter: Waiter) -> bool:
+        """The process's entry was re-pointed to ``waiter``: mark it named, unless it
+        stopped waiting ungranted meanwhile (False: the entry names a waiter that is
+        gone, and the caller must take it out in its name). A waiter granted meanwhile
+        records its grant itself (True)."""
+        with self._mutex:
+            # as if it had queued now: the channel was confirmed for the leaving head
+            waiter.counts = waiter.channel.confirmed.is_set()
+            if waiter.gone:
+                return False
+            waiter.named = True
+            return True
 
     def rewait(self, waiter: Waiter) -> None:
         """``waiter``'s grant was revoked before it was recorded: it waits again."""

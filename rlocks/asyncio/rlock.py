@@ -16,7 +16,7 @@ class RLock(AsyncReentrantLock, _RLockCore):
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
     on_lost=None, replicas=0, replica_wait=1.0, fair=True,
-    deadlock_timeout=1.0)`` with ``client`` a
+    deadlock_timeout=1.0, entry_lease=2.0)`` with ``client`` a
     ``redis.asyncio.Redis`` (``None``: ``RLOCKS_URL``).
     Same state and semantics as :class:`rlocks.RLock`; the same task may acquire again
     and must release as many times. ``on_lost`` may be an ``async def``: it is then run

@@ -53,7 +53,7 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
     on_lost=None, replicas=0, replica_wait=1.0, fair=True,
-    deadlock_timeout=1.0)``; ``.read_lock`` and ``.write_lock``
+    deadlock_timeout=1.0, entry_lease=2.0)``; ``.read_lock`` and ``.write_lock``
     work like :class:`rlocks.asyncio.RLock` (``await acquire()``, ``await release()``,
     ``async with``), with the rules of :class:`rlocks.RWLock` between them (first come,
     first served, downgrade allowed, upgrade refused with UpgradeError). Same Redis state

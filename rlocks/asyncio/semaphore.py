@@ -20,7 +20,8 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
     """:class:`rlocks.Semaphore` for asyncio: ``await acquire()``, ``await release(n)``.
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
-    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0, fair=True)`` with ``client`` a
+    namespace="rlocks", on_lost=None, replicas=0, replica_wait=1.0, fair=True,
+    entry_lease=2.0)`` with ``client`` a
     ``redis.asyncio.Redis``. Same Redis state and rules as :class:`rlocks.Semaphore`,
     with the task in the thread's place: each permit is accounted to the task that took
     it, and any task may release.
