@@ -383,6 +383,8 @@ class Primitive(Renewable):
         return Detector(
             self._namespace, owner, self._deadlock_side(), self._keys.hash, timeout, since,
             self._describe(), self._name,
+            # fair: the waiter is granted only after the entry ahead of its process's
+            entry=self._entry_id(True) if self._fair else "-",
         )
 
     def _context(self) -> Tuple[Arg, ...]:
