@@ -440,7 +440,13 @@ class Primitive(Renewable):
         hand-over grant too; ``None``: cannot tell (see ``_lost_reply_check``)."""
         if self._lost_reply_check(owner) is None:
             return None
-        return self._items_call((*self._renew_items(owner), "a", owner))
+        if self._kind == "sem":  # a semaphore issues no fencing tokens
+            return self._items_call((*self._renew_items(owner), "a", owner))
+        # The lost reply carried the grant's fencing token: a fresh one, above every token
+        # issued so far, is as good (nobody saw the lost one) and is what the reply decodes.
+        return self._items_call(
+            (*self._renew_items(owner), "a", owner, "t", self._hold_field(owner))
+        )
 
     def _adopt_call(self, owner: str) -> Call:
         """Adopt ``owner``'s hand-over grant and extend it to ``ttl`` (no renewer here)."""
