@@ -659,3 +659,32 @@ def test_a_reader_queued_behind_a_writer_outside_any_cycle_is_not_accused(
     outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=False, wait=WAIT)
     assert outcomes == ["acquired", "acquired", "released"], outcomes
     assert _no_edges(client, ns)
+
+
+def test_deadlock_holders_names_the_live_entry_just_ahead(client: Any, name: str) -> None:
+    """The script behind the queue edge: the holds, and the owner, side and sequence
+    numbers of the entry just ahead of the given one; nothing for the head, for no
+    entry, for an entry not queued, or when the entry ahead's lease has ended."""
+    from .test_handover_scripts import _Prim
+
+    rw = _Prim(client, "rw", name)
+    # rw acquire: owner, entry, side, ttl, add, reentry, wait (now None = server TIME)
+    assert rw.call("acquire", None, "r1.a", "r1", "r", 30000, 1, 0, 1)[0] == 1
+    assert rw.call("acquire", None, "w.a", "w", "w", 30000, 1, 0, 1)[0] == 3
+    assert rw.call("acquire", None, "r2.a", "r2", "r", 30000, 1, 0, 1)[0] == 3
+
+    def holders(entry: str) -> Any:
+        raw = client.eval(
+            deadlock._HOLDERS.source, 4, *rw.keys[1:5], entry
+        )
+        holds, ahead = raw
+        return sorted(h.decode() for h in holds), [a.decode() for a in ahead]
+
+    seqs = [str(int(s)) for _m, s in client.zrange(rw.keys[2], 0, -1, withscores=True)]
+    assert holders("r2") == (["r:r1.a"], ["w.a", "w", seqs[0], seqs[1]])
+    assert holders("w") == (["r:r1.a"], [])  # the head waits for holders only
+    assert holders("") == (["r:r1.a"], [])  # fair=False: the queue is not looked at
+    assert holders("nobody") == (["r:r1.a"], [])
+    client.zadd(rw.keys[4], {"e:w": 1})  # the writer's entry lease has ended
+    assert holders("r2") == (["r:r1.a"], [])
+    client.delete(*rw.keys)
