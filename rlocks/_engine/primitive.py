@@ -339,7 +339,6 @@ class Primitive(Renewable):
             holders=holders,
             lease_ms=agreed([s.lease_ms for s in states if s.holders]) if holders else None,
             waiting=waiting,
-            claims=(),
             stale=0,
             queue=None,
         )
