@@ -13,7 +13,7 @@ import traceback
 from contextlib import ExitStack
 from typing import Any, Dict, List, Optional
 
-from .adapters import all_adapters, make_client
+from .adapters import QUORUM_ENV, all_adapters, make_client
 from .harness import Context, Params, Progress, cleanup_keys
 from .redisinfo import is_loopback_url, server_version
 from .sections import ALIASES, ORDER, SectionResult, Target, load
@@ -93,6 +93,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             url, server_note = srv.url, f"throwaway redis-server on port {srv.port}"
         client = make_client(url)
         stack.callback(client.close)
+        if {"uncontended", "handoff"} & set(sections):
+            _start_quorum_masters(stack)
         adapters = all_adapters()
         ctx = Context(url=url, params=params, quick=args.quick, progress=progress,
                       client=client, adapters=adapters)
@@ -176,6 +178,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         except Exception:
             pass
     return 0
+
+
+def _start_quorum_masters(stack: ExitStack) -> None:
+    """Start the two more masters of the Quorum row (throwaway local servers; the run's
+    server is the third) and name them to every process through the environment. If
+    they cannot be started the row reads ``unavailable``."""
+    try:
+        from rlocks.server import TemporaryRedisServer
+
+        urls = [stack.enter_context(TemporaryRedisServer()).url for _ in range(2)]
+    except Exception as exc:  # noqa: BLE001 - the row says why, the run goes on
+        print(f"Quorum row: could not start 2 more masters ({exc})", file=sys.stderr)
+        return
+    os.environ[QUORUM_ENV] = ",".join(urls)
+    stack.callback(os.environ.pop, QUORUM_ENV, None)
 
 
 def _dist_version(dist: str) -> str:

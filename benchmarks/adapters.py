@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
 from typing import Any, Callable, Dict, List, Optional, Protocol, Type
 
 import redis
@@ -161,6 +162,49 @@ class RLocksUnfairAdapter(RLocksAdapter):
         import rlocks
 
         return _RLocksHandle(rlocks.RLock(name, client=client, fair=False))
+
+
+#: Where the runner tells every process (spawned workers inherit it) the URLs of the other
+#: masters of the Quorum row, comma-separated; the run's own server is the first master.
+QUORUM_ENV = "RLOCKS_BENCH_QUORUM_URLS"
+
+
+class RLocksQuorumAdapter(RLocksAdapter):
+    """rlocks on ``rlocks.Quorum`` of 3 local masters (issue 13: the Redlock algorithm): the
+    run's server and two more throwaway ones the runner starts.  Measured in the
+    uncontended and hand-off sections only."""
+
+    key = "rlocks (Quorum, 3)"
+    defaults = ("RLock(client=Quorum([run's server, 2 more local servers])): single tries on "
+                "every master at once, waiters re-try after U(b/2, b), b 10 ms doubling to 0.2 s")
+    reentrant = False  # the re-entrant row is the single-server one's
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._masters: Dict[str, redis.Redis] = {}  # per process: one client per master
+
+    def _probe(self) -> None:
+        super()._probe()
+        if not hasattr(importlib.import_module("rlocks"), "Quorum"):
+            raise ImportError("rlocks.Quorum is not there (issue 13)")
+        if len(self._urls()) != 2:
+            raise RuntimeError("needs 2 more local masters, started by the runner "
+                               "(not when the server was given with --url and none started)")
+
+    def unavailable_reason(self) -> Optional[str]:
+        reason = super().unavailable_reason()
+        return reason.split(": ", 1)[-1] if reason else None
+
+    @staticmethod
+    def _urls() -> List[str]:
+        return [u for u in os.environ.get(QUORUM_ENV, "").split(",") if u]
+
+    def _make(self, client: redis.Redis, name: str) -> LockHandle:
+        import rlocks
+
+        others = [self._masters.setdefault(u, redis.Redis.from_url(u, socket_timeout=10.0))
+                  for u in self._urls()]
+        return _RLocksHandle(rlocks.RLock(name, client=rlocks.Quorum([client, *others])))
 
 
 # ---------------------------------------------------------------------------------------
@@ -349,6 +393,8 @@ class TokenReference(Adapter):
 _REFERENCES: List[Callable[[], Adapter]] = [TokenReference]
 #: rlocks built with other options, measured where the issue asks for them
 _VARIANTS: List[Callable[[], Adapter]] = [RLocksUnfairAdapter]
+#: rlocks on a quorum of masters (uncontended and hand-off sections)
+_QUORUM: List[Callable[[], Adapter]] = [RLocksQuorumAdapter]
 
 _ADAPTERS: List[Callable[[], Adapter]] = [
     RLocksAdapter,
@@ -385,11 +431,20 @@ def variant_adapters() -> List[Adapter]:
     return [_CACHE[f().key] for f in _VARIANTS]
 
 
+def quorum_adapters() -> List[Adapter]:
+    """rlocks on a Quorum of 3 local masters (``rlocks (Quorum, 3)``)."""
+    for factory in _QUORUM:
+        a = factory()
+        _CACHE.setdefault(a.key, a)
+    return [_CACHE[f().key] for f in _QUORUM]
+
+
 def get_adapter(key: str) -> Adapter:
     if key not in _CACHE:
         all_adapters()
         reference_adapters()
         variant_adapters()
+        quorum_adapters()
     return _CACHE[key]
 
 

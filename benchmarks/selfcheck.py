@@ -4,10 +4,11 @@ timing): ``python -m benchmarks.selfcheck``.  Exit status 0 when everything hold
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 from .__main__ import _clean, selected_sections
-from .adapters import all_adapters, get_adapter, variant_adapters
+from .adapters import QUORUM_ENV, all_adapters, get_adapter, quorum_adapters, variant_adapters
 from .harness import ChainOutcome, Params, merge
 from .redisinfo import breakdown_delta, is_loopback_url
 from .sections import ORDER, ratio_target
@@ -112,6 +113,10 @@ def _issue12_checks() -> None:
     v = variant_adapters()[0]
     assert v.key == "rlocks (fair=False)" and get_adapter(v.key) is v
     assert v.unavailable_reason() in (None, "rlocks.RLock has no fair= (issue 12)")
+    q = quorum_adapters()[0]  # issue 13: without the runner's 2 more masters, says so
+    assert q.key == "rlocks (Quorum, 3)" and get_adapter(q.key) is q and not q.reentrant
+    if QUORUM_ENV not in os.environ:
+        assert "2 more local masters" in (q.unavailable_reason() or ""), q.unavailable_reason()
     # target 3: 8 vs 1 waiting processes
     pts = [{"waiters": 1, "ops_per_s": 1000.0, "handoff_p50_ns": 100.0},
            {"waiters": 8, "ops_per_s": 900.0, "handoff_p50_ns": 120.0}]

@@ -11,6 +11,7 @@ victim acquires once the victim's handler released what it held.
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import threading
 import time
@@ -514,3 +515,176 @@ def test_heavy_nested_contention_without_a_cycle_raises_no_deadlock(
     assert sections > 0
     assert checked > 0, "no wait lasted deadlock_timeout: the run checked nothing"
     assert _no_edges(client, ns)
+
+
+# -- a wait behind a queued entry (strict FIFO) -----------------------------------------
+
+
+def queued_writer(spec: Dict[str, Any], ns: str, name: str, data: str, wait: float) -> None:
+    """In a process of its own: take ``name``'s write side (it queues behind the readers),
+    report ``dead``/``acquired``/``timeout`` to ``{data}:out``."""
+    client = _procs.make_client(spec)
+    try:
+        writer = rlocks.RWLock(
+            name, client=client, namespace=ns, deadlock_timeout=DEADLOCK_TIMEOUT
+        ).write_lock
+        try:
+            got = writer.acquire(timeout=wait)
+        except rlocks.DeadlockError:
+            client.rpush(f"{data}:out", "dead")
+            return
+        if got:
+            writer.release()
+        client.rpush(f"{data}:out", "acquired" if got else "timeout")
+    except BaseException:  # noqa: BLE001 - reported to the test
+        _procs.report_error(client, f"{data}:errors")
+        raise
+
+
+def _behind_a_queued_writer(
+    client: Any, redis_url: str, ns: str, name: str, cycle: bool, wait: float
+) -> List[str]:
+    """Thread A holds RLock ``L``; thread B (same process) reads RWLock ``R``; a writer
+    in another process queues for ``R``; then A asks to read ``R``: granted to nobody but
+    a reader, it still waits behind the queued writer (FIFO). With ``cycle``, B then asks
+    for ``L``: A waits for the writer, the writer for B's read, B for A. Returns the three
+    outcomes."""
+    lock = rlocks.RLock(f"{name}-L", client=client, namespace=ns, deadlock_timeout=DEADLOCK_TIMEOUT)
+    rw = rlocks.RWLock(f"{name}-R", client=client, namespace=ns, deadlock_timeout=DEADLOCK_TIMEOUT)
+    data = f"{ns}:data"
+    errors: List[BaseException] = []
+    a_holds, b_holds, a_queued, b_done = (threading.Event() for _ in range(4))
+
+    def outcome(acquire: Any) -> str:
+        try:
+            got = acquire(timeout=wait)
+        except rlocks.DeadlockError as exc:
+            client.rpush(f"{data}:messages", str(exc))
+            return "dead"
+        return "acquired" if got else "timeout"
+
+    def thread_a() -> None:
+        try:
+            with lock:
+                a_holds.set()
+                assert b_holds.wait(30)
+                wait_until(lambda: client.zcard(f"{rw.write_lock._keys.hash}:queue") == 1, 60,
+                           "the writer queued")
+                a_queued.set()  # (set just before: B's wait for L may start with A's)
+                result = outcome(rw.read_lock.acquire)
+                if result == "acquired":
+                    rw.read_lock.release()
+                if not cycle:
+                    assert b_done.wait(30)
+            client.rpush(f"{data}:out", result)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    def thread_b() -> None:
+        try:
+            with rw.read_lock:
+                b_holds.set()
+                assert a_queued.wait(60)
+                if cycle:
+                    result = outcome(lock.acquire)
+                    if result == "acquired":
+                        lock.release()
+                    client.rpush(f"{data}:out", result)
+                    return
+                # No cycle: hold the read side while A and the writer wait and check
+                # (each edge recorded, then several checks' worth), then let them go.
+                wait_until(
+                    lambda: all(client.exists(wait_key(ns, o)) for o in owners), 30,
+                    "both waits recorded an edge",
+                )
+                time.sleep(4 * DEADLOCK_TIMEOUT)  # checks run meanwhile; none may accuse
+            b_done.set()
+            client.rpush(f"{data}:out", "released")
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    owners: List[str] = []
+    ta, tb = threading.Thread(target=thread_a), threading.Thread(target=thread_b)
+    ta.start()
+    assert a_holds.wait(10)
+    tb.start()
+    assert b_holds.wait(10)
+    writer = SPAWN.Process(
+        target=queued_writer, args=({"url": redis_url}, ns, f"{name}-R", data, wait)
+    )
+    writer.start()
+    try:
+        if not cycle:
+            wait_until(lambda: client.zcard(f"{rw.write_lock._keys.hash}:queue") == 2, 60, "A queued")
+            entries = client.hvals(f"{rw.write_lock._keys.hash}:entries")
+            owners.extend(
+                json.loads(e)["o"] for e in entries if e.startswith(b"{")
+            )
+        ta.join(wait + 60)
+        tb.join(wait + 60)
+        outcomes = _outcomes(client, data, 3)
+        writer.join(30)
+        assert writer.exitcode == 0
+    finally:
+        if writer.is_alive():
+            writer.kill()
+        writer.join(10)
+    if errors:
+        raise errors[0]
+    return outcomes
+
+
+@pytest.mark.slow
+def test_a_reader_queued_behind_a_waiting_writer_is_part_of_a_cycle(
+    client: Any, redis_url: str, ns: str, name: str
+) -> None:
+    """The queue is an edge too: a reader that only readers hold back, but that waits
+    behind a queued writer (FIFO), waits for that writer; a cycle through it raises
+    DeadlockError in one waiter (before the fix, all three waited until their timeout)."""
+    outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=True, wait=WAIT)
+    assert outcomes.count("dead") == 1 and outcomes.count("acquired") == 2, outcomes
+    message = client.lindex(f"{ns}:data:messages", 0).decode()
+    assert f"{name}-L" in message and f"{name}-R" in message, message
+    assert "a place ahead in the queue of RWLock" in message, message
+    assert _no_edges(client, ns)
+
+
+@pytest.mark.slow
+def test_a_reader_queued_behind_a_writer_outside_any_cycle_is_not_accused(
+    client: Any, redis_url: str, ns: str, name: str
+) -> None:
+    """The same queue edge without a cycle (the reader holding the write side's way
+    never waits for the first lock): both waiters record edges and check, nobody is
+    accused, and all proceed once the reader releases."""
+    outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=False, wait=WAIT)
+    assert outcomes == ["acquired", "acquired", "released"], outcomes
+    assert _no_edges(client, ns)
+
+
+def test_deadlock_holders_names_the_live_entry_just_ahead(client: Any, name: str) -> None:
+    """The script behind the queue edge: the holds, and the owner, side and sequence
+    numbers of the entry just ahead of the given one; nothing for the head, for no
+    entry, for an entry not queued, or when the entry ahead's lease has ended."""
+    from .test_handover_scripts import _Prim
+
+    rw = _Prim(client, "rw", name)
+    # rw acquire: owner, entry, side, ttl, add, reentry, wait (now None = server TIME)
+    assert rw.call("acquire", None, "r1.a", "r1", "r", 30000, 1, 0, 1)[0] == 1
+    assert rw.call("acquire", None, "w.a", "w", "w", 30000, 1, 0, 1)[0] == 3
+    assert rw.call("acquire", None, "r2.a", "r2", "r", 30000, 1, 0, 1)[0] == 3
+
+    def holders(entry: str) -> Any:
+        raw = client.eval(
+            deadlock._HOLDERS.source, 4, *rw.keys[1:5], entry
+        )
+        holds, ahead = raw
+        return sorted(h.decode() for h in holds), [a.decode() for a in ahead]
+
+    seqs = [str(int(s)) for _m, s in client.zrange(rw.keys[2], 0, -1, withscores=True)]
+    assert holders("r2") == (["r:r1.a"], ["w.a", "w", seqs[0], seqs[1]])
+    assert holders("w") == (["r:r1.a"], [])  # the head waits for holders only
+    assert holders("") == (["r:r1.a"], [])  # fair=False: the queue is not looked at
+    assert holders("nobody") == (["r:r1.a"], [])
+    client.zadd(rw.keys[4], {"e:w": 1})  # the writer's entry lease has ended
+    assert holders("r2") == (["r:r1.a"], [])
+    client.delete(*rw.keys)

@@ -104,6 +104,28 @@ def test_tokens_of_one_script_and_a_later_clock(client: "redis.Redis[bytes]", na
     assert rw.raw("acquire", T0 + 7, "w.a", "w", "r", 30000, 1, 0, 1)[5] == (T0 + 7) * 1000 + 1
 
 
+def test_renew_item_t_issues_a_held_side_a_fresh_token(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """After a lost acquire reply the engine's check asks for a fresh token (renew item
+    ``t``, the hold's field): above every token issued before, none for a hold that is
+    gone; a semaphore refuses the item before changing anything."""
+    rl = _Prim(client, "rlock", name)
+    assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 0, 1)[5] == T0 * 1000
+    # renew: ttl, items (kind, id); the token is the sixth element, after the statuses
+    assert rl.raw("renew", T0, 30000, "h", "p1.a", "t", "p1.a") == [
+        1, 2, 0, [], [1, 1], T0 * 1000 + 1]
+    assert rl.raw("renew", T0, 30000, "t", "p2.a") == [1, 0, 0, [], [-1]]
+    rw = _Prim(client, "rw", f"{name}-rw")
+    assert rw.raw("acquire", T0 + 9, "r.a", "r", "r", 30000, 1, 0, 1)[5] == (T0 + 9) * 1000
+    assert rw.raw("renew", T0 + 9, 30000, "r", "r.a", "t", "r:r.a")[4:] == [
+        [1, 1], (T0 + 9) * 1000 + 1]
+    assert rw.raw("renew", T0 + 9, 30000, "t", "w:r.a")[4:] == [[-1]]
+    sem = _Prim(client, "sem", f"{name}-sem", value=1)
+    with pytest.raises(redis.ResponseError, match="RLOCKS_BAD_ARG item kind"):
+        sem.raw("renew", T0, 30000, "t", "p1.a")
+
+
 def test_a_semaphore_issues_no_tokens(client: "redis.Redis[bytes]", name: str) -> None:
     sem = _Prim(client, "sem", name, value=1)
     # sem acquire: owner, waiter, entry, ttl, permits, wait

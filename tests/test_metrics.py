@@ -485,3 +485,47 @@ def test_plot_percentiles_follow_histogram_quantile() -> None:
     assert _quantile(0.75, bounds, [10, 10, 20, 0]) == pytest.approx(0.055)
     assert _quantile(0.99, bounds, [0, 0, 0, 5]) == 0.1  # +Inf bucket: the last bound
     assert _quantile(0.5, bounds, [0, 0, 0, 0]) is None
+
+
+def test_a_quorum_lock_reports_as_a_single_server_one(otel: Telemetry, name: str) -> None:
+    """On a Quorum: an uncontended acquire and its hold as usual (waited=False, no
+    span); a waiter between tries is counted waiting, spans its wait, and its grant
+    after the wait counts as a hand-over (before, a waiting quorum acquire reported
+    waited=False and never counted in)."""
+    from .test_quorum import PATIENT, Masters
+
+    masters = Masters(3)
+    try:
+        lock = rlocks.RLock(name, client=masters.quorum(PATIENT), ttl=10)
+        _, t0, t1 = timed(lock.acquire)
+        plain = otel.histogram(
+            "rlocks.acquire.duration", name=name, outcome="acquired", waited=False
+        )
+        assert plain.count == 1 and plain.sum <= t1 - t0
+        assert otel.spans(name) == []
+
+        def wait_then_release() -> Tuple[float, float]:
+            w0 = time.monotonic()
+            assert lock.acquire(timeout=60)
+            w1 = time.monotonic()
+            lock.release()
+            return w0, w1
+
+        thread, out = in_thread(wait_then_release)
+        wait_for(lambda: otel.total("rlocks.waiting", name=name) == 1, "the waiter to wait")
+        seen = time.monotonic()
+        time.sleep(0.1)  # a wait of known length (bounds from readings around it)
+        released_at = time.monotonic()
+        lock.release()
+        w0, w1 = joined(thread, out)
+        granted = otel.histogram(
+            "rlocks.acquire.duration", name=name, outcome="acquired", waited=True
+        )
+        assert granted.count == 1 and released_at - seen <= granted.sum <= w1 - w0
+        assert otel.total("rlocks.handovers", name=name) == 1
+        assert otel.total("rlocks.waiting", name=name) == 0
+        assert [s.attributes["outcome"] for s in otel.spans(name)] == ["acquired"]
+        hold = otel.histogram("rlocks.hold.duration", name=name, end="released")
+        assert hold.count == 2 and hold.attributes["kind"] == "rlock"
+    finally:
+        masters.stop()

@@ -234,8 +234,6 @@ def test_rlock_exclusion_and_reentry(masters: Masters, name: str) -> None:
     assert masters.holders(key) == []
     assert not lock.locked()
     assert in_thread(lambda: (lock.acquire(blocking=False), lock.release())[0]) is True
-    with pytest.raises(NotImplementedError, match="not available on a Quorum"):
-        lock.statistics()
 
 
 def test_waiter_gets_the_lock_when_released(masters: Masters, name: str) -> None:
@@ -596,3 +594,85 @@ def test_an_interrupted_try_gives_back_its_grants(three: Masters, name: str) -> 
     # Masters 0 and 2 granted at once; their grants (30 s leases) go once master 1's
     # call times out. (Master 1 runs the try when it resumes: that one ends by lease.)
     wait_until(lambda: three.holders(rlock_key(name)) == [], 5, "the grants given back")
+
+
+# -- fencing tokens and statistics on a quorum ---------------------------------------------
+
+
+def test_token_is_refused_and_tokens_are_per_master(three: Masters, name: str) -> None:
+    """A Quorum's masters count independently: ``token`` (one number) is refused with a
+    reason; ``tokens`` has one per master, None where a master did not grant. Any two
+    holds' majorities share a master, whose tokens grow: the per-master rule of the
+    README orders them."""
+    lock = rlocks.RLock(name, client=three.quorum(PATIENT), ttl=10)
+    assert lock.tokens is None
+    with pytest.raises(rlocks.RLocksError, match="independent fencing tokens") as caught:
+        _ = lock.token
+    assert caught.value.name == name
+    with lock:
+        first = lock.tokens
+        assert first is not None and len(first) == 3
+        assert all(isinstance(t, int) for t in first), first
+        with lock:
+            assert lock.tokens == first  # re-entry keeps them
+    assert lock.tokens is None
+    with lock:
+        second = lock.tokens
+        assert second is not None
+        assert all(b > a for a, b in zip(first, second)), (first, second)  # type: ignore[operator]
+    three.kill(2)
+    with lock:
+        third = lock.tokens
+        assert third is not None and third[2] is None, third
+        assert third[0] > second[0] and third[1] > second[1]  # type: ignore[operator]
+    # A single server's lock: its one token, as a tuple.
+    single = rlocks.RLock(name, client=three.clients[0], namespace="rlocks-single")
+    with single:
+        assert single.tokens == (single.token,) and isinstance(single.token, int)
+
+
+def test_rwlock_and_asyncio_tokens_on_a_quorum(three: Masters, name: str) -> None:
+    rw = rlocks.RWLock(name, client=three.quorum(PATIENT), ttl=10)
+    with rw.write_lock:
+        tokens = rw.write_lock.tokens
+        assert tokens is not None and all(isinstance(t, int) for t in tokens)
+        with pytest.raises(rlocks.RLocksError):
+            _ = rw.write_lock.token
+
+    async def main() -> None:
+        clients = [redis.asyncio.Redis.from_url(s.url, socket_timeout=PATIENT)
+                   for s in three.servers]
+        lock = rlocks.asyncio.RLock(f"{name}-a", client=rlocks.Quorum(clients), ttl=10)
+        try:
+            async with lock:
+                got = lock.tokens
+                assert got is not None and all(isinstance(t, int) for t in got), got
+                with pytest.raises(rlocks.RLocksError):
+                    _ = lock.token
+            assert lock.tokens is None
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    asyncio.run(main())
+
+
+def test_statistics_report_what_a_majority_agrees_on(three: Masters, name: str) -> None:
+    lock = rlocks.RLock(name, client=three.quorum(PATIENT), ttl=10)
+    empty = lock.statistics()
+    assert empty.holders == () and empty.type == "RLock" and empty.name == name
+    owner = thread_owner()
+    with lock, lock:
+        state = lock.statistics()
+        assert [(h.owner, h.count) for h in state.holders] == [(owner, 2)], state
+        lease = state.holders[0].lease_ms
+        assert lease is not None and 0 < lease <= 10_000
+        # A hold on one master only (a minority) is no hold of the quorum.
+        three.clients[0].hset(rlock_key(name), "someone:1:2:3", 1)
+        assert [h.owner for h in lock.statistics().holders] == [owner]
+        three.kill(1)  # a majority still answers
+        assert [h.owner for h in lock.statistics().holders] == [owner]
+    assert lock.statistics().holders == ()
+    three.kill(2)
+    with pytest.raises(redis.RedisError):
+        lock.statistics()  # one master of three cannot speak for the quorum

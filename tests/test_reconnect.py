@@ -289,14 +289,17 @@ def test_a_grant_whose_reply_was_lost_is_adopted_once(
         # A 30 s lease: the waiter sleeps between its attempts until the test wakes it.
         holder = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=30)
         assert holder.acquire()
+        before = holder.token
         waiter = ObservedRLock(name, client=far, namespace=NAMESPACE, ttl=10)
         owner: List[str] = []
         state: Dict[bytes, bytes] = {}
+        tokens: List[Any] = []
 
         def wait() -> bool:
             owner.append(thread_owner())
             got = waiter.acquire(timeout=30)
             if got:
+                tokens.append(waiter.token)
                 state.update(client.hgetall(waiter._keys.hash))
                 waiter.release()
             return bool(got)
@@ -332,6 +335,10 @@ def test_a_grant_whose_reply_was_lost_is_adopted_once(
         # Granted once, not twice: one level in Redis, and the release freed the lock.
         assert state.get(owner[0].encode()) == b"1", state
         assert not client.exists(waiter._keys.hash)
+        # The recovered hold has a fencing token (the lost reply's was never seen), and it
+        # follows the previous holder's.
+        assert isinstance(before, int) and isinstance(tokens[0], int), (before, tokens)
+        assert tokens[0] > before
         far.close()
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
-from ..adapters import reference_adapters
+from ..adapters import quorum_adapters, reference_adapters
 from ..harness import ChainOutcome, Context, merge, run_chain
 from ..stats import fmt_ns, fmt_ratio, ratio, summary, table
 from ..workers import ChainConfig
@@ -32,7 +32,8 @@ def run(ctx: Context) -> SectionResult:
     p = ctx.params
     rounds: Dict[str, List[ChainOutcome]] = {}
     refs = reference_adapters()
-    libs = ctx.available() + refs
+    quorum = quorum_adapters()  # issue 13: rlocks on a Quorum of 3 local masters
+    libs = ctx.available() + [q for q in quorum if q.unavailable_reason() is None] + refs
     for r in range(p.rounds):
         for a in ctx.order(libs, r):
             ctx.progress.step(f"{a.key} (round {r + 1}/{p.rounds})")
@@ -50,8 +51,10 @@ def run(ctx: Context) -> SectionResult:
     res.data["reference_p50_ns"] = ref_p50
     res.data["reference_p99_ns"] = ref_p99
     rows: List[List[Any]] = []
-    for a in ctx.adapters + refs:
+    for a in ctx.adapters[:1] + quorum + ctx.adapters[1:] + refs:
         if a.key not in rounds:
+            if a in quorum:
+                rows.append([a.key, f"unavailable: {a.unavailable_reason()}"] + [""] * 7)
             continue
         o = merge(rounds[a.key])
         s = summary(o.handoff_ns)
@@ -65,7 +68,7 @@ def run(ctx: Context) -> SectionResult:
                        "timeouts", "errors"], rows)
     res.lines.append("")
     res.lines.append("defaults used:")
-    for a in ctx.available() + refs:
+    for a in ctx.available() + quorum + refs:
         res.lines.append(f"  {a.key:<18} {a.defaults}")
     d = res.data.get("rlocks")
     if d and d["handoff_ns"]["n"]:

@@ -1,5 +1,6 @@
 """Section 2 — uncontended acquire+release, per library, and re-entrant acquire+release
-(rlocks only: the other libraries are not re-entrant).
+(rlocks only: the other libraries are not re-entrant), and rlocks on a Quorum of 3 local
+masters (issue 13).
 
 One lock object per library on the shared client; each sample is one ``acquire`` plus one
 ``release`` with nobody else wanting the lock, timed with ``perf_counter_ns``.  Libraries are
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
 
+from ..adapters import quorum_adapters
 from ..harness import Context, interleaved
 from ..stats import fmt_ns, fmt_ratio, ratio, summary, table
 from . import SectionResult, Target, ratio_target
@@ -32,7 +34,8 @@ def run(ctx: Context) -> SectionResult:
     res = SectionResult(KEY, TITLE)
     fns: Dict[str, Callable[[], None]] = {}
     outer = None
-    for a in ctx.available():
+    quorum = quorum_adapters()
+    for a in ctx.available() + [q for q in quorum if q.unavailable_reason() is None]:
         ctx.progress.step(f"warming {a.key}")
         try:
             lock = a.make(ctx.client, ctx.name("unc", a.key))
@@ -58,7 +61,10 @@ def run(ctx: Context) -> SectionResult:
             outer.release()
     ping = ctx.ping_p50_ns
     rows: List[List[Any]] = []
-    for a in ctx.adapters:
+    for a in ctx.adapters[:1] + quorum + ctx.adapters[1:]:
+        if a in quorum and a.unavailable_reason() is not None:
+            rows.append([a.key, f"unavailable: {a.unavailable_reason()}", "", "", "", ""])
+            continue
         names = [a.key] + ([REENTRANT] if a.reentrant else [])
         for name in names:
             if name in samples:
@@ -76,6 +82,12 @@ def run(ctx: Context) -> SectionResult:
         val = got["p50"] / ping if got and "p50" in got else None
         res.targets.append(Target(label, f"{val:.2f}x PING" if val is not None else "-",
                                   "<= 2.0x PING", None if val is None else val <= 2.0))
+    for q in quorum:  # issue 13: reported against the floor, no target set
+        got = res.data.get(q.key)
+        if got and "p50" in got:
+            res.lines.append(
+                f"{q.key}: p50 {fmt_ratio(got['p50'], ping)} PING, "
+                f"{fmt_ratio(got['p50'], ctx.evalsha_p50_ns)} EVALSHA p50")
     # issue 12: "stays at two trivial-EVALSHA round trips"
     got = res.data.get("rlocks")
     res.targets.append(ratio_target(

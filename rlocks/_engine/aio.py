@@ -482,7 +482,9 @@ class AsyncPrimitive(Primitive):
                 if give_back is None:
                     if wait != 0.0:
                         self._log_wait(owner, first, Reply(1, count))
-                    self._record_grant(owner, count, since)
+                    self._record_grant(
+                        owner, count, since, tokens=self._quorum_tokens(results)
+                    )
                     return True
                 if give_back:
                     gave = await asyncio.shield(agather(quorum, self._on(undo), give_back))
@@ -492,6 +494,8 @@ class AsyncPrimitive(Primitive):
                 pause = self._quorum_pause(quorum, results, wait, deadline, base)
                 if pause is None:
                     return False
+                if not base:  # the first pause: from now on this acquire waits
+                    metrics.wait_began(self, first)
                 base = pause[1]
                 await _wait_event(woken, pause[0])
         finally:
@@ -589,6 +593,12 @@ class AsyncReentrantLock(AsyncPrimitive):
         """The fencing token of the running task's current hold, or None when it holds
         nothing here (no I/O, not a coroutine); see :attr:`rlocks.RLock.token`."""
         return self._token(identity.task_owner())
+
+    @property
+    def tokens(self) -> Optional[Tuple[Optional[int], ...]]:
+        """The running task's fencing tokens, one per master (no I/O, not a coroutine);
+        see :attr:`rlocks.RLock.tokens`."""
+        return self._tokens(identity.task_owner())
 
     async def extend(self, ttl: Optional[float] = None) -> None:
         """Make the running task's hold last at least ``ttl`` seconds from now (one round

@@ -8,8 +8,9 @@ The graph
 ---------
 An owner (a thread, or a task) that has waited ``deadlock_timeout`` seconds for an RLock or
 an RWLock side records its *wait-for edge*: the key ``<ns>:wait:{<owner>}`` holds
-``"<seq> <side> <hash key>"``, the primitive it waits for and on which side (``x`` an
-RLock, ``r``/``w`` an RWLock side), with a lease (``PX``) that each later check renews, so
+``"<seq> <side> <entry> <hash key>"``, the primitive it waits for and on which side (``x``
+an RLock, ``r``/``w`` an RWLock side) and its process's queue entry (``-``: none looked
+at, for a ``fair=False`` primitive), with a lease (``PX``) that each later check renews, so
 a dead waiter leaves no edge for longer than that lease. ``<seq>`` numbers the *wait*: it
 is drawn once per wait (``INCR <ns>:wait-seq``) and kept while it lasts. The edge is
 deleted when the wait ends, before ``acquire`` returns or raises, so while an edge with a
@@ -18,18 +19,24 @@ this is written by a wait shorter than ``deadlock_timeout``.
 
 The check
 ---------
-From the checker's own edge the walk reads the primitive's live holds (``lua/
-deadlock_holders.lua``: one key, so any cluster slot) that conflict with the side waited
-for (a reader waits only for the writer; a writer and an RLock waiter for every holder),
-then those holders' edges, and so on, depth first, until it comes back to the checker: a
-cycle. Each read is one key in its own slot, so the walk is not atomic and what it saw may
-have changed; before accusing anyone it *confirms*: it reads every hold of the cycle
-again, then every edge again, and gives up unless all are still there with the same
-``seq``. Why that suffices: an owner whose edge has the same ``seq`` at the walk's read
-and at the confirming read was blocked in one acquire throughout, and a blocked owner
-cannot take a hold it lacks; so each hold read present by the confirmation was held since
-the walk read its owner's edge. At the moment of the walk's last edge read, then, every
-owner of the cycle was blocked, holding what the previous one waits for: a deadlock.
+From the checker's own edge the walk reads what blocks the waiter (``lua/
+deadlock_holders.lua``: one slot, so any cluster node): the primitive's live holds that
+conflict with the side waited for (a reader waits only for the writer; a writer and an
+RLock waiter for every holder) and, for a fair primitive, the owner of the queue entry
+just ahead of the waiter's (strict FIFO: a reader queued behind a waiting writer is
+granted only after it, though only readers hold); then those owners' edges, and so on,
+depth first, until it comes back to the checker: a cycle. Each read is one slot, so the
+walk is not atomic and what it saw may have changed; before accusing anyone it *confirms*:
+it reads every hold (and place ahead) of the cycle again, then every edge again, and gives
+up unless all are still there with the same ``seq``. Why that suffices: an owner whose
+edge has the same ``seq`` at the walk's read and at the confirming read was blocked in one
+acquire throughout, and a blocked owner cannot take a hold it lacks; so each hold read
+present by the confirmation was held since the walk read its owner's edge. A queue edge is
+confirmed only with the same two sequence numbers (the entry ahead's and the waiter's):
+entries join only at the tail and keep their number while they keep their place, so the
+entry ahead was ahead throughout. At the moment of the walk's last edge read, then, every
+owner of the cycle was blocked, holding (or queued ahead of) what the previous one waits
+for: a deadlock.
 
 Exactly one victim: the owner of the cycle whose wait has the highest ``seq`` (the wait
 that entered the check last). Every owner of the cycle that checks picks the same one, and
@@ -39,10 +46,11 @@ queue and raises :class:`~rlocks.errors.DeadlockError`; what it holds stays held
 exception handler releases it, as in PostgreSQL.
 
 Limits: a wait through a Semaphore, or an owner whose primitive has ``deadlock_timeout=None``,
-records no edge, so a cycle through it is not seen; a reader queued behind a waiting
-writer (with only readers holding) waits for that writer, not for a holder, and such a
-cycle is not seen either. An edge whose deletion failed (the link broke as the wait ended)
-lives until its lease.
+records no edge, so a cycle through it is not seen. Of the queue, only the entry just
+ahead counts (it waits for the one ahead of it in turn), and only while its lease runs;
+threads of one process that wait behind each other locally (one entry per process) are
+followed only through the process's entry. An edge whose deletion failed (the link broke
+as the wait ended) lives until its lease.
 """
 
 from __future__ import annotations
@@ -78,9 +86,10 @@ class Edge(NamedTuple):
     seq: int
     side: str  # 'x' RLock, 'r' / 'w' RWLock side
     key: str  # the primitive's holds hash
+    entry: str = "-"  # the owner's process's queue entry; '-': the queue blocks it not
 
     def value(self) -> str:
-        return f"{self.seq} {self.side} {self.key}"
+        return f"{self.seq} {self.side} {self.entry} {self.key}"
 
     @classmethod
     def parse(cls, owner: str, raw: Any) -> Optional["Edge"]:
@@ -88,25 +97,28 @@ class Edge(NamedTuple):
         if raw is None:
             return None
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        parts = text.split(" ", 2)  # the key may contain spaces: it is last
-        if len(parts) != 3 or parts[1] not in ("x", "r", "w") or not parts[0].isdigit():
+        parts = text.split(" ", 3)  # the key may contain spaces: it is last
+        if len(parts) != 4 or parts[1] not in ("x", "r", "w") or not parts[0].isdigit():
             return None
-        return cls(owner, int(parts[0]), parts[1], parts[2])
+        return cls(owner, int(parts[0]), parts[1], parts[3], parts[2])
 
 
 class Detector:
     """One waiting owner's detector state: when to check, and its edge once recorded."""
 
-    __slots__ = ("namespace", "owner", "side", "key", "timeout", "due", "seq", "label", "name")
+    __slots__ = (
+        "namespace", "owner", "side", "key", "entry", "timeout", "due", "seq", "label", "name"
+    )
 
     def __init__(
         self, namespace: str, owner: str, side: str, key: str, timeout: float, since: float,
-        label: str, name: str,
+        label: str, name: str, entry: str = "-",
     ) -> None:
         self.namespace = namespace
         self.owner = owner
         self.side = side
         self.key = key
+        self.entry = entry  # its process's queue entry; '-': not held back by the queue
         self.timeout = timeout
         self.due = since + timeout  # the first check: only a wait this long pays for one
         self.seq: Optional[int] = None  # drawn at the first check; then an edge may exist
@@ -126,23 +138,35 @@ def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
-def _holders(key: str, side: str) -> Reads:
-    """``{owner: side held}`` of the holds of ``key`` that block a waiter of ``side``."""
-    # The lease ZSET beside the hash (``PrimitiveKeys.queued()``'s second key).
-    command = ("EVALSHA", _HOLDERS.sha, 1, f"{key}:leases")
+def _blockers(edge: Edge) -> Reads:
+    """``{owner: how it blocks}`` for the waiter of ``edge``: the side it holds (``x``,
+    ``r``, ``w``) for each hold of ``edge.key`` that conflicts with ``edge.side``, and
+    ``q <side> <its seq> <waiter's seq>`` for the owner of the entry just ahead of
+    ``edge.entry`` in the queue."""
+    key = edge.key
+    # The lease ZSET, queue, entries and entry leases beside the hash (``PrimitiveKeys.
+    # queued()``'s second to fifth keys).
+    command = (
+        "EVALSHA", _HOLDERS.sha, 4, f"{key}:leases", f"{key}:queue", f"{key}:entries",
+        f"{key}:times", "" if edge.entry == "-" else edge.entry,
+    )
     try:
         raw = yield command
     except NoScriptError:
         # (SCRIPT LOAD, not EVAL: the documented ACL lines allow only those two.)
         yield ("SCRIPT", "LOAD", _HOLDERS.source)
         raw = yield command
+    holds, ahead = raw if raw else ((), ())
     owners: Dict[str, str] = {}
-    for field in raw or ():
+    for field in holds or ():
         field = _text(field)
-        if side == "x":
+        if edge.side == "x":
             owners[field] = "x"
-        elif field[:2] == "w:" or (side == "w" and field[:2] == "r:"):
+        elif field[:2] == "w:" or (edge.side == "w" and field[:2] == "r:"):
             owners.setdefault(field[2:], field[0])  # a writer that also reads: 'w' first
+    if ahead:
+        owner, side, theirs, mine = (_text(part) for part in ahead)
+        owners.setdefault(owner, f"q {side} {theirs} {mine}")
     return owners
 
 
@@ -155,13 +179,14 @@ def check(det: Detector) -> Reads:
     """
     if det.seq is None:
         det.seq = int((yield ("INCR", wait_seq_key(det.namespace))))
-    mine = Edge(det.owner, det.seq, det.side, det.key)
+    mine = Edge(det.owner, det.seq, det.side, det.key, det.entry)
     yield ("SET", wait_key(det.namespace, det.owner), mine.value(), "PX", det.lease_ms())
     det.due = monotonic() + det.timeout
-    cycle = yield from _walk(det, mine)
-    if cycle is None:
+    found = yield from _walk(det, mine)
+    if found is None:
         return None
-    held = yield from _confirm(det, cycle)
+    cycle, ways = found
+    held = yield from _confirm(det, cycle, ways)
     if held is None:
         return None
     # (seq, owner): a total order even if the counter was deleted and numbers repeat.
@@ -178,41 +203,47 @@ def check(det: Detector) -> Reads:
     )
 
 
-def _walk(det: Detector, mine: Edge) -> Generator[Tuple[Any, ...], Any, Optional[List[Edge]]]:
+def _walk(
+    det: Detector, mine: Edge
+) -> Generator[Tuple[Any, ...], Any, Optional[Tuple[List[Edge], List[str]]]]:
     """Depth first from ``mine``: the edges of a cycle back to ``det.owner`` (``mine``
-    first; each edge's primitive is held by the next edge's owner, the last's by the
-    checker), or ``None``."""
+    first; each edge's waiter is blocked by the next edge's owner, the last's by the
+    checker) and how each is blocked (see :func:`_blockers`), or ``None``."""
     seen = {det.owner}
-    stack: List[List[Edge]] = [[mine]]
+    # (path, ways): ways[i] is how path[i + 1]'s owner blocks path[i]'s waiter
+    stack: List[Tuple[List[Edge], List[str]]] = [([mine], [])]
     while stack and len(seen) < MAX_OWNERS:
-        path = stack.pop()
+        path, ways = stack.pop()
         tip = path[-1]
-        for holder in (yield from _holders(tip.key, tip.side)):
+        for holder, way in (yield from _blockers(tip)).items():
             if holder == tip.owner:
                 continue  # a writer reading its own lock, say: not a wait
             if holder == det.owner:
-                return path
+                return path, ways + [way]
             if holder in seen:
                 continue  # reachable from here iff it was from there: explored already
             seen.add(holder)
             edge = Edge.parse(holder, (yield ("GET", wait_key(det.namespace, holder))))
             if edge is not None:
-                stack.append(path + [edge])
+                stack.append((path + [edge], ways + [way]))
     return None
 
 
 def _confirm(
-    det: Detector, cycle: Sequence[Edge]
+    det: Detector, cycle: Sequence[Edge], ways: Sequence[str]
 ) -> Generator[Tuple[Any, ...], Any, Optional[List[str]]]:
-    """Whether every hold, then every edge, of ``cycle`` is still what the walk read:
-    the side each edge's primitive is held on (by the next owner), or ``None``."""
+    """Whether every hold or place ahead, then every edge, of ``cycle`` is still what
+    the walk read (``ways``): how each edge's waiter is blocked (by the next owner), or
+    ``None``."""
     owners = [edge.owner for edge in cycle[1:]] + [det.owner]
     held: List[str] = []
-    for edge, holder in zip(cycle, owners):
-        side = (yield from _holders(edge.key, edge.side)).get(holder)
-        if side is None:
+    for edge, holder, way in zip(cycle, owners, ways):
+        now = (yield from _blockers(edge)).get(holder)
+        # a hold may have changed side (still a hold since: see the module docstring);
+        # a place ahead must be the same place
+        if now is None or (now[0] == "q" or way[0] == "q") and now != way:
             return None
-        held.append(side)
+        held.append(now)
     for edge in cycle[1:]:  # the checker's own edge is its own: it is waiting
         raw = yield ("GET", wait_key(det.namespace, edge.owner))
         if Edge.parse(edge.owner, raw) != edge:
@@ -221,7 +252,10 @@ def _confirm(
 
 
 def _name(namespace: str, key: str, side: str) -> str:
-    """``RLock 'a'`` / ``RWLock 'b' (read)`` for a primitive's hash key and a side."""
+    """``RLock 'a'`` / ``RWLock 'b' (read)`` for a primitive's hash key and a side (a
+    place ahead in its queue, ``q <side> ...``, is described as such)."""
+    if side[0] == "q":
+        return f"a place ahead in the queue of {_name(namespace, key, side.split()[1])}"
     parsed = parse_key(key, namespace)
     kind, name = parsed if parsed is not None else ("?", key)
     if side == "x":
@@ -233,7 +267,8 @@ def _describe(
     namespace: str, cycle: Sequence[Edge], held: Sequence[str]
 ) -> Tuple[Tuple[str, str, str], ...]:
     """``(owner, holds, waits_for)`` for each owner of ``cycle``, starting with the checker:
-    edge ``i``'s primitive is held (on side ``held[i]``) by the owner of edge ``i + 1``."""
+    edge ``i``'s waiter is blocked by the owner of edge ``i + 1`` (``held[i]``: a hold of
+    that side, or its place ahead in the queue)."""
     return tuple(
         (
             edge.owner,

@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import threading
+from dataclasses import replace
 from typing import Any, Callable, ClassVar, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError, RLocksError
@@ -108,7 +109,7 @@ if hasattr(os, "register_at_fork"):
 class Hold:
     """What one owner of this process holds on one primitive (local view)."""
 
-    __slots__ = ("count", "lease", "lost", "granted", "token")
+    __slots__ = ("count", "lease", "lost", "granted", "token", "tokens")
 
     def __init__(self) -> None:
         self.count = 0
@@ -117,6 +118,8 @@ class Hold:
         self.granted = monotonic()  # when its first level was granted (hold duration)
         #: The fencing token of this hold (RLock, RWLock sides); None if none was issued.
         self.token: Optional[int] = None
+        #: On a Quorum: each master's token (None: that master did not grant it).
+        self.tokens: Optional[Tuple[Optional[int], ...]] = None
 
 
 class Primitive(Renewable):
@@ -293,17 +296,73 @@ class Primitive(Renewable):
         channels' subscriber counts). A primitive nobody holds has no key, and reports no
         holders. Redis errors propagate. The result is a frozen dataclass
         (:class:`rlocks._engine.state.PrimitiveState`), the same the ``rlocks`` command
-        line prints. NotImplementedError on a Quorum.
+        line prints.
+
+        On a Quorum: the state a majority of the masters agree on (one snapshot per
+        master, read at once): a holder is listed when a majority have its hold, with the
+        count and lease that a majority have at least (its lease is how long a majority
+        will still have it: when the hold is lost unless renewed); ``lease_ms`` and the
+        waiting counts likewise. Raises the first master's error when fewer than a
+        majority answered.
         """
         if isinstance(self._client, Quorum):
-            # Each master has its own copy; which of them is "the" state is not one answer.
-            raise NotImplementedError(
-                f"{self._describe()}: statistics() is not available on a Quorum; build the "
-                "same primitive on one master's client to read that master's copy"
-            )
+            return self._quorum_statistics(self._client)
         found = find(self._client, self._namespace, self._name, kind=self._kind)
         if found:
             return found[0]
+        return self._no_state()
+
+    def _quorum_statistics(self, quorum: Quorum) -> PrimitiveState:
+        """``_statistics`` on a quorum: what a majority of the masters agree on."""
+        results = quorum.map(
+            lambda master: find(master, self._namespace, self._name, kind=self._kind)
+        )
+        answered = [r for r in results if not isinstance(r, Exception)]
+        if len(answered) < quorum.majority:
+            raise next(r for r in results if isinstance(r, Exception))
+        states = [found[0] if found else self._no_state() for found in answered]
+        need = quorum.majority
+
+        def agreed(values: List[Optional[int]]) -> Optional[int]:
+            # The need-th largest: at least a majority have this much (None: no expiry,
+            # the largest of all; a master without it counts as nothing).
+            if len(values) < need:
+                return None
+            ranked = sorted(values, key=lambda v: float("inf") if v is None else v)
+            return ranked[len(values) - need]
+
+        holds: Dict[Tuple[str, str], List[Any]] = {}
+        for state in states:
+            for holder in state.holders:
+                holds.setdefault((holder.owner, holder.side), []).append(holder)
+        holders = tuple(
+            replace(
+                found[0],
+                count=min(sorted((h.count for h in found), reverse=True)[:need]),
+                lease_ms=agreed([h.lease_ms for h in found]),
+            )
+            for found in holds.values()
+            if len(found) >= need
+        )
+        first = states[0]
+        waiting = None
+        if all(state.waiting is not None for state in states):
+            roles: Dict[str, List[Optional[int]]] = {}
+            for state in states:
+                for role, count in state.waiting or ():
+                    roles.setdefault(role, []).append(count)
+            waiting = tuple((role, agreed(counts) or 0) for role, counts in roles.items())
+        return replace(
+            first,
+            holders=holders,
+            lease_ms=agreed([s.lease_ms for s in states if s.holders]) if holders else None,
+            waiting=waiting,
+            stale=0,
+            queue=None,
+        )
+
+    def _no_state(self) -> PrimitiveState:
+        """The state of this primitive where nobody holds or waits (no key)."""
         return PrimitiveState(
             namespace=self._namespace,
             kind=self._kind,
@@ -401,6 +460,8 @@ class Primitive(Renewable):
         return Detector(
             self._namespace, owner, self._deadlock_side(), self._keys.hash, timeout, since,
             self._describe(), self._name,
+            # fair: the waiter is granted only after the entry ahead of its process's
+            entry=self._entry_id(True) if self._fair else "-",
         )
 
     def _context(self) -> Tuple[Arg, ...]:
@@ -467,7 +528,13 @@ class Primitive(Renewable):
         hand-over grant too; ``None``: cannot tell (see ``_lost_reply_check``)."""
         if self._lost_reply_check(owner) is None:
             return None
-        return self._items_call((*self._renew_items(owner), "a", owner))
+        if self._kind == "sem":  # a semaphore issues no fencing tokens
+            return self._items_call((*self._renew_items(owner), "a", owner))
+        # The lost reply carried the grant's fencing token: a fresh one, above every token
+        # issued so far, is as good (nobody saw the lost one) and is what the reply decodes.
+        return self._items_call(
+            (*self._renew_items(owner), "a", owner, "t", self._hold_field(owner))
+        )
 
     def _adopt_call(self, owner: str) -> Call:
         """Adopt ``owner``'s hand-over grant and extend it to ``ttl`` (no renewer here)."""
@@ -611,9 +678,27 @@ class Primitive(Renewable):
 
     def _token(self, owner: str) -> Optional[int]:
         """The fencing token of ``owner``'s hold here, or None when it holds nothing or
-        no token was issued (no I/O)."""
+        no token was issued (no I/O). Raises RLocksError on a Quorum (see ``_tokens``)."""
+        if isinstance(self._client, Quorum):
+            # Each master counts on its own: no one number orders the grants.
+            raise RLocksError(
+                f"{self._describe()}: a Quorum's masters issue independent fencing tokens, "
+                "not one sequence; use .tokens (one per master)",
+                name=self._name,
+            )
         hold = self._holds.get(owner)
         return hold.token if hold is not None and hold.count > 0 else None
+
+    def _tokens(self, owner: str) -> Optional[Tuple[Optional[int], ...]]:
+        """The fencing tokens of ``owner``'s hold, one per master in the Quorum's order
+        (None for a master that did not grant it; one master without a Quorum), or None
+        when it holds nothing or none was issued (no I/O)."""
+        hold = self._holds.get(owner)
+        if hold is None or hold.count <= 0:
+            return None
+        if isinstance(self._client, Quorum):
+            return hold.tokens
+        return None if hold.token is None else (hold.token,)
 
     def _held(self, owner: str) -> int:
         """How many holds ``owner`` has here, as far as this process knows."""
@@ -646,14 +731,15 @@ class Primitive(Renewable):
                 _orphans.append((self._hold_key(owner), hold.count))
 
     def _record_grant(
-        self, owner: str, count: int, since: float, handed: bool = False, token: int = 0
+        self, owner: str, count: int, since: float, handed: bool = False, token: int = 0,
+        tokens: Optional[Tuple[Optional[int], ...]] = None,
     ) -> None:
         """Record ``count`` holds granted to ``owner``; start renewing them.
 
         ``handed``: a hand-over grant (queue scripts), still on the entry lease and not
         adopted: the renewer adopts it (item ``a``) and extends it on its next turn.
         ``token``: the grant's fencing token (0: none issued, as on re-entry, which keeps
-        the hold's token).
+        the hold's token). ``tokens``: on a Quorum, each master's (all None on re-entry).
         """
         key = self._hold_key(owner)
         with _bookkeeping:
@@ -667,6 +753,8 @@ class Primitive(Renewable):
             elif hold.token is None:
                 # re-entry through this object of a hold another object of its name took
                 hold.token = _process_tokens.get(held_key)
+            if tokens is not None and any(t is not None for t in tokens):
+                hold.tokens = tokens
             hold.count += count
             _process_holds[key] = _process_holds.get(key, 0) + count
             start_lease = self._auto_renew and hold.lease is None
@@ -817,7 +905,7 @@ class Primitive(Renewable):
             if give_back is None:
                 if wait != 0.0:
                     self._log_wait(owner, first, Reply(1, count))
-                self._record_grant(owner, count, since)
+                self._record_grant(owner, count, since, tokens=self._quorum_tokens(results))
                 return True
             if give_back:
                 self._quorum_gave_back(owner, quorum.map(self._undo_call(owner, count), give_back))
@@ -826,6 +914,8 @@ class Primitive(Renewable):
             pause = self._quorum_pause(quorum, results, wait, deadline, base)
             if pause is None:
                 return False
+            if not base:  # the first pause: from now on this acquire waits (metrics)
+                metrics.wait_began(self, first)
             base = pause[1]
             quorum.pause(generation, pause[0])
 
@@ -851,6 +941,14 @@ class Primitive(Renewable):
         if reentry and sum(1 for r in replies if r.not_owner) > refusable:
             return granted, self._refused(owner, True)
         return granted, None
+
+    @staticmethod
+    def _quorum_tokens(results: Sequence[Any]) -> Tuple[Optional[int], ...]:
+        """Each master's fencing token in a granted quorum try (None: not granted there,
+        or a re-entry, which issues none)."""
+        return tuple(
+            r.token or None if isinstance(r, Reply) and r.granted else None for r in results
+        )
 
     def _quorum_abandoned(
         self, quorum: Quorum, owner: str, count: int, results: Sequence[Any]

@@ -92,8 +92,27 @@ class ReentrantLock(Primitive):
         refuse a token smaller than the largest it has seen (README, "Fencing tokens"):
         a holder whose lease ended unnoticed then cannot overwrite its successor's work.
         A hold known lost keeps its (stale) token until it is released.
+
+        Raises RLocksError on a lock whose client is a :class:`rlocks.Quorum`: its
+        masters count independently, so no one number orders its grants; use
+        :attr:`tokens`.
         """
         return self._token(identity.thread_owner())
+
+    @property
+    def tokens(self) -> Optional[Tuple[Optional[int], ...]]:
+        """The fencing tokens of the calling thread's current hold, one per master, or
+        None when it holds nothing here (no I/O).
+
+        On a :class:`rlocks.Quorum`: each master's token, in the order of the Quorum's
+        clients, None for a master that did not grant this hold. Any two holds were
+        granted by majorities that share a master, and that master's tokens order them:
+        the protected resource keeps, per master, the largest token seen and refuses a
+        write whose token for some master is below it (README, "Fencing tokens"); every
+        process must list the masters in the same order. Without a Quorum: ``(token,)``.
+        Re-entry keeps the tokens.
+        """
+        return self._tokens(identity.thread_owner())
 
     def extend(self, ttl: Optional[float] = None) -> None:
         """Make the calling thread's hold last at least ``ttl`` seconds from now (one round

@@ -66,6 +66,7 @@
 --   token: acquire replies 1 and 2 of rlock and rw when the caller's hold on that side
 --   is new (a fresh grant, or the adopted hand-over grant): its fencing token; absent
 --   (a 4-element reply) when the call issued none (re-entry keeps the caller's token).
+--   Also renew replies with a 't' item whose hold exists: the token issued to it.
 --
 -- Fencing tokens (rlock and rw; a semaphore issues none): every fresh hold of a side
 -- gets token = max(F + 1, server TIME in microseconds; ARGV[1] * 1000 when given) and F
@@ -624,8 +625,11 @@ end
 
 -- renew: items from ARGV[first] on, pairs (kind, id): 'h' = hold of owner id (rlock,
 -- sem), 'r'/'w' = rw read/write hold of owner id, 'e' = queue entry id, 'a' = adopt the
--- hand-over grant of waiter id. Holds get now + ttl, entries now + entry lease; neither
--- is ever shortened. Per item: 1 = renewed/adopted, -1 = not there (lost, left, expired).
+-- hand-over grant of waiter id, 't' = (rlock, rw) issue a fresh fencing token to the hold
+-- whose holds-hash field is id (an acquire whose reply was lost: its grant's token never
+-- reached the owner; the new one is above every token issued before, so the order of
+-- grants holds). Holds get now + ttl, entries now + entry lease; neither is ever
+-- shortened. Per item: 1 = renewed/adopted/issued, -1 = not there (lost, left, expired).
 local function op_renew(ctx, ttl, first)
     purge(ctx)
     local results, ok = {}, 0
@@ -635,6 +639,11 @@ local function op_renew(ctx, ttl, first)
         if kind == 'a' then
             done = redis.call('HEXISTS', W, 'g:' .. id) == 1
             clear_marker(ctx, id)
+        elseif kind == 't' then
+            if redis.call('HEXISTS', H, id) == 1 then
+                ctx.token = next_token(ctx)
+                done = true
+            end
         elseif kind == 'e' then
             if redis.call('ZSCORE', Q, id) ~= false then
                 ctx.qdirty = true
@@ -660,7 +669,7 @@ local function op_renew(ctx, ttl, first)
     handover(ctx)
     local reply = finish(ctx, 1, ok, 0)
     reply[5] = results
-    return reply -- (renew issues no token: reply[6] is never set)
+    return reply -- (reply[6]: the token of a 't' item, if any)
 end
 
 -- Checks renew's item list; returns the ttl.
@@ -671,7 +680,7 @@ local function renew_args(ctx, i)
         local kind = ARGV[j]
         local allowed = kind == 'e' or kind == 'a' or
             (ctx.kind == 'rw' and (kind == 'r' or kind == 'w')) or
-            (ctx.kind ~= 'rw' and kind == 'h')
+            (ctx.kind ~= 'rw' and kind == 'h') or (ctx.kind ~= 'sem' and kind == 't')
         if not allowed then bad = bad or 'RLOCKS_BAD_ARG item kind' end
         str_arg(j + 1, 'item id')
     end

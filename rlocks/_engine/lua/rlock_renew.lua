@@ -8,10 +8,11 @@
 -- ARGV[6..] pairs (kind, id): 'h' <owner> renew that owner's hold; 'e' <entry> renew the
 --           queue entry (entry lease, ARGV[4]); 'a' <waiter> adopt the hand-over grant of
 --           that waiter (send it with the 'h' of the same owner: an unadopted grant is
---           revoked when its short lease ends, whatever its hold's lease says)
+--           revoked when its short lease ends, whatever its hold's lease says); 't'
+--           <owner> issue that owner's hold a fresh fencing token (after a lost reply)
 --
 -- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there: the hold is
--- lost / the entry left or expired / no grant to adopt)}. Dead state found on the way is
+-- lost / the entry left or expired / no grant to adopt)[, token of a 't' item]}. Dead state found on the way is
 -- recovered and handed over (wakes).
 local ctx, i = context('rlock')
 local ttl = renew_args(ctx, i)

@@ -6,9 +6,11 @@
 --
 -- ARGV[5]   ttl, ms (>= 1): a renewed hold's lease ends ttl from now (never shortened)
 -- ARGV[6..] pairs (kind, id): 'r' / 'w' <owner> renew that owner's read / write hold;
---           'e' <entry> renew the queue entry; 'a' <waiter> adopt its hand-over grant
+--           'e' <entry> renew the queue entry; 'a' <waiter> adopt its hand-over grant;
+--           't' 'r:<owner>' / 'w:<owner>' issue that hold a fresh fencing token
 --
--- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)}.
+-- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)[, token of
+-- a 't' item]}.
 local ctx, i = context('rw')
 local ttl = renew_args(ctx, i)
 if bad then return redis.error_reply(bad) end
