@@ -25,7 +25,7 @@ import rlocks
 import rlocks.asyncio
 from rlocks._engine import aio, identity, waiting
 from rlocks._engine.keys import keys_for
-from rlocks._engine.primitive import ENTRY_LEASE
+from rlocks._engine.primitive import ENTRY_LEASE, Primitive
 from rlocks._engine.scripts import run
 
 from . import _procs
