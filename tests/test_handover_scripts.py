@@ -460,6 +460,48 @@ def test_sem_unadopted_grant_to_a_live_holder_is_revoked(sem: _Prim) -> None:
     assert sem.holds() == {"p1.a": 1, "p2": 1, "p3.a": 1}
 
 
+def test_sem_release_of_an_owners_permits_leaves_its_grant_for_it_to_adopt(
+    sem: _Prim,
+) -> None:
+    """Another thread may release an owner's permits before the owner recorded a grant it
+    was just handed (threading lets any thread release). The release must not adopt that
+    grant for it: the owner's renewal adopts it and keeps its permit (CI once saw the
+    renewal find the grant gone, report the permit lost, and the pool leak it)."""
+    assert _sacq(sem, T0, "p1.a", 2)[:2] == [1, 2]
+    assert _sacq(sem, T0, "p2.a", 1)[:2] == [1, 1]
+    assert _sacq(sem, T0, "p2.a", 1)[:2] == [3, 1]
+    assert sem.call("release", T0, 1, "p1.a", 1)[3] == ["g p2.a"]
+    assert sem.holds() == {"p1.a": 1, "p2.a": 2} and sem.markers() == ["p2.a"]
+    # p1's thread releases one of p2's permits (the one p2 recorded): p2's grant stays
+    assert sem.call("release", T0, 1, "p2.a", 1)[:2] == [1, 1]
+    assert sem.holds() == {"p1.a": 1, "p2.a": 1} and sem.markers() == ["p2.a"]
+    # p2 records its grant: its renewal adopts it and the permit stays p2's
+    assert sem.call("renew", T0, 30000, "h", "p2.a", "a", "p2.a")[4] == [1, 1]
+    assert sem.markers() == []
+    assert sem.call("renew", T0 + ELEASE, 30000, "h", "p2.a")[4] == [1]
+    assert sem.holds() == {"p1.a": 1, "p2.a": 1} and sem.meta("#free") == "1"
+
+
+def test_sem_unadopted_grant_shrinks_with_the_owners_releases(sem: _Prim) -> None:
+    """A grant never adopted is revoked at its short lease's end, but only for the
+    permits its owner still has: those released meanwhile are not taken back twice."""
+    assert _sacq(sem, T0, "p1.a", 2)[:2] == [1, 2]
+    assert _sacq(sem, T0, "p2.a", 1)[:2] == [1, 1]
+    assert _sacq(sem, T0, "p2.a", 2)[:2] == [3, 1]
+    assert sem.call("release", T0, 2, "p1.a", 2)[3] == ["g p2.a"]
+    assert sem.holds() == {"p2.a": 3}
+    assert sem.call("release", T0, 2, "p2.a", 2)[:2] == [1, 2]
+    assert sem.markers() == ["p2.a"]  # now for 1 permit, all p2 has left
+    assert sem.call("renew", T0 + ELEASE, 30000, "h", "p2.a")[4] == [-1]
+    assert sem.holds() == {} and sem.markers() == []  # all 3 free: p3 takes them below
+    # a release of all an owner has left takes its grant with it
+    assert _sacq(sem, T0 + ELEASE, "p3.a", 3)[:2] == [1, 3]
+    assert _sacq(sem, T0 + ELEASE, "p4.a", 1)[:2] == [3, 1]
+    assert sem.call("release", T0 + ELEASE, 1, "p3.a", 1)[3] == ["g p4.a"]
+    assert sem.call("release", T0 + ELEASE, 1, "p4.a", 1)[:2] == [1, 1]
+    assert sem.markers() == []
+
+
 # --- edge-case ARGV ------------------------------------------------------------------
 
 _BAD = [
@@ -726,8 +768,15 @@ class Model:
             return self.done(-3, 0, 0)
         self.free += give
         for owner, n in pairs:
-            self.markers.pop(owner, None)
             self.drop("s", owner, n, False)
+            # the owner's unadopted grant stays for it to adopt, shrunk to what it has left
+            m = self.markers.get(owner)
+            if m is not None:
+                left = self.holds.get(owner, [0])[0]
+                if left <= 0:
+                    del self.markers[owner]
+                else:
+                    m["n"] = min(m["n"], left)
         self.handover()
         return [1, self.free, 0, self.wakes]
 

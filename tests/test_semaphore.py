@@ -22,6 +22,8 @@ from rlocks.semaphore import BoundedSemaphore, Semaphore
 
 from ._servers import wait_until
 from ._threads import in_thread as _run_thread
+from ._threads import joined as _joined
+from ._threads import started as _started
 from .conftest import NAMESPACE, snapshot
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -529,6 +531,54 @@ def test_a_release_by_another_thread_takes_a_live_permit(
     assert not client.exists(key(name))
     with pytest.raises(ValueError, match="released too many times"):
         sem.release()
+
+
+def test_a_release_of_a_waiters_permit_before_it_records_its_grant_loses_nothing(
+    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """threading lets any thread release another's permit. Here one does so while that
+    other thread was just handed a second permit and has not recorded it yet (paused
+    there by the test). The grant must stay for the waiter to adopt: CI's CPython
+    ``test_acquire_contended`` stalled 30 s when the release adopted it instead, the
+    waiter's renewal then found its grant gone, reported the permit lost, and the pool
+    leaked it until its lease ended."""
+    lost: list = []
+    sem = make(name, client, 2, on_lost=lost.append)
+    handed = threading.Event()
+    go = threading.Event()
+    checks = Semaphore._checks_hand_over
+
+    def paused_checks(self: Any, owner: str) -> bool:
+        # The waiter has its hand-over grant and is about to record it: hold it there.
+        if self is sem and not handed.is_set():
+            handed.set()
+            assert go.wait(20)
+        return checks(self, owner)
+
+    monkeypatch.setattr(Semaphore, "_checks_hand_over", paused_checks)
+    assert sem.acquire()
+    owner: list = []
+
+    def waiter() -> bool:
+        owner.append(identity.thread_owner())
+        assert sem.acquire(timeout=20)
+        return sem.acquire(timeout=20)  # queues: both permits are taken
+
+    thread, out = _started(waiter)
+    wait_for(lambda: client.zcard(sem._keys.queued()[2]) == 1, 20, "the waiter to queue")
+    sem.release()  # ours: handed over to the waiter in this release's script
+    assert handed.wait(20)
+    sem.release()  # the waiter's first permit, the only one its books have yet
+    go.set()
+    assert _joined(thread, out) is True
+    hold = sem._holds[owner[0]]
+    # the renewer adopts the grant on its next pass (hurried): wait until it has judged it
+    wait_for(lambda: hold.lost or (hold.lease is not None and hold.lease.adopt is None), 20,
+             "the renewer to adopt the grant")
+    assert not hold.lost and lost == []
+    assert client.hget(key(name), owner[0]) == b"1"
+    assert sem.acquire(blocking=False), "the released permit is free"
+    assert not sem.acquire(blocking=False)
 
 
 # -- a BoundedSemaphore never has more than value permits in circulation (issue 10, 1) -----

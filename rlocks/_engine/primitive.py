@@ -172,6 +172,11 @@ class Primitive(Renewable):
     _detects_deadlocks: ClassVar[bool] = False
     #: Whether a :class:`~.quorum.Quorum` is accepted as ``client=`` (and why not, if not).
     _quorum_refusal: ClassVar[Optional[str]] = "it does not support a quorum of masters"
+    #: Whether a release adopts the releasing owner's hand-over grant on the server (the
+    #: owner's own release: it knows the grant). A semaphore's does not: another thread
+    #: may release an owner's permits before that owner recorded its grant, so the grant
+    #: stays for its owner to adopt (lua/sem_release.lua).
+    _release_adopts: ClassVar[bool] = True
 
     @public_init
     def __init__(
@@ -803,8 +808,8 @@ class Primitive(Renewable):
                 _process_holds.pop(key, None)
                 _forget_tokens_locked(key)
             lost = hold.lost
-            if hold.lease is not None:
-                hold.lease.adopt = None  # a release adopts the owner's hand-over grant
+            if hold.lease is not None and self._release_adopts:
+                hold.lease.adopt = None  # the release adopts the owner's hand-over grant
             if hold.count <= 0:
                 del self._holds[owner]
                 lease, hold.lease = hold.lease, None

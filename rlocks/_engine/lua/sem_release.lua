@@ -9,7 +9,11 @@
 --            record (the releasing thread's first, then other threads of its process, as
 --            the engine chose from its local books; the same rule as lua/sem_release.lua);
 --            counts sum to at most ARGV[7]. The rest is a release by nobody's permit.
---            Releasing an owner's permits adopts that owner's unadopted hand-over grant.
+--            An owner's unadopted hand-over grant ('g:<owner>') is NOT adopted by a
+--            release: the releasing thread may be another one, whose books do not have
+--            that grant yet (its owner adopts it when it records it). The grant only
+--            shrinks to the permits the owner has left, and goes when none are left, so
+--            revoking it later never takes permits that were released already.
 --
 -- Replies (a semaphore release names no single owner, so value is the free count):
 --    1  released; value = permits free after the hand-over (grants in wakes), aux = 0
@@ -18,6 +22,20 @@
 --       live owners) than its value
 -- Refusals change no permit; expired state is recovered (and what it freed handed over)
 -- as by every call.
+-- After permits came off `owner`, its unadopted hand-over grant covers at most what it
+-- has left (see ARGV[8] above).
+local function shrink_marker(ctx, owner)
+    local m = get_marker(owner)
+    if m == nil then return end
+    local left = held_by(ctx, 's', owner) or 0
+    if left <= 0 then
+        clear_marker(ctx, owner)
+    elseif left < m.n then
+        m.n = left
+        redis.call('HSET', W, 'g:' .. owner, cjson.encode(m))
+    end
+end
+
 local ctx, i = context('sem')
 local give = int_arg(i, 'permits', 1)
 local takes, owned = {}, 0
@@ -47,8 +65,8 @@ if ctx.bounded == 1 and ctx.free + ctx.held + (give - owned) > ctx.value then
 end
 ctx.free = ctx.free + give
 for _, take in ipairs(takes) do
-    if ctx.tn > 0 then clear_marker(ctx, take[1]) end
     drop(ctx, 's', take[1], take[2], false)
+    if ctx.tn > 0 then shrink_marker(ctx, take[1]) end
 end
 handover(ctx)
 return finish(ctx, 1, ctx.free, 0)
