@@ -89,8 +89,6 @@ class _SemaphoreCore(Primitive):
     _bounded = 0
     _acquire_script = load_queued("sem_acquire")
     _release_script = load_queued("sem_release")
-    # Another thread may release an owner's permits: the owner adopts its own grant.
-    _release_adopts = False
     _renew_script = load_queued("sem_renew")
     _leave_script = load_queued("sem_leave")
     _quorum_refusal = (

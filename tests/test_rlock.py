@@ -817,3 +817,65 @@ def test_a_shorter_ttl_inside_never_shortens_the_outer_hold(
         thread.join(10)
         assert other == [False]
     assert not client.exists(key)
+
+
+def test_a_waiter_stalled_past_its_grants_short_lease_does_not_return_true(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-over grant lives ``entry_lease`` until its process adopts it. A waiter stalled
+    longer than that between its wake-up and the adoption (CI saw one under load: a
+    fencing test's worker found its lock gone at the next re-entry) must not return True
+    for a grant that was revoked and taken by another: it queues again and returns True
+    only once it really holds the lock."""
+    from rlocks._engine.primitive import Primitive
+
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, entry_lease=0.1)
+    woken = threading.Event()
+    go = threading.Event()
+    checks = Primitive._checks_hand_over
+
+    def paused(self: Any, owner: str) -> bool:
+        if self is lock and not woken.is_set():
+            woken.set()
+            assert go.wait(20)  # the stall: the grant's short lease ends meanwhile
+        return checks(self, owner)
+
+    monkeypatch.setattr(Primitive, "_checks_hand_over", paused)
+    holders: List[Any] = []
+
+    def waiter() -> None:
+        assert lock.acquire(timeout=20)
+        holders.append(sorted(k for k in client.hkeys(lock._keys.hash) if not k.startswith(b"#")))
+        holders.append(identity.thread_owner().encode())
+        lock.release()
+
+    thread = threading.Thread(target=waiter)
+    assert lock.acquire()
+    thread.start()
+    wait_until(lambda: client.zcard(lock._keys.queued()[2]) == 1, 20, "the waiter to queue")
+    lock.release()  # handed to the waiter, which stalls before adopting it
+    assert woken.wait(20)
+    times = lock._keys.queued()[4]
+    assert client.zcard(lock._keys.queued()[2]) == 0
+    [(_, grant_end)] = client.zrange(times, 0, -1, withscores=True)
+    wait_until(lambda: _server_ms(client) > grant_end, 20, "the grant's short lease to end")
+    # Another client (no local queue to join) takes the lock: its script revokes the grant.
+    other_client = redis.Redis.from_url(redis_url)
+    other = rlocks.RLock(name, client=other_client, namespace=NAMESPACE)
+    assert other.acquire(blocking=False)
+    go.set()
+    # Either it returns (wrongly: the lock is the other's) or it queues again.
+    queue = lock._keys.queued()[2]
+    wait_until(lambda: holders or client.zcard(queue) == 1, 20, "the waiter to go on")
+    assert holders == [], "the waiter returned True while another owner held the lock"
+    other.release()
+    thread.join(20)
+    assert not thread.is_alive()
+    [keys_then, me] = holders
+    assert keys_then == [me]
+    other_client.close()
+
+
+def _server_ms(client: "redis.Redis[bytes]") -> float:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros / 1000

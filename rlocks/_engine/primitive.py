@@ -172,11 +172,6 @@ class Primitive(Renewable):
     _detects_deadlocks: ClassVar[bool] = False
     #: Whether a :class:`~.quorum.Quorum` is accepted as ``client=`` (and why not, if not).
     _quorum_refusal: ClassVar[Optional[str]] = "it does not support a quorum of masters"
-    #: Whether a release adopts the releasing owner's hand-over grant on the server (the
-    #: owner's own release: it knows the grant). A semaphore's does not: another thread
-    #: may release an owner's permits before that owner recorded its grant, so the grant
-    #: stays for its owner to adopt (lua/sem_release.lua).
-    _release_adopts: ClassVar[bool] = True
 
     @public_init
     def __init__(
@@ -547,42 +542,16 @@ class Primitive(Renewable):
 
     def _renewal_arguments(self, lease: Lease) -> Tuple[Sequence[str], Sequence[Arg]]:
         """KEYS and ARGV of one renewal by the renewer: a hold, or a queue entry."""
-        if lease.kind == "e":
-            items: Tuple[str, ...] = ("e", lease.owner)
-            lease_ms: Optional[int] = None
-        else:
-            items = self._renew_items(lease.owner)
-            if lease.sending:
-                items += ("a", lease.sending)
-            lease_ms = None
-        args = (*self._context(), lease_ms or self._ttl_ms, *items)
+        items = ("e", lease.owner) if lease.kind == "e" else self._renew_items(lease.owner)
+        args = (*self._context(), self._ttl_ms, *items)
         # Stamped here, as the renewer's pipeline is built: its own stream (one renewer
         # per thread, its passes one after another), apart from the owners' calls.
         return self._keys.queued(), stamped(args, f"{identity.thread_owner()}:r")
 
-    def _renewed(self, lease: Lease, reply: Reply, adopted: Optional[str]) -> bool:
+    def _renewed(self, lease: Lease, reply: Reply) -> bool:
         """Whether a renewal kept ``lease`` alive (False: the hold is lost / the entry
-        left). ``adopted``: the waiter whose grant the renewal adopted, if any."""
-        if not reply.items or reply.items[0] != 1:
-            return False
-        if adopted is not None and lease.adopt == adopted:
-            lease.adopt = None
-            if len(reply.items) > 1 and reply.items[1] != 1:
-                # Not adopted by this process's own acquire or release meanwhile (they
-                # adopt on the server and clear ``adopt`` first): the grant was revoked.
-                return False
-        return True
-
-    def _adopting(self, owner: str) -> bool:
-        """``owner`` is about to send an acquire or a release here, which adopts its
-        hand-over grant on the server: the renewer must not count that grant's marker,
-        gone by then, as a revocation (no I/O). Returns whether one was pending."""
-        with _bookkeeping:
-            hold = self._holds.get(owner)
-            if hold is not None and hold.lease is not None and hold.lease.adopt:
-                hold.lease.adopt = None
-                return True
-            return False
+        left)."""
+        return bool(reply.items) and reply.items[0] == 1
 
     def _local_hub(self) -> Any:
         """This process's hub for the primitive's pool, if one exists (no creation)."""
@@ -736,13 +705,11 @@ class Primitive(Renewable):
                 _orphans.append((self._hold_key(owner), hold.count))
 
     def _record_grant(
-        self, owner: str, count: int, since: float, handed: bool = False, token: int = 0,
+        self, owner: str, count: int, since: float, token: int = 0,
         tokens: Optional[Tuple[Optional[int], ...]] = None,
     ) -> None:
         """Record ``count`` holds granted to ``owner``; start renewing them.
 
-        ``handed``: a hand-over grant (queue scripts), still on the entry lease and not
-        adopted: the renewer adopts it (item ``a``) and extends it on its next turn.
         ``token``: the grant's fencing token (0: none issued, as on re-entry, which keeps
         the hold's token). ``tokens``: on a Quorum, each master's (all None on re-entry).
         """
@@ -771,11 +738,6 @@ class Primitive(Renewable):
                     lease = None  # type: ignore[assignment]
             if lease is not None:  # released meanwhile by another thread of this owner
                 self._renewer().cancel(lease)
-        if handed and self._auto_renew:
-            with _bookkeeping:
-                current = hold.lease
-            if current is not None:
-                self._renewer().hurry(current, owner, self._entry_ms / 1000.0)
 
     def _record_release(self, owner: str, count: int) -> int:
         """Drop ``count`` local holds of ``owner``; returns how many are left."""
@@ -808,8 +770,6 @@ class Primitive(Renewable):
                 _process_holds.pop(key, None)
                 _forget_tokens_locked(key)
             lost = hold.lost
-            if hold.lease is not None and self._release_adopts:
-                hold.lease.adopt = None  # the release adopts the owner's hand-over grant
             if hold.count <= 0:
                 del self._holds[owner]
                 lease, hold.lease = hold.lease, None
@@ -1165,7 +1125,6 @@ class Primitive(Renewable):
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
-        self._adopting(owner)
         return self._prepared(
             ("release", owner, count, everything),
             self._release_script,

@@ -171,12 +171,6 @@ def _take(
     st: _Take,
 ) -> Steps:
     prim._check_take(owner)
-    if prim._adopting(owner):
-        # A hand-over grant of this owner is recorded but not adopted yet: adopt it first,
-        # or a semaphore's acquire (which has no re-entry flag) would be taken for the
-        # re-check after a missed wake-up and answered ADOPTED, adding nothing.
-        yield _call(st, prim._adopt_call(owner))
-        st.op = None
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
@@ -381,10 +375,10 @@ def _granted(
 
 
 def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
-    """Record a hand-over grant the hub (or a release reply) announced: no round trip,
-    unless nothing renews this primitive, which then adopts it here (False: the grant's
-    short lease had ended and it was revoked, so there is nothing to record), or unless
-    the grant must pass the checks a direct grant passes (``_checks_hand_over``).
+    """Adopt and record a hand-over grant the hub (or a release reply) announced: one
+    round trip (False: the grant's short lease had ended and it was revoked, so there is
+    nothing to record), an acquire re-check instead when the grant must pass the checks
+    a direct grant passes (``_checks_hand_over``).
 
     Raises what ``_granted`` raises for a grant that cannot be kept (given back first).
     """
@@ -403,14 +397,17 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
             st.queued = True
             return False
         return (yield from _granted(prim, owner, count, reply, since, st))
-    if not prim._auto_renew:
-        reply = yield _call(st, prim._adopt_call(owner))
-        st.op = None
-        if not reply.items or reply.items[0] != 1:
-            return False
+    # Adopted here, before acquire returns True: the grant lives only the entry lease
+    # until adopted, and a process stalled that long after the wake-up (CI saw one under
+    # load) would otherwise return True for a grant already revoked and handed on. The
+    # adoption extends the hold to the full ttl, so True means what a direct grant means.
+    reply = yield _call(st, prim._adopt_call(owner))
+    st.op = None
+    if not reply.items or reply.items[0] != 1 or reply.items[1:2] != (1,):
+        return False
     # the fencing token came with the grant line (or the release reply that named it)
     token = st.waiter.token if st.waiter is not None else 0
-    prim._record_grant(owner, count, since, handed=True, token=token)
+    prim._record_grant(owner, count, since, token=token)
     return True
 
 

@@ -110,8 +110,8 @@ class Renewable:
         """KEYS and ARGV of one renewal of ``lease`` (a hold, or a queue entry)."""
         raise NotImplementedError
 
-    def _renewed(self, lease: "Lease", reply: Reply, adopted: Optional[str]) -> bool:
-        """Whether ``reply`` kept ``lease`` alive (``adopted``: the grant it adopted)."""
+    def _renewed(self, lease: "Lease", reply: Reply) -> bool:
+        """Whether ``reply`` kept ``lease`` alive."""
         raise NotImplementedError
 
     def _hold_lost(self, owner: str, reason: str, lease: Optional["Lease"] = None) -> None:
@@ -122,7 +122,7 @@ class Renewable:
 class Lease:
     """One owner's hold on one primitive, as the renewer sees it."""
 
-    __slots__ = ("ref", "owner", "ttl", "period", "due", "expires", "kind", "adopt", "sending")
+    __slots__ = ("ref", "owner", "ttl", "period", "due", "expires", "kind")
 
     def __init__(
         self, primitive: "Renewable", owner: str, ttl: float, since: float, kind: str = "h"
@@ -131,9 +131,6 @@ class Lease:
         self.owner = owner
         #: "h": a hold; "e": a queue entry (``owner`` is then the process token)
         self.kind = kind
-        #: a hand-over grant to adopt with the next renewal (its waiter id), if any
-        self.adopt: Optional[str] = None
-        self.sending: Optional[str] = None  # the adopt item of the renewal being sent
         self.ttl = ttl
         self.period = ttl / 3.0
         self.due = since + self.period
@@ -178,19 +175,6 @@ class Renewer:
             elif entry.due < self._next_wake:
                 self._notify_locked()
         return entry
-
-    def hurry(self, lease: Lease, waiter: str, short: float) -> None:
-        """A hand-over grant was recorded on ``lease``: adopt it (and extend the hold from
-        its short lease of ``short`` s) in the next pass, now."""
-        with self._mutex:
-            now = monotonic()
-            lease.adopt = waiter
-            lease.due = now
-            lease.expires = min(lease.expires, now + short)
-            if self._thread is None:
-                self._start_locked()
-            else:
-                self._notify_locked()
 
     def _start_locked(self) -> None:
         """Start the renewer's loop (a daemon thread here); called under the mutex."""
@@ -308,12 +292,11 @@ class Renewer:
         with one of :data:`UNREACHABLE` is a failed renewal of each item (retried; the
         hold is lost once its lease is over), never a reason to stop the renewer."""
         sent = monotonic()
-        adopts = _snapshot_adopts(items)
         try:
             results = yield from send_steps(items)
         except UNREACHABLE as exc:
             results = [exc] * len(items)
-        self._apply(items, results, sent, adopts)
+        self._apply(items, results, sent)
         return results
 
     def _send(self, client: Any, items: List[Item]) -> List[Any]:
@@ -345,8 +328,7 @@ class Renewer:
 
         A lease lives on while a majority renewed it; it is lost when more than a
         minority answered that the hold is gone there; otherwise (masters unreachable)
-        the renewal is retried until the lease's own end, as on one server. No hand-over
-        grant is ever adopted here: quorum holds come from single tries only.
+        the renewal is retried until the lease's own end, as on one server.
         """
         sent = monotonic()
         self._apply_quorum(quorum, items, quorum.map(lambda m: self._send(m, items)), sent)
@@ -364,7 +346,7 @@ class Renewer:
                 result = results if isinstance(results, Exception) else results[n]
                 if isinstance(result, Exception):
                     error = error or result
-                elif primitive._renewed(lease, decode(result, script.name), None):
+                elif primitive._renewed(lease, decode(result, script.name)):
                     renewed += 1
                 else:
                     refused += 1
@@ -382,17 +364,8 @@ class Renewer:
             else:
                 self._failed(lease, primitive, error or RuntimeError("no majority answered"))
 
-    def _apply(
-        self,
-        items: List[Item],
-        results: List[Any],
-        sent: float,
-        adopts: Optional[Dict[int, Optional[str]]] = None,
-    ) -> None:
-        """Act on a batch's replies (no I/O): extend leases, report lost holds.
-
-        ``adopts``: per lease (by id), the hand-over grant its renewal adopted, if any."""
-        adopts = adopts or {}
+    def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
+        """Act on a batch's replies (no I/O): extend leases, report lost holds."""
         if len(results) == len(items) + 1:  # the batch ended with a WAIT
             acks = results.pop()
             for _, primitive, _ in items:
@@ -411,7 +384,7 @@ class Renewer:
                 self._failed(lease, primitive, result)
                 continue
             reply = decode(result, script.name)
-            if primitive._renewed(lease, reply, adopts.get(id(lease))):
+            if primitive._renewed(lease, reply):
                 lease.expires = sent + lease.ttl
                 lease.due = sent + lease.period
                 metrics.renewed(primitive)
@@ -459,14 +432,6 @@ class Renewer:
         else:
             log.debug("renewal of %r failed, retrying: %s", primitive, error)
             lease.due = now + min(RETRY, lease.period)
-
-
-def _snapshot_adopts(items: List[Item]) -> Dict[int, Optional[str]]:
-    """Fix, per lease, the grant its renewal adopts (sent and judged by the same value)."""
-    adopts: Dict[int, Optional[str]] = {}
-    for lease, _, _ in items:
-        lease.sending = adopts[id(lease)] = lease.adopt
-    return adopts
 
 
 # Keyed by the pool itself, weakly: the registry keeps no pool alive and forgets a
