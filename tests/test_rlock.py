@@ -636,12 +636,15 @@ def test_statistics_reports_holders_leases_and_waiters(client: Any, name: str) -
     assert empty.holders == () and empty.name == name and empty.lease_ms is None
     lock.acquire()
     lock.acquire()
-    waiting = threading.Thread(target=lambda: lock.acquire(timeout=1))
+    got: List[Any] = []
+    waiting = threading.Thread(
+        target=lambda: (got.append(lock.acquire(timeout=30)), lock.release())
+    )
     waiting.start()
-    channel = f"{hash_key(name)}:wake"
-    assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
+    # Its queue entry, not only its subscription (made first): statistics reads the queue.
+    queue = lock._keys.queued()[2]
+    assert wait_for(lambda: client.zcard(queue) == 1, 30)
     stats = lock.statistics()
-    waiting.join()
     assert [(h.owner, h.count) for h in stats.holders] == [(identity.thread_owner(), 2)]
     assert stats.type == "RLock" and 29_000 < (stats.lease_ms or 0) <= 30_000
     assert sum(n for _, n in stats.waiting or ()) == 1  # one waiting process
@@ -649,6 +652,8 @@ def test_statistics_reports_holders_leases_and_waiters(client: Any, name: str) -
         stats.name = "x"  # type: ignore[misc]  # frozen
     lock.release()
     lock.release()
+    waiting.join(30)
+    assert not waiting.is_alive() and got == [True]
 
 
 @pytest.mark.timeout(20)
