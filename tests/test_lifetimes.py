@@ -158,3 +158,34 @@ def test_dropped_asyncio_clients_leave_no_hubs_or_connections(
     asyncio.run(main())
     busy.release()
     admin.close()
+
+
+def test_a_lease_added_and_cancelled_while_the_renewer_slept_restarts_its_idle_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The renewer's loop sleeps up to IDLE_EXIT while it has no lease. A hold taken and
+    released before it woke leaves no lease behind, but it was use: the loop must not
+    exit on waking as if it had been idle all along (a new thread then starts at the next
+    hold: CI's CPython lock tests counted that thread as one the test leaked)."""
+    renewer = renewal.Renewer()
+    now = [1000.0]
+    monkeypatch.setattr(renewal, "monotonic", lambda: now[0])
+    renewer._thread = "a running loop"  # a stand-in: add() must not start a real one
+    idle_since = now[0] - 2 * renewal.IDLE_EXIT  # idle for long, asleep
+    owner = _Holder()
+    lease = renewer.add(owner, "o", 30.0, now[0])
+    renewer.cancel(lease)
+    now[0] += 1.0  # it wakes: nothing to renew
+    with renewer._mutex:
+        due, pause, _ = renewer._schedule_locked(now[0], idle_since)
+    assert due == [] and pause is not None, "the renewer exited right after being used"
+    assert renewer._thread is not None
+    # With no further use it does exit, IDLE_EXIT after that last use.
+    now[0] += renewal.IDLE_EXIT
+    with renewer._mutex:
+        assert renewer._schedule_locked(now[0], idle_since)[1] is None
+    assert renewer._thread is None
+
+
+class _Holder:
+    """Enough of a primitive for a Lease to refer to (weakly)."""

@@ -152,12 +152,17 @@ class Renewer:
         self._leases: Dict[int, Lease] = {}
         self._next_wake = float("inf")
         self._thread: Optional[Any] = None  # the running loop (thread, or asyncio task)
+        # When a lease was last added: the idle time counts from there. A lease added
+        # and cancelled while the loop slept leaves no trace in the table, and the loop
+        # would otherwise exit on waking as if idle all along (and be restarted at once).
+        self._added = monotonic()
 
     def add(self, primitive: "Renewable", owner: str, ttl: float, since: float) -> Lease:
         """Start renewing ``owner``'s hold on ``primitive``, granted at ``since``."""
         lease = Lease(primitive, owner, ttl, since)
         with self._mutex:
             self._leases[id(lease)] = lease
+            self._added = monotonic()
             if self._thread is None:
                 self._start_locked()
             elif lease.due < self._next_wake:
@@ -170,6 +175,7 @@ class Renewer:
         entry = Lease(primitive, token, lease, monotonic(), kind="e")
         with self._mutex:
             self._leases[id(entry)] = entry
+            self._added = monotonic()
             if self._thread is None:
                 self._start_locked()
             elif entry.due < self._next_wake:
@@ -243,7 +249,7 @@ class Renewer:
         if self._leases:
             self._next_wake = next_due
             return [], next_due - now, None
-        idle_since = now if idle_since is None else idle_since
+        idle_since = now if idle_since is None else max(idle_since, self._added)
         if now - idle_since >= IDLE_EXIT:
             self._thread = None
             return [], None, idle_since
