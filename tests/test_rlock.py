@@ -884,3 +884,48 @@ def test_a_waiter_stalled_past_its_grants_short_lease_does_not_return_true(
 def _server_ms(client: "redis.Redis[bytes]") -> float:
     seconds, micros = client.time()
     return seconds * 1000 + micros / 1000
+
+
+def test_a_grant_its_own_waiter_adopted_already_is_kept(
+    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter's own earlier call may have adopted its grant already (an acquire
+    re-check answered ADOPTED whose reply was lost): the adoption before acquire returns
+    then finds no grant marker, but the hold is there and is the waiter's. It must keep
+    it, not queue again behind a lock that it holds itself (until its lease ran out)."""
+    from rlocks._engine.primitive import Primitive
+
+    lock = make(name, client)
+    woken = threading.Event()
+    go = threading.Event()
+    checks = Primitive._checks_hand_over
+
+    def paused(self: Any, owner: str) -> bool:
+        if self is lock and not woken.is_set():
+            woken.set()
+            assert go.wait(20)
+        return checks(self, owner)
+
+    monkeypatch.setattr(Primitive, "_checks_hand_over", paused)
+    owner: List[str] = []
+    got: List[Any] = []
+
+    def waiter() -> None:
+        owner.append(identity.thread_owner())
+        got.append(lock.acquire(timeout=20))
+        got.append(client.hget(lock._keys.hash, owner[0]))
+        lock.release()
+
+    thread = threading.Thread(target=waiter)
+    assert lock.acquire()
+    thread.start()
+    wait_until(lambda: client.zcard(lock._keys.queued()[2]) == 1, 20, "the waiter to queue")
+    lock.release()  # handed to the waiter, paused before its adoption
+    assert woken.wait(20)
+    # What the waiter's lost re-check did on the server: adopt the grant (marker gone).
+    assert lock._adopt_call(owner[0])(client).items == (1, 1)
+    go.set()
+    thread.join(20)
+    assert not thread.is_alive(), "the waiter queued behind its own hold"
+    assert got == [True, b"1"]
+    assert not client.exists(lock._keys.hash)

@@ -403,7 +403,10 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
     # adoption extends the hold to the full ttl, so True means what a direct grant means.
     reply = yield _call(st, prim._adopt_call(owner))
     st.op = None
-    if not reply.items or reply.items[0] != 1 or reply.items[1:2] != (1,):
+    if not reply.items or reply.items[0] != 1:
+        # Revoked: a revocation takes the holds with it. (A grant marker already gone
+        # while the hold is there was adopted by this waiter's own earlier call, an
+        # acquire re-check whose ADOPTED reply was lost: the hold is the grant's.)
         return False
     # the fencing token came with the grant line (or the release reply that named it)
     token = st.waiter.token if st.waiter is not None else 0

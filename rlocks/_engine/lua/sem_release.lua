@@ -22,6 +22,7 @@
 --       live owners) than its value
 -- Refusals change no permit; expired state is recovered (and what it freed handed over)
 -- as by every call.
+
 -- After permits came off `owner`, its unadopted hand-over grant covers at most what it
 -- has left (see ARGV[8] above).
 local function shrink_marker(ctx, owner)
