@@ -416,6 +416,7 @@ def test_a_loss_is_not_absorbed_by_another_threads_grant(
     if errors:
         raise errors[0]
     assert not client.exists(key(name))
+    wait_for(lambda: len(lost) >= 1, 20, "on_lost (it runs on the callback thread)")
     assert len(lost) == 1
 
 
@@ -498,6 +499,7 @@ def test_a_grant_that_finds_the_threads_permits_gone_is_given_back(
     with pytest.raises(LockLostError):
         sem.acquire()
     assert not client.exists(key(name)), "the new permit must not stay held by nobody"
+    wait_for(lambda: len(lost) >= 1, 20, "on_lost (it runs on the callback thread)")
     assert len(lost) == 1
     with pytest.raises(LockLostError):
         sem.release()
@@ -515,6 +517,7 @@ def test_releasing_another_threads_lost_permit_does_not_give_it_back_twice(
     client.delete(key(name))
     sem.release()  # the worker's permit: already back in the pool, so nothing to send
     assert not client.exists(key(name)), "a permit back in the pool was released again"
+    wait_for(lambda: len(lost) >= 1, 20, "on_lost (it runs on the callback thread)")
     assert len(lost) == 1  # reported, once
     assert sem.acquire(blocking=False) and sem.acquire(blocking=False)
     assert not sem.acquire(blocking=False)
