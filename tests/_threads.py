@@ -42,3 +42,24 @@ def in_thread(fn: Callable[[], Any]) -> Any:
 
 
 __all__: List[str] = ["in_thread", "joined", "started"]
+
+
+def pause_at_hand_over(monkeypatch: Any, prim: Any) -> Tuple[threading.Event, threading.Event]:
+    """Hold the first waiter of ``prim`` that takes a hand-over grant at its first step
+    (``_checks_hand_over``, before it adopts the grant) until ``go`` is set.
+
+    Returns ``(woken, go)``: ``woken`` is set once a waiter is held there. The patch is
+    on ``prim``'s class and ``monkeypatch`` undoes it; other objects are not held.
+    """
+    woken, go = threading.Event(), threading.Event()
+    cls = type(prim)
+    checks = cls._checks_hand_over
+
+    def paused(self: Any, owner: str) -> bool:
+        if self is prim and not woken.is_set():
+            woken.set()
+            assert go.wait(20)
+        return bool(checks(self, owner))
+
+    monkeypatch.setattr(cls, "_checks_hand_over", paused)
+    return woken, go

@@ -21,6 +21,7 @@ from rlocks._engine.keys import escape
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
+from ._threads import pause_at_hand_over
 from .conftest import NAMESPACE, snapshot
 
 
@@ -832,20 +833,9 @@ def test_a_waiter_stalled_past_its_grants_short_lease_does_not_return_true(
     fencing test's worker found its lock gone at the next re-entry) must not return True
     for a grant that was revoked and taken by another: it queues again and returns True
     only once it really holds the lock."""
-    from rlocks._engine.primitive import Primitive
-
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, entry_lease=0.1)
-    woken = threading.Event()
-    go = threading.Event()
-    checks = Primitive._checks_hand_over
-
-    def paused(self: Any, owner: str) -> bool:
-        if self is lock and not woken.is_set():
-            woken.set()
-            assert go.wait(20)  # the stall: the grant's short lease ends meanwhile
-        return checks(self, owner)
-
-    monkeypatch.setattr(Primitive, "_checks_hand_over", paused)
+    # the stall: the grant's short lease ends while the waiter is held
+    woken, go = pause_at_hand_over(monkeypatch, lock)
     holders: List[Any] = []
 
     def waiter() -> None:
@@ -893,20 +883,8 @@ def test_a_grant_its_own_waiter_adopted_already_is_kept(
     re-check answered ADOPTED whose reply was lost): the adoption before acquire returns
     then finds no grant marker, but the hold is there and is the waiter's. It must keep
     it, not queue again behind a lock that it holds itself (until its lease ran out)."""
-    from rlocks._engine.primitive import Primitive
-
     lock = make(name, client)
-    woken = threading.Event()
-    go = threading.Event()
-    checks = Primitive._checks_hand_over
-
-    def paused(self: Any, owner: str) -> bool:
-        if self is lock and not woken.is_set():
-            woken.set()
-            assert go.wait(20)
-        return checks(self, owner)
-
-    monkeypatch.setattr(Primitive, "_checks_hand_over", paused)
+    woken, go = pause_at_hand_over(monkeypatch, lock)
     owner: List[str] = []
     got: List[Any] = []
 

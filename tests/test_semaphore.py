@@ -23,6 +23,7 @@ from rlocks.semaphore import BoundedSemaphore, Semaphore
 from ._servers import wait_until
 from ._threads import in_thread as _run_thread
 from ._threads import joined as _joined
+from ._threads import pause_at_hand_over
 from ._threads import started as _started
 from .conftest import NAMESPACE, snapshot
 
@@ -547,18 +548,8 @@ def test_a_release_of_a_waiters_permit_before_it_records_its_grant_loses_nothing
     until its lease ended."""
     lost: list = []
     sem = make(name, client, 2, on_lost=lost.append)
-    handed = threading.Event()
-    go = threading.Event()
-    checks = Semaphore._checks_hand_over
-
-    def paused_checks(self: Any, owner: str) -> bool:
-        # The waiter has its hand-over grant and is about to record it: hold it there.
-        if self is sem and not handed.is_set():
-            handed.set()
-            assert go.wait(20)
-        return checks(self, owner)
-
-    monkeypatch.setattr(Semaphore, "_checks_hand_over", paused_checks)
+    # The waiter has its hand-over grant and is about to adopt it: hold it there.
+    handed, go = pause_at_hand_over(monkeypatch, sem)
     assert sem.acquire()
     owner: list = []
 
