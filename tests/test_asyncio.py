@@ -303,6 +303,61 @@ def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:
     run(main_with_handoff)
 
 
+# -- statistics() -------------------------------------------------------------------------
+
+
+def test_statistics_is_awaited_and_matches_the_threading_twins(
+    url: str, name: str, client: Any
+) -> None:
+    """The asyncio twins' ``statistics()`` read the same state as the threading ones: the
+    holder's count and lease, and one waiting process for a queued task."""
+
+    async def main() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=20)
+        empty = await lock.statistics()
+        assert (empty.holders, empty.type, empty.name, empty.lease_ms) == ((), "RLock", name, None)
+        assert await lock.acquire() and await lock.acquire()
+        waiter = asyncio.create_task(lock.acquire(timeout=30))
+        queue = lock._keys.queued()[2]
+        assert await eventually(lambda: _queued(c, queue), 10)
+        stats = await lock.statistics()
+        assert [(h.owner, h.count) for h in stats.holders] == [(identity.task_owner(), 2)]
+        assert 0 < (stats.lease_ms or 0) <= 20_000
+        assert sum(n for _, n in stats.waiting or ()) == 1
+        twin = rlocks.RLock(name, client=client, namespace=NAMESPACE).statistics()
+        assert [(h.owner, h.count) for h in twin.holders] == [(identity.task_owner(), 2)]
+        await lock.release()
+        await lock.release()
+        assert await asyncio.wait_for(waiter, 30) is True
+        holder = (await lock.statistics()).holders
+        assert len(holder) == 1 and holder[0].owner != identity.task_owner()
+
+        rw = ra.RWLock(f"{name}-rw", client=c, namespace=NAMESPACE)
+        async with rw.read_lock:
+            for state in (await rw.statistics(), await rw.write_lock.statistics()):
+                assert state.type == "RWLock"
+                assert [(h.owner, h.side) for h in state.holders] == [
+                    (identity.task_owner(), "read")
+                ]
+        assert (await rw.statistics()).holders == ()
+
+        sem = ra.BoundedSemaphore(f"{name}-sem", 3, client=c, namespace=NAMESPACE)
+        assert await sem.acquire() and await sem.acquire()
+        stats = await sem.statistics()
+        assert (stats.type, stats.value, stats.free) == ("BoundedSemaphore", 3, 1)
+        assert [(h.owner, h.count) for h in stats.holders] == [(identity.task_owner(), 2)]
+        await sem.release(2)
+        assert (await sem.statistics()).holders == ()
+        await c.aclose()
+
+    run(main)
+
+
+async def _queued(c: "redis.asyncio.Redis[bytes]", queue: str) -> bool:
+    return bool(await c.zcard(queue) == 1)
+
+
 # -- RWLock and semaphores -------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ import redis.asyncio
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine.identity import thread_owner
+from rlocks._engine.identity import task_owner, thread_owner
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
@@ -629,6 +629,34 @@ def test_token_is_refused_and_tokens_are_per_master(three: Masters, name: str) -
     single = rlocks.RLock(name, client=three.clients[0], namespace="rlocks-single")
     with single:
         assert single.tokens == (single.token,) and isinstance(single.token, int)
+
+
+def test_asyncio_statistics_report_what_a_majority_agrees_on(three: Masters, name: str) -> None:
+    """The asyncio twin reads every master at once, as ``rlocks.RLock.statistics`` does."""
+
+    async def main() -> None:
+        clients = [redis.asyncio.Redis.from_url(s.url, socket_timeout=PATIENT)
+                   for s in three.servers]
+        lock = rlocks.asyncio.RLock(name, client=rlocks.Quorum(clients), ttl=10)
+        try:
+            assert (await lock.statistics()).holders == ()
+            async with lock:
+                owner = task_owner()
+                # A hold on one master only (a minority) is no hold of the quorum.
+                await clients[0].hset(rlock_key(name), "someone:1:2:3", 1)
+                state = await lock.statistics()
+                assert [(h.owner, h.count) for h in state.holders] == [(owner, 1)], state
+                three.kill(1)  # a majority still answers
+                assert [h.owner for h in (await lock.statistics()).holders] == [owner]
+            assert (await lock.statistics()).holders == ()
+            three.kill(2)
+            with pytest.raises(redis.RedisError):
+                await lock.statistics()  # one master of three cannot speak for the quorum
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    asyncio.run(main())
 
 
 def test_rwlock_and_asyncio_tokens_on_a_quorum(three: Masters, name: str) -> None:

@@ -37,6 +37,7 @@ from .queued import CALL, READ, WAIT, Steps, take_steps
 from .quorum import Quorum
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, arun
+from .state import PrimitiveState, afind
 from .waiting import (
     RECONNECT_BACKOFF,
     TICK,
@@ -358,6 +359,18 @@ class AsyncPrimitive(Primitive):
     def _renewer(self) -> Renewer:
         return loop_renewer()
 
+    async def _astatistics(self) -> PrimitiveState:
+        """``_statistics`` awaited (its asyncio twin): the same read-only round trips,
+        on a Quorum one to each master at once and what a majority agrees on."""
+        client = self._aclient()
+        if isinstance(client, Quorum):
+
+            async def found(master: Any) -> List[PrimitiveState]:
+                return await afind(master, self._namespace, self._name, kind=self._kind)
+
+            return self._agreed_state(client, await agather(client, found))
+        return self._state_from(await afind(client, self._namespace, self._name, kind=self._kind))
+
     def _call_on_lost(self, on_lost: Callable[[Any], object]) -> None:
         """``async def`` callbacks become a task on the loop that found the loss (where the
         owner's renewer and release run); plain functions run on the callback thread, as
@@ -605,6 +618,13 @@ class AsyncReentrantLock(AsyncPrimitive):
         trip; ``None``: the lock's ``ttl``). Never shortens a lease. Same errors as
         :meth:`rlocks.RLock.extend`, for the running task."""
         await self._aextend(identity.task_owner(), ttl)
+
+    async def statistics(self) -> PrimitiveState:
+        """Holders, counts, leases and waiting processes, read from Redis now (awaited:
+        a few read-only round trips; with a Quorum, what a majority of the masters
+        agree on). Returns the frozen dataclass :meth:`rlocks.RLock.statistics` returns.
+        Redis errors propagate."""
+        return await self._astatistics()
 
     def _is_owned(self) -> bool:
         """Whether the running task holds the lock (local knowledge, no I/O)."""

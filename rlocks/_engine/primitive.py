@@ -306,21 +306,27 @@ class Primitive(Renewable):
         majority answered.
         """
         if isinstance(self._client, Quorum):
-            return self._quorum_statistics(self._client)
-        found = find(self._client, self._namespace, self._name, kind=self._kind)
-        if found:
-            return found[0]
-        return self._no_state()
+            return self._agreed_state(
+                self._client,
+                self._client.map(
+                    lambda master: find(master, self._namespace, self._name, kind=self._kind)
+                ),
+            )
+        return self._state_from(find(self._client, self._namespace, self._name, kind=self._kind))
 
-    def _quorum_statistics(self, quorum: Quorum) -> PrimitiveState:
-        """``_statistics`` on a quorum: what a majority of the masters agree on."""
-        results = quorum.map(
-            lambda master: find(master, self._namespace, self._name, kind=self._kind)
-        )
+    def _state_from(self, found: List[PrimitiveState]) -> PrimitiveState:
+        """The state :func:`~.state.find` read for this primitive (none: nobody holds it)."""
+        return found[0] if found else self._no_state()
+
+    def _agreed_state(
+        self, quorum: Quorum, results: List[List[PrimitiveState] | Exception]
+    ) -> PrimitiveState:
+        """``_statistics`` on a quorum, from each master's :func:`~.state.find` result (or
+        its error): what a majority of the masters agree on. No I/O."""
         answered = [r for r in results if not isinstance(r, Exception)]
         if len(answered) < quorum.majority:
             raise next(r for r in results if isinstance(r, Exception))
-        states = [found[0] if found else self._no_state() for found in answered]
+        states = [self._state_from(found) for found in answered]
         need = quorum.majority
 
         def agreed(values: List[Optional[int]]) -> Optional[int]:

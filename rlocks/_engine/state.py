@@ -57,6 +57,7 @@ __all__ = [
     "PrimitiveState",
     "QueueEntry",
     "channels_for",
+    "afind",
     "find",
     "force_release",
     "list_primitives",
@@ -365,32 +366,62 @@ def _server_ms(reply: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+def _read_batch(pipe: Any, namespace: str, batch: Sequence[Tuple[str, str]]) -> None:
+    """Queue on ``pipe`` (a MULTI pipeline, sync or asyncio) the reads of ``batch``."""
+    pipe.time()
+    for kind, name in batch:
+        key, leases, queue, table, times = keys_for(namespace, kind, name).queued()[:5]
+        pipe.hgetall(key)
+        pipe.pttl(key)
+        pipe.zrange(leases, 0, -1, withscores=True)
+        pipe.zrange(queue, 0, -1, withscores=True)
+        pipe.hgetall(table)
+        pipe.zrange(times, 0, -1, withscores=True)
+
+
+def _decode_batch(
+    namespace: str, batch: Sequence[Tuple[str, str]], replies: Sequence[Any]
+) -> List[PrimitiveState]:
+    """The states of ``batch`` from the replies of :func:`_read_batch`'s pipeline (read
+    with ``raise_on_error=False``: a key of another type under our name, WRONGTYPE, must
+    not hide the others). Raises the error of TIME, the batch's first command."""
+    if isinstance(replies[0], Exception):
+        raise replies[0]
+    now = _server_ms(replies[0])
+    states: List[PrimitiveState] = []
+    for i, (kind, name) in enumerate(batch):
+        state = _decode(namespace, kind, name, replies[1 + 6 * i:7 + 6 * i], now)
+        if state is not None:
+            states.append(state)
+    return states
+
+
+def _batches(entries: Sequence[Tuple[str, str]]) -> Iterable[Sequence[Tuple[str, str]]]:
+    for start in range(0, len(entries), _BATCH):
+        yield entries[start:start + _BATCH]
+
+
 def _snapshot(
     client: Any, namespace: str, entries: Sequence[Tuple[str, str]]
 ) -> List[PrimitiveState]:
-    """Read ``entries`` ((kind, name) pairs) at one server time per batch."""
+    """Read ``entries`` ((kind, name) pairs) at one server time per batch (blocking I/O)."""
     states: List[PrimitiveState] = []
-    for start in range(0, len(entries), _BATCH):
-        batch = entries[start:start + _BATCH]
+    for batch in _batches(entries):
         pipe = client.pipeline(transaction=True)
-        pipe.time()
-        for kind, name in batch:
-            key, leases, queue, table, times = keys_for(namespace, kind, name).queued()[:5]
-            pipe.hgetall(key)
-            pipe.pttl(key)
-            pipe.zrange(leases, 0, -1, withscores=True)
-            pipe.zrange(queue, 0, -1, withscores=True)
-            pipe.hgetall(table)
-            pipe.zrange(times, 0, -1, withscores=True)
-        # A key of another type under our name (WRONGTYPE) must not hide the others.
-        replies = pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        now = _server_ms(replies[0])
-        for i, (kind, name) in enumerate(batch):
-            state = _decode(namespace, kind, name, replies[1 + 6 * i:7 + 6 * i], now)
-            if state is not None:
-                states.append(state)
+        _read_batch(pipe, namespace, batch)
+        states += _decode_batch(namespace, batch, pipe.execute(raise_on_error=False))
+    return states
+
+
+async def _asnapshot(
+    client: Any, namespace: str, entries: Sequence[Tuple[str, str]]
+) -> List[PrimitiveState]:
+    """:func:`_snapshot` for a ``redis.asyncio`` client (awaits the I/O)."""
+    states: List[PrimitiveState] = []
+    for batch in _batches(entries):
+        pipe = client.pipeline(transaction=True)
+        _read_batch(pipe, namespace, batch)
+        states += _decode_batch(namespace, batch, await pipe.execute(raise_on_error=False))
     return states
 
 
@@ -436,18 +467,32 @@ def list_primitives(
     return _with_waiting(client, states) if waiting else states
 
 
+def _named(name: str, kind: Optional[str]) -> List[Tuple[str, str]]:
+    """The (kind, name) entries :func:`find` reads; ValueError for an unknown kind."""
+    kinds = [kind] if kind is not None else list(KINDS)
+    for code in kinds:
+        if code not in KINDS:
+            raise ValueError(f"unknown kind {code!r}: expected one of {', '.join(KINDS)}")
+    return [(code, name) for code in kinds]
+
+
 def find(
     client: Any, namespace: str, name: str, kind: Optional[str] = None, waiting: bool = True
 ) -> List[PrimitiveState]:
     """The primitives named exactly ``name`` (one per kind that exists; none if unknown).
 
-    ``kind`` limits the search to one key kind. Reads only; Redis errors propagate.
+    ``kind`` limits the search to one key kind. Reads only (one round trip, blocking);
+    Redis errors propagate.
     """
-    kinds = [kind] if kind is not None else list(KINDS)
-    for code in kinds:
-        if code not in KINDS:
-            raise ValueError(f"unknown kind {code!r}: expected one of {', '.join(KINDS)}")
-    states = _snapshot(client, namespace, [(code, name) for code in kinds])
+    states = _snapshot(client, namespace, _named(name, kind))
+    return _with_waiting(client, states) if waiting else states
+
+
+async def afind(
+    client: Any, namespace: str, name: str, kind: Optional[str] = None, waiting: bool = True
+) -> List[PrimitiveState]:
+    """:func:`find` for a ``redis.asyncio`` client (awaits its one round trip)."""
+    states = await _asnapshot(client, namespace, _named(name, kind))
     return _with_waiting(client, states) if waiting else states
 
 

@@ -9,6 +9,7 @@ from redis.exceptions import NoScriptError
 from .._engine.aio import AsyncReentrantLock, agather
 from .._engine.clients import io_client
 from .._engine.quorum import Quorum
+from .._engine.state import PrimitiveState
 from ..rwlock import _ReadCore, _RWPair, _SideCore, _WriteCore
 
 __all__ = ["RWLock", "ReadLock", "WriteLock"]
@@ -65,3 +66,9 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     _label = "rlocks.asyncio.RWLock"
     _read_type = ReadLock
     _write_type = WriteLock
+
+    async def statistics(self) -> PrimitiveState:
+        """Readers, the writer and the queue of waiting processes, read from Redis now
+        (awaited: a few read-only round trips); see :meth:`rlocks.RWLock.statistics`.
+        Redis errors propagate."""
+        return await self._read._astatistics()

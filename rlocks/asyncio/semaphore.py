@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
+from .._engine.state import PrimitiveState
 from .._engine.waiting import serial
 from ..semaphore import _SemaphoreCore
 
@@ -78,6 +79,12 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
             await self._aextend(identity.task_owner(), ttl)
         except ResponseError as exc:
             raise self._translate(exc) from None
+
+    async def statistics(self) -> PrimitiveState:
+        """Holders, permits, free count and waiting processes, read from Redis now
+        (awaited: a few read-only round trips); see :meth:`rlocks.Semaphore.statistics`.
+        Redis errors propagate."""
+        return await self._astatistics()
 
     async def __aenter__(self) -> None:
         await self.acquire()
