@@ -413,18 +413,6 @@ def _snapshot(
     return states
 
 
-async def _asnapshot(
-    client: Any, namespace: str, entries: Sequence[Tuple[str, str]]
-) -> List[PrimitiveState]:
-    """:func:`_snapshot` for a ``redis.asyncio`` client (awaits the I/O)."""
-    states: List[PrimitiveState] = []
-    for batch in _batches(entries):
-        pipe = client.pipeline(transaction=True)
-        _read_batch(pipe, namespace, batch)
-        states += _decode_batch(namespace, batch, await pipe.execute(raise_on_error=False))
-    return states
-
-
 def _with_waiting(client: Any, states: List[PrimitiveState]) -> List[PrimitiveState]:
     # Who waits is the queue: one entry per waiting process (no round trip: the snapshot
     # read it; ZCARD counts entries whose lease ended too, the snapshot does not).
@@ -492,7 +480,10 @@ async def afind(
     client: Any, namespace: str, name: str, kind: Optional[str] = None, waiting: bool = True
 ) -> List[PrimitiveState]:
     """:func:`find` for a ``redis.asyncio`` client (awaits its one round trip)."""
-    states = await _asnapshot(client, namespace, _named(name, kind))
+    entries = _named(name, kind)  # at most one per kind: one batch
+    pipe = client.pipeline(transaction=True)
+    _read_batch(pipe, namespace, entries)
+    states = _decode_batch(namespace, entries, await pipe.execute(raise_on_error=False))
     return _with_waiting(client, states) if waiting else states
 
 
