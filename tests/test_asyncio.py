@@ -320,7 +320,7 @@ def test_statistics_is_awaited_and_matches_the_threading_twins(
         assert await lock.acquire() and await lock.acquire()
         waiter = asyncio.create_task(lock.acquire(timeout=30))
         queue = lock._keys.queued()[2]
-        assert await eventually(lambda: _queued(c, queue), 10)
+        assert await eventually(lambda: _one_entry(c, queue), 10)
         stats = await lock.statistics()
         assert [(h.owner, h.count) for h in stats.holders] == [(identity.task_owner(), 2)]
         assert 0 < (stats.lease_ms or 0) <= 20_000
@@ -354,7 +354,8 @@ def test_statistics_is_awaited_and_matches_the_threading_twins(
     run(main)
 
 
-async def _queued(c: "redis.asyncio.Redis[bytes]", queue: str) -> bool:
+async def _one_entry(c: "redis.asyncio.Redis[bytes]", queue: str) -> bool:
+    """Whether ``queue`` (a primitive's queue ZSET) holds exactly one entry."""
     return bool(await c.zcard(queue) == 1)
 
 
