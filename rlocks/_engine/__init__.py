@@ -6,6 +6,8 @@ only modules listed above it, so no import runs upward and none goes in a circle
 under ``if TYPE_CHECKING:`` (it never runs) may name a higher module for a type hint.
 
 - ``clock``: the monotonic clock every deadline is read from.
+- ``dialogue``: the blocking and the awaited driver of every I/O-free dialogue (a generator
+  that yields the I/O step it needs: a script call, acquire, renewal, the hub's reader).
 - ``metrics``: optional OpenTelemetry metrics and spans (acquire and hold durations,
   waiters, losses, renewals, hand-overs); nothing recorded without the API, and no cost
   to speak of when no provider is configured.

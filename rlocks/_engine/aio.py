@@ -32,15 +32,16 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set
 from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
+from .dialogue import adrive
 from .primitive import Primitive
-from .queued import CALL, READ, WAIT, Steps, take_steps
+from .queued import CALL, READ, WAIT, Op, Steps, take_steps
 from .quorum import Quorum
 from .renewal import Item, Renewer
-from .scripts import Call, Reply, arun
+from .scripts import Call, Reply, Script, arun
 from .state import PrimitiveState, afind
 from .waiting import (
-    RECONNECT_BACKOFF,
-    TICK,
+    HubOp,
+    HubStep,
     Waiter,
     WakeHub,
     serial,
@@ -128,39 +129,22 @@ class AsyncWakeHub(WakeHub):
         return await _wait_event(waiter.channel.confirmed, timeout)
 
     async def _arun(self) -> None:
-        backoff = RECONNECT_BACKOFF[0]
-        while True:
-            pubsub = None
-            try:
-                pubsub = self._io.pubsub()
-                self._control_seen = False
-                await pubsub.subscribe(self._control)
-                while True:
-                    subscribe, unsubscribe, done = self._plan_sync()
-                    if done:
-                        return
-                    if subscribe:
-                        await pubsub.subscribe(*(ch.name for ch in subscribe))
-                    if unsubscribe:
-                        await pubsub.unsubscribe(*(ch.name for ch in unsubscribe))
-                    message = await pubsub.get_message(timeout=TICK)
-                    while message is not None:
-                        self._dispatch(message)
-                        message = await pubsub.get_message(timeout=0)
-                    backoff = RECONNECT_BACKOFF[0]
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the hub must outlive any one failure
-                log.debug("asyncio wake-up hub lost its connection", exc_info=True)
-                self._connection_lost()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RECONNECT_BACKOFF[1])
-            finally:
-                if pubsub is not None:
-                    try:
-                        await pubsub.aclose()
-                    except Exception:  # noqa: BLE001 - closing a broken connection
-                        pass
+        await adrive(self._reader_steps(), self._aperform)
+
+    async def _aperform(self, step: HubStep) -> Any:
+        """Do one step of :meth:`WakeHub._reader_steps`, awaited (the hub's task)."""
+        what, pubsub, arg = step
+        if what == HubOp.OPEN:
+            return self._io.pubsub()
+        if what == HubOp.SUBSCRIBE:
+            return await pubsub.subscribe(*arg)
+        if what == HubOp.UNSUBSCRIBE:
+            return await pubsub.unsubscribe(*arg)
+        if what == HubOp.READ:
+            return await pubsub.get_message(timeout=arg)
+        if what == HubOp.PAUSE:
+            return await asyncio.sleep(arg)
+        return await pubsub.aclose()
 
 
 # Weak values, as for the threading hubs (see "Lifetime" in waiting.py): an idle hub's task
@@ -237,22 +221,13 @@ class AsyncRenewer(Renewer):
     async def _adrive(self, client: Any, items: List[Item], steps: renewal.Steps) -> List[Any]:
         """The asyncio driver of a renewal dialogue (see ``Renewer._drive``)."""
         client = io_client(client)  # bounded, never re-sent (see clients.io_client)
-        got: Any = None
-        error: Optional[Exception] = None
-        while True:
-            try:
-                script = steps.send(got) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                results: List[Any] = stop.value
-                return results
-            got = error = None
-            try:
-                if script is None:
-                    got = await self._queue(client, items).execute(raise_on_error=False)
-                else:
-                    got = await client.script_load(script.source)
-            except Exception as exc:  # noqa: BLE001 - thrown into the dialogue
-                error = exc
+
+        async def perform(script: Optional[Script]) -> Any:
+            if script is None:
+                return await self._queue(client, items).execute(raise_on_error=False)
+            return await client.script_load(script.source)
+
+        return await adrive(steps, perform)
 
 
 async def agather(
@@ -407,46 +382,38 @@ class AsyncPrimitive(Primitive):
         its answer (``Op.late``) so the dialogue can give back a grant nobody records, and
         the clean-up calls the dialogue then asks for run to their end.
         """
-        send: Any = None
-        error: Optional[BaseException] = None
-        while True:
+        return bool(await adrive(steps, self._aperform))
+
+    async def _aperform(self, op: Op) -> Any:
+        """Do one step of a :mod:`.queued` dialogue, awaited (see :meth:`_adrive`)."""
+        if op.kind == CALL:
+            assert op.call is not None
+            inner = asyncio.ensure_future(self._arun_call(op.call))
             try:
-                op = steps.send(send) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return bool(stop.value)
-            send = error = None
+                return await asyncio.shield(inner)
+            except asyncio.CancelledError:
+                try:
+                    op.late = await inner
+                except BaseException:  # noqa: BLE001 - the cancel is what goes on
+                    pass
+                raise
+        if op.kind == WAIT:
+            assert op.waiter is not None
+            return await _wait_event(op.waiter.event, op.timeout)
+        if op.kind == READ:
+            # Shielded as a script call is: an edge's deletion runs to its end.
+            client = io_client(self._aclient())  # bounded, never re-sent
+            read = asyncio.ensure_future(client.execute_command(*op.command))
             try:
-                if op.kind == CALL:
-                    assert op.call is not None
-                    inner = asyncio.ensure_future(self._arun_call(op.call))
-                    try:
-                        send = await asyncio.shield(inner)
-                    except asyncio.CancelledError:
-                        try:
-                            op.late = await inner
-                        except BaseException:  # noqa: BLE001 - the cancel is what goes on
-                            pass
-                        raise
-                elif op.kind == WAIT:
-                    assert op.waiter is not None
-                    send = await _wait_event(op.waiter.event, op.timeout)
-                elif op.kind == READ:
-                    # Shielded as a script call is: an edge's deletion runs to its end.
-                    client = io_client(self._aclient())  # bounded, never re-sent
-                    read = asyncio.ensure_future(client.execute_command(*op.command))
-                    try:
-                        send = await asyncio.shield(read)
-                    except asyncio.CancelledError:
-                        try:
-                            await read
-                        except BaseException:  # noqa: BLE001 - the cancel is what goes on
-                            pass
-                        raise
-                else:
-                    assert op.waiter is not None
-                    send = await _wait_event(op.waiter.channel.confirmed, op.timeout)
-            except BaseException as exc:  # noqa: BLE001 - thrown into the dialogue
-                error = exc
+                return await asyncio.shield(read)
+            except asyncio.CancelledError:
+                try:
+                    await read
+                except BaseException:  # noqa: BLE001 - the cancel is what goes on
+                    pass
+                raise
+        assert op.waiter is not None
+        return await _wait_event(op.waiter.channel.confirmed, op.timeout)
 
     @metrics.measure_async_acquire
     async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:

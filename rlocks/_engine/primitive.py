@@ -29,8 +29,9 @@ from .clients import default_client, io_client, is_cluster, pool_of
 from .clock import monotonic
 from .constructors import public_init
 from .deadlock import Detector
+from .dialogue import drive
 from .keys import PrimitiveKeys, keys_for
-from .queued import CALL, READ, WAIT, Steps, take_steps
+from .queued import CALL, READ, WAIT, Op, Steps, take_steps
 from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewable, Renewer, renewer_for
 from .scripts import (
@@ -572,30 +573,22 @@ class Primitive(Renewable):
 
     def _drive(self, steps: Steps) -> bool:
         """The threading driver of a :mod:`.queued` dialogue: block as it asks."""
-        send: Any = None
-        error: Optional[BaseException] = None
+        return bool(drive(steps, self._perform))
+
+    def _perform(self, op: Op) -> Any:
+        """Do one step of a :mod:`.queued` dialogue, blocking."""
         client = self._client
-        while True:
-            try:
-                op = steps.send(send) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return bool(stop.value)
-            send = error = None
-            try:
-                if op.kind == CALL:
-                    assert op.call is not None
-                    send = op.call(client, op.set_late)
-                elif op.kind == WAIT:
-                    assert op.waiter is not None
-                    send = op.waiter.event.wait(op.timeout)
-                elif op.kind == READ:
-                    # Bounded and never re-sent, as rlocks' own script calls.
-                    send = io_client(client).execute_command(*op.command)
-                else:
-                    assert op.waiter is not None
-                    send = op.waiter.channel.confirmed.wait(op.timeout)
-            except BaseException as exc:  # noqa: BLE001 - thrown into the dialogue
-                error = exc
+        if op.kind == CALL:
+            assert op.call is not None
+            return op.call(client, op.set_late)
+        if op.kind == WAIT:
+            assert op.waiter is not None
+            return op.waiter.event.wait(op.timeout)
+        if op.kind == READ:
+            # Bounded and never re-sent, as rlocks' own script calls.
+            return io_client(client).execute_command(*op.command)
+        assert op.waiter is not None
+        return op.waiter.channel.confirmed.wait(op.timeout)
 
     # -- prepared script calls -----------------------------------------------------------
 

@@ -50,6 +50,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from . import metrics
 from .clients import io_client, pool_of
 from .clock import monotonic
+from .dialogue import drive
 from .quorum import Quorum, drift_allowance
 from .scripts import Arg, Reply, Script, Wait, decode
 
@@ -310,24 +311,16 @@ class Renewer:
         return self._drive(client, items, send_steps(items))
 
     def _drive(self, client: Any, items: List[Item], steps: Steps) -> List[Any]:
-        """The threading driver of a renewal dialogue on ``client``: block as it asks."""
+        """The threading driver of a renewal dialogue on ``client``: block as it asks
+        (``None``: the renewal pipeline; a script: load it)."""
         client = io_client(client)
-        got: Any = None
-        error: Optional[Exception] = None
-        while True:
-            try:
-                script = steps.send(got) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                results: List[Any] = stop.value
-                return results
-            got = error = None
-            try:
-                if script is None:
-                    got = self._pipeline(client, items)
-                else:
-                    got = client.script_load(script.source)
-            except Exception as exc:  # noqa: BLE001 - thrown into the dialogue
-                error = exc
+
+        def perform(script: Optional[Script]) -> Any:
+            if script is None:
+                return self._pipeline(client, items)
+            return client.script_load(script.source)
+
+        return drive(steps, perform)
 
     def _renew_quorum(self, quorum: Quorum, items: List[Item]) -> None:
         """Renew ``items`` on every master of ``quorum`` at once (see :mod:`.quorum`).

@@ -74,6 +74,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 from ..errors import RLocksError
 from . import identity
 from .clients import io_client
+from .dialogue import adrive, drive
 
 __all__ = [
     "ADOPTED",
@@ -283,25 +284,15 @@ def run(
     """
     # A fresh op id (its NOSCRIPT re-run is the same operation: the first did not run).
     args = stamped(args, identity.thread_owner())
-    steps = _run_steps(client, script, keys, args, wait)
-    got: Any = None
-    error: Optional[ResponseError] = None
-    while True:
-        try:
-            op = steps.send(got) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            reply: Reply = stop.value
-            return reply
-        got = error = None
-        try:
-            if op is _EVAL:
-                got = client.evalsha(script.sha, len(keys), *keys, *args)
-            elif op is _LOAD:
-                got = client.script_load(script.source)
-            else:
-                got = op.execute(raise_on_error=False)
-        except ResponseError as exc:  # thrown into the dialogue (NOSCRIPT, a refusal)
-            error = exc
+
+    def perform(op: Any) -> Any:
+        if op is _EVAL:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        if op is _LOAD:
+            return client.script_load(script.source)
+        return op.execute(raise_on_error=False)
+
+    return drive(_run_steps(client, script, keys, args, wait), perform)
 
 
 async def arun(
@@ -309,25 +300,15 @@ async def arun(
 ) -> Reply:
     """:func:`run` for ``redis.asyncio`` clients: same contract (the same dialogue), awaited."""
     args = stamped(args, op_stream())
-    steps = _run_steps(client, script, keys, args, wait)
-    got: Any = None
-    error: Optional[ResponseError] = None
-    while True:
-        try:
-            op = steps.send(got) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            reply: Reply = stop.value
-            return reply
-        got = error = None
-        try:
-            if op is _EVAL:
-                got = await client.evalsha(script.sha, len(keys), *keys, *args)
-            elif op is _LOAD:
-                got = await client.script_load(script.source)
-            else:
-                got = await op.execute(raise_on_error=False)
-        except ResponseError as exc:  # thrown into the dialogue (NOSCRIPT, a refusal)
-            error = exc
+
+    async def perform(op: Any) -> Any:
+        if op is _EVAL:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        if op is _LOAD:
+            return await client.script_load(script.source)
+        return await op.execute(raise_on_error=False)
+
+    return await adrive(_run_steps(client, script, keys, args, wait), perform)
 
 
 #: What :func:`_run_steps` asks its driver for, besides a pipeline to execute.
@@ -339,8 +320,10 @@ def _run_steps(
     client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait
 ) -> Generator[Any, Any, Reply]:
     """The dialogue of :func:`run` and :func:`arun`, written once without I/O: yields
-    ``_EVAL``, ``_LOAD`` or a pipeline to execute and receives its answer (a Redis error
-    reply is thrown in); returns the decoded reply."""
+    ``_EVAL``, ``_LOAD`` or a pipeline to execute and receives its answer, or has the
+    exception it raised thrown in (NOSCRIPT is recovered, a login refusal becomes
+    ``AuthenticationError``, anything else propagates unchanged); returns the decoded
+    reply. Driven by :mod:`.dialogue`."""
     try:
         if wait is not None:
             results = yield _queue_with_wait(client, script, keys, args, wait)

@@ -57,6 +57,7 @@ and a waiter that leaves with an unconsumed wake-up passes it on to the next wai
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import os
@@ -65,13 +66,14 @@ import socket
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
 
 import redis.exceptions
 
 from . import identity
 from .clients import io_client, is_cluster, pool_of
 from .clock import monotonic
+from .dialogue import drive
 from .scripts import unsent
 
 __all__ = [
@@ -95,6 +97,21 @@ IDLE_EXIT = 30.0  # s without any channel after which the hub thread closes and 
 SUBSCRIBE_WAIT = 5.0  # s a waiter waits at most for its SUBSCRIBE to be confirmed
 DEGRADED_POLL = 0.25  # s between re-checks while the subscription is not confirmed
 RECONNECT_BACKOFF = (0.05, 1.0)  # s, first and largest pause before reconnecting
+
+#: The steps of the hub's reader dialogue (``WakeHub._reader_steps``), each yielded as
+#: ``(step, pubsub, argument)``: connect (returns the PubSub); (un)subscribe the channel
+#: names in the argument; read one message, waiting at most the argument's seconds
+#: (returns it, or None); pause the argument's seconds; close the PubSub.
+class HubOp(enum.Enum):
+    OPEN = "open"
+    SUBSCRIBE = "subscribe"
+    UNSUBSCRIBE = "unsubscribe"
+    READ = "read"
+    PAUSE = "pause"
+    CLOSE = "close"
+
+
+HubStep = Tuple[HubOp, Any, Any]
 #: s a waiter behind its process's head sleeps between checks (no deadline). The head's
 #: leaving wakes it at once; this only bounds the cost of a wake-up that is missed (CI saw
 #: CPython's Semaphore test_acquire_contended stall 30 s once under load, cause not found),
@@ -454,46 +471,66 @@ class WakeHub:
             for ch in self._channels.values():
                 self._wake_locked(ch, None)
 
-    # -- the hub thread ------------------------------------------------------------------
+    # -- the reader: one dialogue, run by the hub thread (aio.AsyncWakeHub: a task) ------
 
     def _run(self) -> None:
+        drive(self._reader_steps(), self._perform)
+
+    def _reader_steps(self) -> Generator[HubStep, Any, None]:
+        """The hub's reader loop, written once without I/O (see :mod:`.dialogue`).
+
+        Connects and subscribes to the control channel, then alternates between the
+        (un)subscriptions the table asks for and dispatching what arrives, at least every
+        ``TICK``. After any failure it tells the table the connection was lost, pauses
+        (growing up to ``RECONNECT_BACKOFF[1]``) and connects again. Returns once the hub
+        has been idle for ``IDLE_EXIT``; the connection is closed on every way out.
+        """
         backoff = RECONNECT_BACKOFF[0]
         while True:
             pubsub = None
             try:
-                pubsub = self._io.pubsub()
+                pubsub = yield HubOp.OPEN, None, None
                 self._control_seen = False
-                pubsub.subscribe(self._control)
+                yield HubOp.SUBSCRIBE, pubsub, (self._control,)
                 while True:
-                    if self._sync(pubsub):
+                    subscribe, unsubscribe, done = self._plan_sync()
+                    if done:
                         return
-                    message = pubsub.get_message(timeout=TICK)
+                    if subscribe:
+                        yield HubOp.SUBSCRIBE, pubsub, tuple(ch.name for ch in subscribe)
+                    if unsubscribe:
+                        yield HubOp.UNSUBSCRIBE, pubsub, tuple(ch.name for ch in unsubscribe)
+                    message = yield HubOp.READ, pubsub, TICK
                     while message is not None:
                         self._dispatch(message)
-                        message = pubsub.get_message(timeout=0)
+                        message = yield HubOp.READ, pubsub, 0.0
                     backoff = RECONNECT_BACKOFF[0]
             except Exception:  # noqa: BLE001 - the hub must outlive any one failure
                 log.debug("wake-up hub lost its connection; reconnecting", exc_info=True)
                 self._connection_lost()
-                threading.Event().wait(backoff)
+                yield HubOp.PAUSE, None, backoff
                 backoff = min(backoff * 2, RECONNECT_BACKOFF[1])
             finally:
                 if pubsub is not None:
                     try:
-                        pubsub.close()
+                        yield HubOp.CLOSE, pubsub, None
                     except Exception:  # noqa: BLE001 - closing a broken connection
                         pass
 
-    def _sync(self, pubsub: Any) -> bool:
-        """Send the SUBSCRIBE/UNSUBSCRIBE the table asks for; True when the hub should exit."""
-        subscribe, unsubscribe, done = self._plan_sync()
-        if done:
-            return True
-        if subscribe:
-            pubsub.subscribe(*(ch.name for ch in subscribe))
-        if unsubscribe:
-            pubsub.unsubscribe(*(ch.name for ch in unsubscribe))
-        return False
+    def _perform(self, step: HubStep) -> Any:
+        """Do one step of :meth:`_reader_steps`, blocking (the hub thread)."""
+        what, pubsub, arg = step
+        if what == HubOp.OPEN:
+            return self._io.pubsub()
+        if what == HubOp.SUBSCRIBE:
+            return pubsub.subscribe(*arg)
+        if what == HubOp.UNSUBSCRIBE:
+            return pubsub.unsubscribe(*arg)
+        if what == HubOp.READ:
+            return pubsub.get_message(timeout=arg)
+        if what == HubOp.PAUSE:
+            return threading.Event().wait(arg)
+        return pubsub.close()
 
     def _plan_sync(self) -> Tuple[List[_Channel], List[_Channel], bool]:
         """The table work of a sync pass (no I/O): (subscribe, unsubscribe, exit now).
