@@ -285,6 +285,58 @@ def test_wait_gives_up_every_level_and_takes_them_back(
     assert not lock.locked()
 
 
+def test_a_wait_refuses_levels_held_through_another_object_and_changes_nothing(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    """Two objects of one name are one lock, but only the Condition's object knows its own
+    levels: a wait that gave back the other object's levels too would restore only its
+    own, and the other object's release would then free the lock under the first. So the
+    wait refuses (RuntimeError) and every level stays held, in Redis and in the books:
+    through a second object on the same client (found before any I/O) and on another
+    client (found by the release, which is undone at once)."""
+    owner = thread_owner()
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    other = redis.Redis.from_url(redis_url)
+    for second in (rlocks.RLock(name, client=client, namespace=NAMESPACE),
+                   rlocks.RLock(name, client=other, namespace=NAMESPACE)):
+        with lock, second:
+            with cond:
+                with pytest.raises(RuntimeError, match="another object of the same name|"
+                                   "an object of the same name on another client"):
+                    cond.wait(0.1)
+                assert lock._recursion_count() == 2 and second._recursion_count() == 1
+                assert client.hget(lock._keys.hash, owner) == b"3"
+        assert not lock.locked()
+    # The RWLock form: a writer that also reads through another object of the name.
+    rw, rw2 = (rlocks.RWLock(name, client=client, namespace=NAMESPACE) for _ in range(2))
+    wcond = rlocks.Condition(rw.write_lock)
+    with rw.write_lock, rw2.read_lock, wcond:
+        with pytest.raises(RuntimeError, match="another object of the same name"):
+            wcond.wait(0.1)
+        assert rw.write_lock._recursion_count() == 2 and rw2.read_lock._recursion_count() == 1
+    assert not rw.write_lock.locked() and not rw.read_lock.locked()
+    other.close()
+
+
+def test_an_asyncio_wait_refuses_levels_held_through_another_object(
+    redis_url: str, name: str
+) -> None:
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(redis_url)
+        a = ra.RLock(name, client=c, namespace=NAMESPACE)
+        b = ra.RLock(name, client=c, namespace=NAMESPACE)
+        cond = ra.Condition(a)
+        async with a, b, cond:
+            with pytest.raises(RuntimeError, match="another object of the same name"):
+                await cond.wait(0.1)
+            assert a._recursion_count() == 2 and b._recursion_count() == 1
+        assert not await a.locked()
+        await c.aclose()
+
+    asyncio.run(main())
+
+
 @pytest.mark.timeout(30)
 def test_a_lost_wake_up_message_does_not_lose_the_notification(
     client: "redis.Redis[bytes]", name: str

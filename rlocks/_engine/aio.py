@@ -506,8 +506,8 @@ class AsyncPrimitive(Primitive):
             if call.script is self._release_script:
                 quorum.released()
 
-    async def _agive_back(self, owner: str, count: int, everything: bool = False) -> None:
-        """:meth:`Primitive._give_back`, awaited."""
+    async def _agive_back(self, owner: str, count: int, everything: bool = False) -> int:
+        """:meth:`Primitive._give_back`, awaited; returns the holds left in Redis."""
         call = self._begin_give_back(owner, count, everything)
         sent = serial()
         try:
@@ -519,6 +519,7 @@ class AsyncPrimitive(Primitive):
             raise
         self._finish_give_back(owner, count, reply)
         self._deliver(reply, sent)
+        return reply.holds
 
 
 class AsyncReentrantLock(AsyncPrimitive):

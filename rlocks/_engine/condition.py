@@ -408,15 +408,26 @@ async def _to_the_end(work: Coroutine[Any, Any, R]) -> Tuple[R, Optional[BaseExc
 
 async def _arelease_save(lock: Any, owner: str) -> Tuple[int, int]:
     """Give back every level ``owner`` holds of ``lock`` (and of its read side, for a
-    write lock whose owner also reads); return the counts that restore them."""
+    write lock whose owner also reads, first); return the counts that restore them.
+    The same rules as ``ReentrantLock._release_save`` (RuntimeError for levels held
+    through another object of the name, nothing changed)."""
     count = lock._held(owner)
     if count == 0:
         raise NotOwnedError(f"cannot release un-acquired lock {lock._describe()}", name=lock._name)
     inner = getattr(lock, "_read", None)  # an RWLock write side's read side
+    lock._check_condition_wait(owner, inner)
     inner_count = inner._held(owner) if inner is not None else 0
-    await lock._agive_back(owner, count, everything=True)
     if inner is not None and inner_count:
-        await inner._agive_back(owner, inner_count, everything=True)
+        left = await inner._agive_back(owner, inner_count)
+        if left:
+            await inner._atake(owner, inner_count, None)  # still held: a re-entry, at once
+            raise inner._foreign_levels(owner, left)
+    left = await lock._agive_back(owner, count)
+    if left:
+        await lock._atake(owner, count, None)
+        if inner is not None and inner_count:
+            await inner._atake(owner, inner_count, None)  # the writer's read: at once
+        raise lock._foreign_levels(owner, left)
     return count, inner_count
 
 

@@ -1015,6 +1015,30 @@ class Primitive(Renewable):
     # this runs on the normal path; a second exception during it leaves the rest to the
     # lease, as before.
 
+    def _check_condition_wait(self, owner: str, inner: Optional["Primitive"]) -> None:
+        """Refuse, before any I/O, a Condition wait by ``owner`` who also holds this lock
+        (or ``inner``, the read side a writer gives back with it) through another object
+        of its name: the wait would have to give back and restore those levels too, and
+        only the other object's books know them. RuntimeError."""
+        for side in (self, inner):
+            if side is not None and side._held_by_all_objects(owner) > side._held(owner):
+                raise RuntimeError(
+                    f"cannot wait on a Condition of {side._describe()}: this thread also "
+                    "holds it through another object of the same name; wait on a Condition "
+                    "of one object that holds every level"
+                )
+
+    def _foreign_levels(self, owner: str, left: int) -> RuntimeError:
+        """The error of a Condition wait whose release found ``left`` levels of ``owner``
+        that no object of this process knows of: the caller takes back what it gave and
+        raises this."""
+        return RuntimeError(
+            f"cannot wait on a Condition of {self._describe()}: Redis has {left} more "
+            "level(s) of this thread than its objects here know (an object of the same "
+            "name on another client, or a release whose reply was lost); wait on a "
+            "Condition of one object that holds every level"
+        )
+
     def _books(self, owner: str) -> Tuple[int, int]:
         """(holds of ``owner`` through this object, through every object of its name)."""
         return self._held(owner), self._held_by_all_objects(owner)
@@ -1070,8 +1094,9 @@ class Primitive(Renewable):
             log.warning("%s: interrupted operation of %s left to its lease",
                         self._describe(), owner)
 
-    def _give_back(self, owner: str, count: int, everything: bool = False) -> None:
-        """Release ``count`` of ``owner``'s holds (the exclusive-owner release).
+    def _give_back(self, owner: str, count: int, everything: bool = False) -> int:
+        """Release ``count`` of ``owner``'s holds (the exclusive-owner release); returns
+        the holds ``owner`` has left in Redis (through any object of this name).
 
         Raises NotOwnedError (no I/O) when the owner holds fewer here, and LockLostError
         when the hold turns out lost; in both cases nothing in Redis changes.
@@ -1113,6 +1138,7 @@ class Primitive(Renewable):
         # Outside the try: the release is complete; an interrupt while signalling local
         # waiters leaves them to their re-check, it does not undo the release.
         self._deliver(reply, sent)
+        return reply.holds
 
     def _begin_give_back(self, owner: str, count: int, everything: bool) -> Call:
         """The I/O-free start of a release: refuse what is not held or known lost."""

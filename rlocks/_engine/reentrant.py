@@ -151,9 +151,11 @@ class ReentrantLock(Primitive):
     def _release_save(self) -> Tuple[int, str, int]:
         """Release every level of the calling thread's hold; return what restores it.
 
-        With the levels of :meth:`_held_with` this lock (a writer's read side): a thread
-        waiting on a ``Condition`` must let others in, and no one could write while it
-        still read.
+        With the levels of :meth:`_held_with` this lock (a writer's read side, given back
+        first): a thread waiting on a ``Condition`` must let others in, and no one could
+        write while it still read. Raises RuntimeError, changing nothing, when the thread
+        also holds it through another object of its name (see ``_check_condition_wait``;
+        an object on another client is found by the release, which is then undone).
         """
         owner = identity.thread_owner()
         count = self._held(owner)
@@ -162,11 +164,19 @@ class ReentrantLock(Primitive):
                 f"cannot release un-acquired lock {self._describe()}", name=self._name
             )
         inner = self._held_with()
+        self._check_condition_wait(owner, inner)
         inner_count = inner._held(owner) if inner is not None else 0
-        # Every level in Redis, not only this object's: a Condition must really let go.
-        self._give_back(owner, count, everything=True)
         if inner is not None and inner_count:
-            inner._give_back(owner, inner_count, everything=True)
+            left = inner._give_back(owner, inner_count)
+            if left:
+                inner._take(owner, inner_count, None)  # still held: a re-entry, at once
+                raise inner._foreign_levels(owner, left)
+        left = self._give_back(owner, count)
+        if left:
+            self._take(owner, count, None)
+            if inner is not None and inner_count:
+                inner._take(owner, inner_count, None)  # the writer's read: at once
+            raise self._foreign_levels(owner, left)
         return count, owner, inner_count
 
     def _acquire_restore(self, state: Tuple[int, str, int]) -> None:
