@@ -269,6 +269,8 @@ class _SemaphoreCore(Primitive):
             return err
         return None
 
+    _hold_proves_grant = False
+
     def _checks_hand_over(self, owner: str) -> bool:
         # The lost-permit check compares the owner's count on the server with its books:
         # only an owner with permits on the books (or known lost) can fail it.

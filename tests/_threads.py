@@ -6,6 +6,8 @@ back to the test's thread, which re-raises it.
 
 from __future__ import annotations
 
+import linecache
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -41,7 +43,19 @@ def in_thread(fn: Callable[[], Any]) -> Any:
     return joined(*started(fn))
 
 
-__all__: List[str] = ["in_thread", "joined", "started"]
+def parked(thread: threading.Thread) -> bool:
+    """Whether ``thread`` sleeps on its wake-up event in the queue dialogue's threading
+    step (``Primitive._perform``) with its channel subscribed (a head gets there only
+    after an attempt, and then sleeps until a wake-up or its re-check pause; so would any
+    waiter that made one)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            op = frame.f_locals["op"]
+            return "waiter.event.wait(" in line and bool(op.waiter.subscribed)
+        frame = frame.f_back
+    return False
 
 
 def pause_at_hand_over(monkeypatch: Any, prim: Any) -> Tuple[threading.Event, threading.Event]:
@@ -63,3 +77,6 @@ def pause_at_hand_over(monkeypatch: Any, prim: Any) -> Tuple[threading.Event, th
 
     monkeypatch.setattr(cls, "_checks_hand_over", paused)
     return woken, go
+
+
+__all__: List[str] = ["in_thread", "joined", "parked", "pause_at_hand_over", "started"]

@@ -460,6 +460,20 @@ def test_sem_unadopted_grant_to_a_live_holder_is_revoked(sem: _Prim) -> None:
     assert sem.holds() == {"p1.a": 1, "p2": 1, "p3.a": 1}
 
 
+def test_sem_grant_marker_outlives_the_queue_keys_expiry_while_holds_live(sem: _Prim) -> None:
+    """The revocation above needs the grant's marker: the queue keys (entries, times)
+    must not expire with it at its short lease's end while the owner's permits, which
+    the grant joined, live on (real server time: key expiries are real). Before, they
+    expired together and the handed permit stayed with an owner that never adopted it."""
+    assert _sacq(sem, None, "p1.a", 2)[:2] == [1, 2]
+    assert _sacq(sem, None, "p2.a", 1)[:2] == [1, 1]
+    assert _sacq(sem, None, "p1.a", 1)[:2] == [3, 1]  # p1 holds 2 and waits for one more
+    assert sem.call("release", None, 1, "p2.a", 1)[3] == ["g p1.a"]
+    assert sem.markers() == ["p1.a"]
+    for key in (sem.keys[3], sem.keys[4]):  # entries (the marker), times (its lease)
+        assert sem.client.pttl(key) > 10 * ELEASE, key  # p1's permits: about 30 s
+
+
 def test_sem_release_of_an_owners_permits_leaves_its_grant_for_it_to_adopt(
     sem: _Prim,
 ) -> None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import linecache
 import logging
 import math
-import sys
 import threading
 import time
 from typing import Any, Iterator, List, Tuple
@@ -21,7 +19,7 @@ from rlocks._engine.keys import escape
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
-from ._threads import pause_at_hand_over
+from ._threads import parked, pause_at_hand_over
 from .conftest import NAMESPACE, snapshot
 
 
@@ -698,21 +696,6 @@ def test_waiters_of_one_process_are_served_in_arrival_order(client: Any, name: s
     for t in threads:
         t.join(10)
     assert order == [0, 1, 2, 3, 4]
-
-
-def parked(thread: threading.Thread) -> bool:
-    """Whether ``thread`` sleeps on its wake-up event in the queue dialogue's threading
-    step (``Primitive._perform``) with its channel subscribed (a head gets there only
-    after an attempt, and then sleeps until a wake-up or its re-check pause; so would any
-    waiter that made one)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            op = frame.f_locals["op"]
-            return "waiter.event.wait(" in line and bool(op.waiter.subscribed)
-        frame = frame.f_back
-    return False
 
 
 @pytest.mark.timeout(60)

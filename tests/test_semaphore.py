@@ -23,7 +23,7 @@ from rlocks.semaphore import BoundedSemaphore, Semaphore
 from ._servers import wait_until
 from ._threads import in_thread as _run_thread
 from ._threads import joined as _joined
-from ._threads import pause_at_hand_over
+from ._threads import parked, pause_at_hand_over
 from ._threads import started as _started
 from .conftest import NAMESPACE, snapshot
 
@@ -570,6 +570,55 @@ def test_a_release_of_a_waiters_permit_before_it_records_its_grant_loses_nothing
     assert client.hget(key(name), owner[0]) == b"1"
     assert sem.acquire(blocking=False), "the released permit is free"
     assert not sem.acquire(blocking=False)
+
+
+def test_a_revoked_grant_is_not_taken_for_a_permit_held_through_another_client(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread holds a permit through one object and waits through another object of the
+    name on another client (so the waiting object cannot know of that permit). Its
+    hand-over grant is revoked before it adopts it (a stall past the entry lease), and
+    the permit goes to another owner. The adoption then finds the thread's permit from
+    the first object, but not its grant: it must not return True, which would put three
+    holders in a 2-permit pool."""
+    other = redis.Redis.from_url(redis_url)
+    first = make(name, client, 2)
+    second = make(name, other, 2, entry_lease=0.3)
+    rival = make(name, client, 2)
+    handed, go = pause_at_hand_over(monkeypatch, second)
+    release_rival = threading.Event()
+
+    def holder() -> None:
+        assert rival.acquire()
+        release_rival.wait(20)
+        rival.release()
+
+    def waiter() -> Any:
+        assert first.acquire()
+        try:
+            return second.acquire(timeout=8)
+        finally:
+            first.release()
+
+    hold, _ = _started(holder)
+    wait_for(lambda: client.hget(key(name), "#free") == b"1", 20, "the holder's permit")
+    thread, out = _started(waiter)
+    # Asleep in its queue entry: the hand-over reaches it as a wake-up line (an attempt
+    # still under way could be answered ADOPTED instead, a grant no revocation can touch).
+    wait_for(lambda: parked(thread), 20, "the waiter to sleep in the queue")
+    release_rival.set()  # handed over to the waiter, paused before its adoption
+    assert handed.wait(20)
+    # Its grant's lease (0.3 s) ends; this thread's first try after that revokes it and
+    # takes the permit.
+    deadline = time.monotonic() + 20
+    while not rival.acquire(blocking=False):
+        assert time.monotonic() < deadline, "the grant was never revoked"
+        time.sleep(0.05)
+    go.set()
+    assert _joined(thread, out) is False, "three holders of a 2-permit semaphore"
+    rival.release()
+    hold.join(20)
+    other.close()
 
 
 # -- a BoundedSemaphore never has more than value permits in circulation (issue 10, 1) -----

@@ -171,6 +171,10 @@ class Primitive(Renewable):
     #: Whether a long wait records a wait-for edge and checks for deadlocks (see
     #: :mod:`.deadlock`): RLock and RWLock sides, whose holds only their owner releases.
     _detects_deadlocks: ClassVar[bool] = False
+    #: Whether an owner's hold found when adopting a hand-over grant proves the grant (the
+    #: grant's marker may already be gone, adopted by the waiter's own earlier call): an
+    #: exclusive owner holds nothing while it waits; a semaphore owner may.
+    _hold_proves_grant: ClassVar[bool] = True
     #: Whether a :class:`~.quorum.Quorum` is accepted as ``client=`` (and why not, if not).
     _quorum_refusal: ClassVar[Optional[str]] = "it does not support a quorum of masters"
 

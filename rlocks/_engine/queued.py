@@ -404,9 +404,13 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
     reply = yield _call(st, prim._adopt_call(owner))
     st.op = None
     if not reply.items or reply.items[0] != 1:
-        # Revoked: a revocation takes the holds with it. (A grant marker already gone
-        # while the hold is there was adopted by this waiter's own earlier call, an
-        # acquire re-check whose ADOPTED reply was lost: the hold is the grant's.)
+        # Revoked: a revocation takes the holds with it.
+        return False
+    if reply.items[1] != 1 and not prim._hold_proves_grant:
+        # The grant's marker was gone: revoked, or adopted by this waiter's own earlier
+        # call. A lock's waiter held nothing before, so its hold is the grant's; a
+        # semaphore owner may hold permits through another object (on another client,
+        # which this one cannot know of), so only the marker proves the grant.
         return False
     # the fencing token came with the grant line (or the release reply that named it)
     token = st.waiter.token if st.waiter is not None else 0

@@ -466,8 +466,13 @@ local function finish(ctx, status, value, aux)
         redis.call('PEXPIRE', H, last - ctx.now)
     end
     expire_all({L}, last, ctx.now)
-    if ctx.qdirty then
+    if ctx.qdirty or (ctx.tn > 0 and last ~= nil) then
         local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
+        -- While a grant marker is left, the queue keys outlive every hold: a semaphore's
+        -- grant to an owner that held permits already shares that owner's lease, so only
+        -- its marker can take it back (revoke), and the marker must not vanish with its
+        -- key at the very moment it would be due.
+        if tlast ~= nil and last ~= nil and last > tlast then tlast = last end
         expire_all({Q, W, T}, tlast, ctx.now)
     end
     if #ctx.wakes > 0 then
