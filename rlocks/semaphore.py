@@ -479,6 +479,8 @@ class Semaphore(_SemaphoreCore):
             raise  # refused or lost: decided above, the books are as they should be
         except BaseException as exc:
             mine = min(n, own) if isinstance(n, int) else 0
+            if isinstance(exc, Exception) and not foreign(exc) and mine > 0:
+                self._unsettle(owner, mine)  # a Redis error: settled at the next acquire
             if foreign(exc) and mine > 0:
                 # Interrupted anywhere (a signal handler's exception): finish giving back
                 # the caller's own permits, in the books and in Redis (see

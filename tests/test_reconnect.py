@@ -555,3 +555,35 @@ def test_an_asyncio_waiter_refused_login_on_reconnect_raises_at_once(
     error, took = asyncio.run(scenario())
     assert isinstance(error, redis.AuthenticationError), error
     assert took < 10  # not after its 30 s deadline
+
+
+# -- a release that failed on a Redis error (hunt4 #3) ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["rlock", "semaphore"])
+def test_a_release_that_failed_leaves_no_level_for_the_next_acquire_to_absorb(
+    link: FaultyLink, client: "redis.Redis[bytes]", name: str, kind: str
+) -> None:
+    """A release refused by a broken link never ran: the level stays in Redis, dropped
+    from the books (it ends with its lease). The owner's next acquire must not take it
+    for a re-entry (the server would count 2, every later release would leave 1 behind,
+    renewed with the owner's holds, and nobody else would get in): it gives it back
+    first, then is granted afresh (an RLock with a fencing token of its own)."""
+    c = redis.Redis(port=link.port, socket_timeout=2, socket_connect_timeout=2)
+    lock: Any = (rlocks.RLock(name, client=c, namespace=NAMESPACE) if kind == "rlock"
+                 else rlocks.Semaphore(name, 2, client=c, namespace=NAMESPACE))
+    key = lock._keys.hash
+    owner = thread_owner()
+    assert lock.acquire()
+    link.cut(refuse=True)
+    with pytest.raises(redis.ConnectionError):
+        lock.release()
+    link.heal()
+    assert client.hget(key, owner) == b"1"  # the level the release never gave back
+    assert lock.acquire()
+    assert client.hget(key, owner) == b"1"
+    if kind == "rlock":
+        assert lock.token is not None
+    lock.release()
+    assert client.hget(key, owner) is None
+    c.close()

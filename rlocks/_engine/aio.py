@@ -514,8 +514,10 @@ class AsyncPrimitive(Primitive):
             # Shielded: a release cancelled half-way still reaches Redis instead of
             # leaving the hold there until its lease ends.
             reply = await asyncio.shield(self._arun_quorum_or_one(call))
-        except BaseException:
+        except BaseException as exc:
             self._record_release(owner, count)
+            if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
+                self._unsettle(owner, count)
             raise
         self._finish_give_back(owner, count, reply)
         self._deliver(reply, sent)

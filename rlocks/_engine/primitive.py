@@ -69,6 +69,12 @@ _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 # the same name is granted re-entry, for which Redis issues no token: it takes it from
 # here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
 _process_tokens: Dict[Tuple[Tuple[int, str, str], str], int] = {}
+# Levels a release that failed on a Redis error may have left in Redis (the script may or
+# may not have run; the books dropped them): (pool id, hash key, owner) -> levels. The
+# owner's next acquire settles them first (queued._settle): without that, its fresh
+# acquire would be a re-entry on the server and every later release would leave one
+# level behind, renewed with its holds. Under _bookkeeping.
+_unsettled: Dict[Tuple[int, str, str], int] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -82,6 +88,7 @@ def _reset_after_fork() -> None:
     _process_holds.clear()  # a child holds nothing: its owner ids are new
     _process_tokens.clear()
     _orphans.clear()
+    _unsettled.clear()
 
 
 def _forget_orphans_locked() -> None:
@@ -1043,6 +1050,19 @@ class Primitive(Renewable):
             "Condition of one object that holds every level"
         )
 
+    def _unsettle(self, owner: str, count: int) -> None:
+        """A release of ``count`` levels of ``owner`` failed on a Redis error: they may
+        still be in Redis. The owner's next acquire settles them (no I/O here)."""
+        key = self._hold_key(owner)
+        with _bookkeeping:
+            _unsettled[key] = _unsettled.get(key, 0) + count
+
+    def _take_unsettled(self, owner: str) -> int:
+        """The levels of ``owner`` to settle before its acquire (forgotten here: a failed
+        settlement puts them back with :meth:`_unsettle`). No I/O."""
+        with _bookkeeping:
+            return _unsettled.pop(self._hold_key(owner), 0)
+
     def _books(self, owner: str) -> Tuple[int, int]:
         """(holds of ``owner`` through this object, through every object of its name)."""
         return self._held(owner), self._held_by_all_objects(owner)
@@ -1138,6 +1158,8 @@ class Primitive(Renewable):
                 # (A quorum's release went to every master at once; what an interrupt
                 # left on some of them ends with its lease.)
                 self._record_release(owner, count)
+                if not isinstance(client, Quorum):
+                    self._unsettle(owner, count)
             raise
         # Outside the try: the release is complete; an interrupt while signalling local
         # waiters leaves them to their re-check, it does not undo the release.

@@ -171,6 +171,9 @@ def _take(
     st: _Take,
 ) -> Steps:
     prim._check_take(owner)
+    stale = prim._take_unsettled(owner)
+    if stale:
+        yield from _settle(prim, owner, stale)
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
@@ -372,6 +375,25 @@ def _granted(
         raise refusal
     return prim._finish_take(owner, count, reply, since)
     yield  # pragma: no cover - makes this a generator
+
+
+def _settle(prim: "Primitive", owner: str, most: int) -> Generator[Op, Any, None]:
+    """Give back what a release of ``owner`` that failed on a Redis error left in Redis
+    (at most ``most`` levels: those beyond the process's books), before its acquire: one
+    read, and one release only if something is left. A failure raises (Redis is what the
+    acquire needs too) and leaves the levels to settle at the next acquire."""
+    try:
+        held = yield Op(READ, command=("HGET", prim._keys.hash, prim._hold_field(owner)))
+        if held is None:
+            return  # the release had run, or the level's lease ended
+        excess = min(most, int(held) - prim._held_by_all_objects(owner))
+        if excess > 0:
+            yield Op(CALL, prim._undo_call(owner, excess))
+            log.debug("%s: %d level(s) of %s a failed release left given back",
+                      prim._describe(), excess, owner)
+    except BaseException:
+        prim._unsettle(owner, most)
+        raise
 
 
 def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
