@@ -615,6 +615,11 @@ def test_token_is_refused_and_tokens_are_per_master(three: Masters, name: str) -
         assert all(isinstance(t, int) for t in first), first
         with lock:
             assert lock.tokens == first  # re-entry keeps them
+        # So does a re-entry through a second object of the name on the same Quorum
+        # (masters grant it as a re-entry, which issues no tokens).
+        twin = rlocks.RLock(name, client=lock.client, ttl=10)
+        with twin:
+            assert twin.tokens == first
     assert lock.tokens is None
     with lock:
         second = lock.tokens

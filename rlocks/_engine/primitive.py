@@ -68,7 +68,8 @@ _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 # hash key, owner), renew item kind: 'h', or an RWLock side) -> token. A second object of
 # the same name is granted re-entry, for which Redis issues no token: it takes it from
 # here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
-_process_tokens: Dict[Tuple[Tuple[int, str, str], str], int] = {}
+# The value is the hold's tokens: ``(token,)`` on one server, one per master on a Quorum.
+_process_tokens: Dict[Tuple[Tuple[int, str, str], str], Tuple[Optional[int], ...]] = {}
 # Levels a release that failed on a Redis error may have left in Redis (the script may or
 # may not have run; the books dropped them): (pool id, hash key, owner) -> levels. The
 # owner's next acquire settles them first (queued._settle): without that, its fresh
@@ -731,12 +732,17 @@ class Primitive(Renewable):
                 hold = self._holds[owner] = Hold()
             held_key = (key, self._renew_items(owner)[0])
             if token:
-                hold.token = _process_tokens[held_key] = token
-            elif hold.token is None:
-                # re-entry through this object of a hold another object of its name took
-                hold.token = _process_tokens.get(held_key)
+                hold.token = token
+                _process_tokens[held_key] = (token,)
             if tokens is not None and any(t is not None for t in tokens):
-                hold.tokens = tokens
+                hold.tokens = _process_tokens[held_key] = tokens
+            known = _process_tokens.get(held_key)
+            if known is not None:
+                # re-entry through this object of a hold another object of its name took
+                if hold.token is None and not isinstance(self._client, Quorum):
+                    hold.token = known[0]
+                if hold.tokens is None:
+                    hold.tokens = known
             hold.count += count
             _process_holds[key] = _process_holds.get(key, 0) + count
             start_lease = self._auto_renew and hold.lease is None
