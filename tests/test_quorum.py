@@ -599,6 +599,19 @@ def test_an_interrupted_try_gives_back_its_grants(three: Masters, name: str) -> 
 # -- fencing tokens and statistics on a quorum ---------------------------------------------
 
 
+def test_a_condition_on_a_quorum_lock_is_refused_at_construction(
+    three: Masters, name: str
+) -> None:
+    """A Condition keeps its queue on one server: on a Quorum lock it is refused when
+    built (ValueError naming why), not at its first wait with an AttributeError."""
+    lock = rlocks.RLock(name, client=three.quorum(PATIENT))
+    with pytest.raises(ValueError, match="runs on a Quorum"):
+        rlocks.Condition(lock)
+    rw = rlocks.RWLock(name, client=three.quorum(PATIENT))
+    with pytest.raises(ValueError, match="runs on a Quorum"):
+        rlocks.Condition(rw.write_lock)
+
+
 def test_token_is_refused_and_tokens_are_per_master(three: Masters, name: str) -> None:
     """A Quorum's masters count independently: ``token`` (one number) is refused with a
     reason; ``tokens`` has one per master, None where a master did not grant. Any two

@@ -60,6 +60,7 @@ from .clients import io_client
 from .clock import monotonic
 from .keys import escape
 from .primitive import Primitive
+from .quorum import Quorum
 from .scripts import Call, Reply, Script, arun, load
 from .waiting import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub, hub_for
 
@@ -171,6 +172,12 @@ class ConditionCore:
                 f"{self._label}: lock must be {self._accepted}, not {type(lock).__name__}"
             )
         assert isinstance(lock, Primitive)
+        if isinstance(lock.client, Quorum):
+            raise ValueError(
+                f"{self._label}: the lock {lock._describe()} runs on a Quorum, and a "
+                "Condition keeps its waiters on one server (a quorum of queues is not "
+                "built): use a lock on a single server or a Redis Cluster"
+            )
         if name is not None:
             name = checks.check_name(name, f"{self._label}({lock._name!r})")
         self._lock: Any = lock
