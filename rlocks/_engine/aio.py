@@ -506,9 +506,9 @@ class AsyncPrimitive(Primitive):
             if call.script is self._release_script:
                 quorum.released()
 
-    async def _agive_back(self, owner: str, count: int, everything: bool = False) -> int:
+    async def _agive_back(self, owner: str, count: int) -> int:
         """:meth:`Primitive._give_back`, awaited; returns the holds left in Redis."""
-        call = self._begin_give_back(owner, count, everything)
+        call = self._begin_give_back(owner, count)
         sent = serial()
         try:
             # Shielded: a release cancelled half-way still reaches Redis instead of

@@ -409,6 +409,9 @@ class Primitive(Renewable):
     def _release_arguments(
         self, owner: str, count: int, everything: bool
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of the release script: ``count`` levels of ``owner``, or every
+        level it has in Redis with ``everything`` (the scripts' flag; the engine gives
+        back exact counts, see ``ReentrantLock._release_save``)."""
         raise NotImplementedError
 
     def _renew_arguments(
@@ -1124,7 +1127,7 @@ class Primitive(Renewable):
             log.warning("%s: interrupted operation of %s left to its lease",
                         self._describe(), owner)
 
-    def _give_back(self, owner: str, count: int, everything: bool = False) -> int:
+    def _give_back(self, owner: str, count: int) -> int:
         """Release ``count`` of ``owner``'s holds (the exclusive-owner release); returns
         the holds ``owner`` has left in Redis (through any object of this name).
 
@@ -1133,12 +1136,11 @@ class Primitive(Renewable):
 
         Exact counts travel to Redis, whose count is the truth: two objects with one name
         in one thread are one lock, and each gives back only the levels it took.
-        ``everything`` (``_release_save``) drops every level the owner has in Redis.
         On a Redis error the local holds are dropped anyway and renewal stops, so the
         server-side hold ends with its lease at the latest; the error propagates.
         """
         own, everywhere = self._books(owner)
-        call = self._begin_give_back(owner, count, everything)
+        call = self._begin_give_back(owner, count)
         sent = serial()
         client = self._client
         try:
@@ -1172,7 +1174,7 @@ class Primitive(Renewable):
         self._deliver(reply, sent)
         return reply.holds
 
-    def _begin_give_back(self, owner: str, count: int, everything: bool) -> Call:
+    def _begin_give_back(self, owner: str, count: int) -> Call:
         """The I/O-free start of a release: refuse what is not held or known lost."""
         hold = self._holds.get(owner)
         if hold is None or hold.count < count:
@@ -1183,9 +1185,9 @@ class Primitive(Renewable):
             self._record_release(owner, count)
             raise self._lost_error()
         return self._prepared(
-            ("release", owner, count, everything),
+            ("release", owner, count),
             self._release_script,
-            lambda: self._release_arguments(owner, count, everything),
+            lambda: self._release_arguments(owner, count, False),
         )
 
     def _finish_give_back(self, owner: str, count: int, reply: Reply) -> None:

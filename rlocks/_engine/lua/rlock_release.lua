@@ -6,7 +6,7 @@
 --
 -- ARGV[5]   owner id
 -- ARGV[6]   holds to give back, count (>= 1)
--- ARGV[7]   1 = give back every hold of this owner (_release_save); 0 = ARGV[6] holds
+-- ARGV[7]   1 = give back every hold of this owner (the engine sends 0); 0 = ARGV[6] holds
 -- ARGV[8..] waiter ids of this process whose hand-over grants the caller recorded
 --           locally and has not adopted yet (adopted now; usually none)
 --

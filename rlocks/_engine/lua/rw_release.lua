@@ -7,7 +7,7 @@
 -- ARGV[5]   owner id
 -- ARGV[6]   side: 'r' or 'w'
 -- ARGV[7]   holds to give back, count (>= 1)
--- ARGV[8]   1 = give back every hold of this owner on that side (_release_save); 0 = not
+-- ARGV[8]   1 = give back every hold of this owner on that side (the engine sends 0); 0 = not
 -- ARGV[9..] waiter ids of this process whose hand-over grants the caller recorded and has
 --           not adopted yet (adopted now; usually none)
 --
