@@ -39,7 +39,7 @@ from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, Primitive
 from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued
 from ._engine.state import PrimitiveState
-from ._engine.waiting import serial
+from ._engine.wakehub import serial
 from .errors import LockLostError, RLocksError
 
 __all__ = ["Semaphore", "BoundedSemaphore"]

@@ -19,6 +19,7 @@ import pytest
 
 import rlocks
 from rlocks._engine import waiting
+from rlocks._engine.sharded import ShardedWakeHub
 
 from . import _procs
 from ._servers import LocalCluster, server_version, wait_until
@@ -149,7 +150,7 @@ def test_release_wakes_a_waiter_through_sharded_pubsub(cclient: Any, kind: str) 
     waiter = threading.Thread(target=wait_for_it, daemon=True)
     waiter.start()
     hub = waiting.hub_for(cclient, NAMESPACE)
-    assert isinstance(hub, waiting.ShardedWakeHub)
+    assert isinstance(hub, ShardedWakeHub)
 
     def subscribed() -> bool:
         ch = hub._channels.get(channel)

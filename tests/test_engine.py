@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rlocks._engine import identity
 from rlocks._engine.keys import escape, keys_for
 from rlocks._engine.scripts import Reply, decode
-from rlocks._engine.waiting import wake_count
+from rlocks._engine.wakehub import wake_count
 from rlocks.errors import RLocksError
 
 text = st.text(min_size=1, max_size=20)

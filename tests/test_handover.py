@@ -23,7 +23,7 @@ import redis
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import aio, identity, waiting
+from rlocks._engine import aio, identity, waiting, wakehub
 from rlocks._engine.keys import keys_for
 from rlocks._engine.primitive import ENTRY_LEASE, Primitive
 from rlocks._engine.scripts import run
@@ -698,7 +698,7 @@ def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
             await asyncio.sleep(0.01)
         await a.release()  # hands it to b (its reply signals b at once)...
         head = hub._channels[a._channel].waiters[0]
-        assert head.state == waiting.GRANTED
+        assert head.state == wakehub.GRANTED
         task_b.cancel()  # ...and b is cancelled before it ran again
         cancelled = time.monotonic()
         with pytest.raises(asyncio.CancelledError):

@@ -18,7 +18,7 @@ import redis.asyncio
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import aio, renewal, waiting
+from rlocks._engine import aio, renewal, waiting, wakehub
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
@@ -30,8 +30,8 @@ CLIENTS = 40
 @pytest.fixture
 def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(renewal, "IDLE_EXIT", 0.2)
-    monkeypatch.setattr(waiting, "IDLE_EXIT", 0.2)
-    monkeypatch.setattr(waiting, "LINGER", 0.0)
+    monkeypatch.setattr(wakehub, "IDLE_EXIT", 0.2)
+    monkeypatch.setattr(wakehub, "LINGER", 0.0)
 
 
 @pytest.fixture

@@ -23,8 +23,10 @@ under ``if TYPE_CHECKING:`` (it never runs) may name a higher module for a type 
   the forced release; for ``statistics()`` and the CLI.
 - ``quorum``: a quorum of independent masters (Redlock) passed as ``client=``.
 - ``deadlock``: the wait-for graph and its check, written without I/O.
-- ``waiting``: the per-process wake-up hub (one subscriber connection) and a waiter's
-  deadline plan.
+- ``wakehub``: the per-process wake-up hub (one subscriber connection per pool and
+  namespace): its table of waiters and its reader dialogue.
+- ``sharded``: the hub's Redis Cluster transport (a subscriber per shard, SSUBSCRIBE).
+- ``waiting``: which hub a waiter uses (the registry), and a waiter's deadline plan.
 - ``renewal``: the per-process lease renewer (one daemon thread, batched round trips).
 - ``queued``: the acquire through the server-side queue, written once without I/O (a
   generator yielding the call or wait it needs) for the threading and asyncio drivers.

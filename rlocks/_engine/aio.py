@@ -39,13 +39,7 @@ from .quorum import Quorum
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, Script, arun
 from .state import PrimitiveState, afind
-from .waiting import (
-    HubOp,
-    HubStep,
-    Waiter,
-    WakeHub,
-    serial,
-)
+from .wakehub import HubOp, HubStep, Waiter, WakeHub, serial
 
 __all__ = ["AsyncPrimitive", "agather", "async_hub_for", "default_async_client", "loop_renewer"]
 

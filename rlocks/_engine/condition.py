@@ -62,7 +62,8 @@ from .keys import escape
 from .primitive import Primitive
 from .quorum import Quorum
 from .scripts import Call, Reply, Script, arun, load
-from .waiting import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub, hub_for
+from .waiting import hub_for
+from .wakehub import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub
 
 __all__ = ["ConditionCore", "wait_for_steps"]
 

@@ -48,7 +48,8 @@ from .scripts import (
     stamped,
 )
 from .state import PrimitiveState, find
-from .waiting import existing_hub, hub_for, serial
+from .waiting import existing_hub, hub_for
+from .wakehub import serial
 
 __all__ = ["ENTRY_LEASE", "Hold", "Primitive"]
 

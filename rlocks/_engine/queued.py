@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any, Generator, Optional, Tuple
 from . import deadlock, identity, metrics
 from .clock import monotonic
 from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply
-from .waiting import LINK_ERRORS, RECONNECT_BACKOFF, Waiter, WaitPlan, WakeHub, link_lost, serial
+from .waiting import LINK_ERRORS, WaitPlan, link_lost
+from .wakehub import RECONNECT_BACKOFF, Waiter, WakeHub, serial
 
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive

@@ -11,7 +11,7 @@ from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
 from .._engine.state import PrimitiveState
-from .._engine.waiting import serial
+from .._engine.wakehub import serial
 from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]

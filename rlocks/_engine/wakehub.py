@@ -1,0 +1,581 @@
+"""The per-process wake-up hub: its table of waiters and its reader on one subscriber.
+
+Why a hub
+---------
+A release script publishes a wake-up on the primitive's channel in the same atomic step
+that frees it. Waiters must hear it without sleep-polling and without one connection per
+waiting thread, so each process keeps ONE subscriber connection per (connection pool,
+namespace), owned by one daemon thread (an asyncio task in ``aio.AsyncWakeHub``), the
+hub. Threads that wait register a :class:`Waiter` (an Event) on a channel; the hub
+subscribes to the channels that have waiters and, when a wake-up arrives, sets the events
+of the waiters it names, in arrival order. One release therefore wakes one thread per
+process, not every thread (no thundering herd).
+
+Only the hub's reader touches its PubSub object (redis-py's PubSub is not meant to be
+shared between threads). A thread that needs a new subscription puts it in the hub's
+table and publishes an empty message on the hub's private control channel, which wakes
+the reader from its blocking read; the hub then sends SUBSCRIBE. A waiter makes its
+second attempt only after the SUBSCRIBE is confirmed, so a release between the attempt
+and the subscription cannot be missed. The reader is one I/O-free dialogue
+(``WakeHub._reader_steps``) performed by a thread here and by a task in ``aio``. When it
+reconnects it wakes every waiter, since messages may have been lost meanwhile.
+
+Lost wake-ups inside the process are prevented by two rules: a waiter clears its event
+*before* each attempt (a wake-up that lands during the attempt causes one more attempt),
+and a waiter that leaves with an unconsumed wake-up passes it on to the next waiter.
+
+A hub's reader exits once its table has been empty for ``IDLE_EXIT`` seconds (the
+registry that finds hubs, and what happens then, is in :mod:`.waiting`). The hub talks to
+Redis through ``clients.io_client``: its connections have bounded socket timeouts
+whatever the client's own, so a frozen server cannot hold it in a read forever.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import threading
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
+
+from . import identity
+from .clients import io_client
+from .clock import monotonic
+from .dialogue import drive
+
+__all__ = [
+    "DEGRADED_POLL",
+    "RECONNECT_BACKOFF",
+    "SUBSCRIBE_WAIT",
+    "HubOp",
+    "HubStep",
+    "Waiter",
+    "WakeHub",
+    "serial",
+    "wake_count",
+    "wake_line",
+]
+
+log = logging.getLogger(__name__)
+
+LINGER = 5.0  # s an unused channel stays subscribed, so repeated contention re-uses it
+TICK = 1.0  # s between the hub's housekeeping passes (unsubscribing, idle exit)
+IDLE_EXIT = 30.0  # s without any channel after which the hub thread closes and exits
+SUBSCRIBE_WAIT = 5.0  # s a waiter waits at most for its SUBSCRIBE to be confirmed
+DEGRADED_POLL = 0.25  # s between re-checks while the subscription is not confirmed
+RECONNECT_BACKOFF = (0.05, 1.0)  # s, first and largest pause before reconnecting
+
+class HubOp(enum.Enum):
+    """The steps of the hub's reader dialogue (``WakeHub._reader_steps``), each yielded
+    as ``(step, pubsub, argument)``: connect (returns the PubSub); (un)subscribe the
+    channel names in the argument; read one message, waiting at most the argument's
+    seconds (returns it, or None); pause the argument's seconds; close the PubSub."""
+
+    OPEN = "open"
+    SUBSCRIBE = "subscribe"
+    UNSUBSCRIBE = "unsubscribe"
+    READ = "read"
+    PAUSE = "pause"
+    CLOSE = "close"
+
+
+HubStep = Tuple[HubOp, Any, Any]
+
+
+def wake_count(payload: Any) -> Optional[int]:
+    """Decode a wake-up message: how many waiters to wake (``None``: all of them)."""
+    if isinstance(payload, bytes):
+        payload = payload.decode("ascii", "replace")
+    if payload == "*":
+        return None
+    try:
+        count = int(payload)
+    except (TypeError, ValueError):
+        return None  # an unknown message still means "something changed": wake all
+    return max(count, 1)
+
+
+def _text(value: Any, encoding: str = "utf-8") -> str:
+    """A channel name as the str it was subscribed with: bytes are decoded with the
+    encoding of the client that sent the name (whatever its decode_responses)."""
+    return value.decode(encoding, "replace") if isinstance(value, bytes) else str(value)
+
+
+def _encoding_of(client: Any) -> str:
+    """The encoding ``client`` encodes str arguments with (redis-py's default: UTF-8)."""
+    get_encoder = getattr(client, "get_encoder", None)
+    if get_encoder is not None:
+        try:
+            return str(get_encoder().encoding)
+        except Exception:  # noqa: BLE001 - a cluster client without a node yet, say
+            pass
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    return str((kwargs or {}).get("encoding", "utf-8"))
+
+
+# Sharded pub/sub messages mean what their plain counterparts mean to the hub.
+_PLAIN_KIND = {"smessage": "message", "ssubscribe": "subscribe", "sunsubscribe": "unsubscribe"}
+
+
+class _Channel:
+    """A subscribed (or to-be-subscribed) channel and its waiters, oldest first."""
+
+    __slots__ = ("name", "waiters", "confirmed", "sent", "idle_since", "node")
+
+    def __init__(self, name: str, event_type: Callable[[], Any] = threading.Event) -> None:
+        self.name = name
+        self.waiters: Deque[Waiter] = deque()
+        self.confirmed = event_type()  # SUBSCRIBE acknowledged by the server
+        self.sent = False  # SUBSCRIBE sent on the current connection
+        self.idle_since: Optional[float] = None
+        self.node: Optional[str] = None  # cluster only: the node subscribed on
+
+
+#: States of a queued waiter (docs/design/handover.md); changed under the hub mutex.
+WAITING, GRANTED, LEAVING = 0, 1, 2
+
+# Registration serials: a release reply's wake lines may only grant waiters registered
+# before the release was sent (see WakeHub.deliver).
+_serials = itertools.count(1)
+
+
+def serial() -> int:
+    """The next registration serial (thread-safe: ``itertools.count`` is atomic)."""
+    return next(_serials)
+
+
+def wake_line(line: str) -> Tuple[str, str, int]:
+    """Split a queue script's wake line into (what, waiter id, fencing token or 0):
+    ``g <waiter> <token>`` (a semaphore's ``g <waiter>``) or ``w <waiter>``."""
+    what, _, rest = line.partition(" ")
+    wid, _, token = rest.partition(" ")
+    return what, wid, int(token) if token.isdigit() else 0
+
+
+class Waiter:
+    """One waiting thread's (or task's) registration on one channel."""
+
+    __slots__ = (
+        "event",
+        "channel",
+        "id",
+        "state",
+        "seq",
+        "hub_seen",
+        "other_seen",
+        "counts",
+        "token",
+        "ask",
+        "named",
+        "gone",
+    )
+
+    def __init__(
+        self,
+        channel: _Channel,
+        event_type: Callable[[], Any] = threading.Event,
+        waiter_id: str = "",
+    ) -> None:
+        self.event = event_type()
+        self.channel = channel
+        #: The waiter id named in wake lines ("g <id>"): the owner that waits.
+        self.id = waiter_id
+        self.state = WAITING
+        self.seq = serial()
+        self.hub_seen = False  # the hub delivered this waiter's grant line
+        self.other_seen = False  # a reply (release, ADOPTED, PASSED) told of the grant first
+        # Queued only once its channel was confirmed subscribed: then the hub is sure to
+        # receive its grant line, and a grant learnt elsewhere must make it drop that line.
+        self.counts = False
+        #: The fencing token its grant line carried (0: none, or a semaphore's grant).
+        self.token = 0
+        #: What its acquire asks, (renew item kind, count): what a leaving head names
+        #: when it re-points the process's queue entry to this waiter.
+        self.ask: Tuple[str, int] = ("", 1)
+        #: A leaving head re-pointed the process's entry to it: it is in the server's
+        #: queue before it asked, so it must leave it if it stops waiting.
+        self.named = False
+        #: It stopped waiting ungranted before it was named: a leaving head must not
+        #: name it (see ``take_over``).
+        self.gone = False
+
+    @property
+    def subscribed(self) -> bool:
+        return bool(self.channel.confirmed.is_set())
+
+
+class WakeHub:
+    """The process's subscriber for one (connection pool, namespace). See the module doc."""
+
+    #: Events of waiters and channels: threading's here, asyncio's in the asyncio hub (whose
+    #: table is touched only from its event loop's thread, so the same logic serves both).
+    _event_type: Callable[[], Any] = threading.Event
+
+    def __init__(self, client: Any, namespace: str) -> None:
+        self._client = client
+        # Channel names arrive as bytes or str depending on decode_responses: matched as
+        # the str subscribed, decoded with the encoding that sent them (not always UTF-8).
+        self._encoding = _encoding_of(client)
+        self._io = io_client(client)  # what the hub sends and subscribes through
+        # The private control channel stays inside the namespace, so an ACL user limited
+        # to the namespace's channels may use it.
+        self._control = f"{namespace}:hub:{identity.process_token()}"
+        self._mutex = threading.Lock()
+        self._channels: Dict[str, _Channel] = {}
+        self._thread: Optional[Any] = None  # the running reader (thread, or asyncio task)
+        self._control_seen = False
+        self._idle_since: Optional[float] = None  # when the table last became empty
+        # (channel, waiter id) -> grant lines the hub must still drop: grants this process
+        # learnt from a script reply before the hub read their line (see "Hand-over").
+        self._echo: Dict[Tuple[str, str], int] = {}
+        self._mine = identity.process_token() + ":"
+
+    # -- called by waiting threads -------------------------------------------------------
+
+    def register(self, channel: str, waiter_id: str = "") -> Waiter:
+        """Add a waiter on ``channel``; make sure the hub subscribes to it."""
+        with self._mutex:
+            ch = self._channels.get(channel)
+            created = ch is None
+            if ch is None:
+                ch = self._channels[channel] = _Channel(channel, self._event_type)
+            ch.idle_since = None
+            waiter = Waiter(ch, self._event_type, waiter_id)
+            ch.waiters.append(waiter)
+            started = self._thread is None
+            if started:
+                self._start_locked()
+        if created and not started:
+            self._nudge()
+        return waiter
+
+    def _start_locked(self) -> None:
+        """Start the hub's reader (a daemon thread here); called under the mutex."""
+        thread = threading.Thread(target=self._run, name="rlocks-wakeup-hub", daemon=True)
+        self._thread = thread
+        thread.start()
+
+    def unregister(self, waiter: Waiter) -> None:
+        """Remove ``waiter``; the next waiter takes over what it leaves.
+
+        A leaving head hands the attempter's role to the next waiter (woken, it asks
+        Redis itself from now on); a wake-up the leaver did not use goes to the next
+        waiter not already woken.
+        """
+        with self._mutex:
+            ch = waiter.channel
+            was_head = bool(ch.waiters) and ch.waiters[0] is waiter
+            try:
+                ch.waiters.remove(waiter)
+            except ValueError:  # pragma: no cover - registered once, removed once
+                pass
+            if ch.waiters and was_head:
+                ch.waiters[0].event.set()
+            elif waiter.event.is_set():
+                self._wake_locked(ch, 1)
+            if not ch.waiters:
+                ch.idle_since = monotonic()
+
+    def is_head(self, waiter: Waiter) -> bool:
+        """Whether ``waiter`` is the first of its channel's waiters in this process.
+
+        Only the head asks Redis; the others wait for it to leave. So one process makes
+        one attempt at a time per primitive however many of its threads wait, which keeps
+        connections and round trips flat, and its waiters are served in arrival order.
+        """
+        waiters = waiter.channel.waiters
+        return bool(waiters) and waiters[0] is waiter
+
+    def has_waiters(self, channel: str) -> bool:
+        """Whether threads of this process already wait on ``channel`` (no I/O)."""
+        ch = self._channels.get(channel)
+        return ch is not None and bool(ch.waiters)
+
+    def is_confirmed(self, channel: str) -> bool:
+        """Whether ``channel`` is subscribed and confirmed now (no I/O)."""
+        ch = self._channels.get(channel)
+        return ch is not None and bool(ch.confirmed.is_set())
+
+    # -- hand-over grants (queue scripts) ------------------------------------------------
+
+    def claim(self, waiter: Waiter, leaving: bool = False) -> bool:
+        """Close ``waiter``'s wait: True if it was granted (and not recorded yet), else
+        it is marked leaving (with ``leaving``) so a grant line arriving now is ignored.
+        Exactly one of the hub's line and the waiter's own ending wins."""
+        with self._mutex:
+            if waiter.state == GRANTED:
+                waiter.state = LEAVING  # recorded by the caller: never twice
+                return True
+            if leaving:
+                waiter.state = LEAVING
+                waiter.gone = not waiter.named
+            return False
+
+    def successor(self, waiter: Waiter) -> Optional[Waiter]:
+        """The waiter after ``waiter`` on its channel that still waits, or None (no I/O)."""
+        with self._mutex:
+            after = False
+            for other in waiter.channel.waiters:
+                if after and other.state == WAITING:
+                    return other
+                after = after or other is waiter
+            return None
+
+    def take_over(self, waiter: Waiter) -> bool:
+        """The process's entry was re-pointed to ``waiter``: mark it named, unless it
+        stopped waiting ungranted meanwhile (False: the entry names a waiter that is
+        gone, and the caller must take it out in its name). A waiter granted meanwhile
+        records its grant itself (True)."""
+        with self._mutex:
+            # as if it had queued now: the channel was confirmed for the leaving head
+            waiter.counts = waiter.channel.confirmed.is_set()
+            if waiter.gone:
+                return False
+            waiter.named = True
+            return True
+
+    def rewait(self, waiter: Waiter) -> None:
+        """``waiter``'s grant was revoked before it was recorded: it waits again."""
+        with self._mutex:
+            waiter.state = WAITING
+            waiter.hub_seen = waiter.other_seen = False
+            waiter.token = 0
+
+    def note_grant(self, waiter: Waiter) -> None:
+        """A reply told ``waiter`` of its grant (ADOPTED, PASSED, a release's wakes): the
+        hub must drop that grant's line when it reads it, unless it already did."""
+        with self._mutex:
+            self._note_locked(waiter)
+
+    def _note_locked(self, waiter: Waiter) -> None:
+        if waiter.hub_seen or waiter.other_seen or not waiter.counts:
+            return
+        waiter.other_seen = True
+        key = (waiter.channel.name, waiter.id)
+        self._echo[key] = self._echo.get(key, 0) + 1
+
+    def deliver(self, channel: str, wakes: Any, sent: int) -> None:
+        """The fast path: a script reply's wake lines, for this process's waiters.
+
+        ``sent``: a serial drawn before the script was sent. Only waiters registered
+        before it can be the ones named (a later waiter of the same id had no entry yet),
+        so a late reply never grants a newer wait. Lines for other processes are skipped.
+        """
+        with self._mutex:
+            ch = self._channels.get(channel)
+            if ch is None:
+                return
+            for line in wakes:
+                what, wid, token = wake_line(line)
+                if not wid.startswith(self._mine):
+                    continue
+                for waiter in ch.waiters:
+                    if waiter.id == wid and waiter.seq < sent:
+                        if what == "g":
+                            if waiter.state == WAITING:
+                                waiter.state = GRANTED
+                                waiter.token = token
+                            self._note_locked(waiter)
+                        waiter.event.set()
+                        break
+
+    def _lines_locked(self, ch: _Channel, payload: str) -> None:
+        """Act on a queue script's wake-up message (under the mutex): each line names one
+        waiter; lines for other processes are dropped unread (every subscriber of the
+        channel receives every message)."""
+        for line in payload.split("\n"):
+            what, wid, token = wake_line(line)
+            if not wid.startswith(self._mine):
+                continue
+            key = (ch.name, wid)
+            if what == "g":
+                pending = self._echo.get(key, 0)
+                if pending > 0:
+                    # A reply already told this process of that grant.
+                    if pending == 1:
+                        del self._echo[key]
+                    else:
+                        self._echo[key] = pending - 1
+                    continue
+            for waiter in ch.waiters:
+                if waiter.id == wid:
+                    if what == "g":
+                        waiter.hub_seen = True
+                        if waiter.state == WAITING:
+                            waiter.state = GRANTED
+                            waiter.token = token
+                    waiter.event.set()
+                    break
+
+    def wait_subscribed(self, waiter: Waiter, timeout: float) -> bool:
+        """Block until ``waiter``'s channel is confirmed subscribed, at most ``timeout`` s."""
+        return bool(waiter.channel.confirmed.wait(timeout))
+
+    def _nudge(self) -> None:
+        # Wakes the hub thread out of its blocking read so it sends the new SUBSCRIBE now.
+        try:
+            self._io.publish(self._control, b"")
+        except Exception:  # noqa: BLE001 - the waiter's own next attempt will report it
+            log.debug("could not nudge the wake-up hub", exc_info=True)
+
+    # -- waking --------------------------------------------------------------------------
+
+    def _wake_locked(self, ch: _Channel, count: Optional[int]) -> None:
+        for waiter in ch.waiters:
+            if count is not None and count <= 0:
+                break
+            if not waiter.event.is_set():
+                waiter.event.set()
+                if count is not None:
+                    count -= 1
+
+    def _wake_everyone(self) -> None:
+        with self._mutex:
+            for ch in self._channels.values():
+                self._wake_locked(ch, None)
+
+    # -- the reader: one dialogue, run by the hub thread (aio.AsyncWakeHub: a task) ------
+
+    def _run(self) -> None:
+        drive(self._reader_steps(), self._perform)
+
+    def _reader_steps(self) -> Generator[HubStep, Any, None]:
+        """The hub's reader loop, written once without I/O (see :mod:`.dialogue`).
+
+        Connects and subscribes to the control channel, then alternates between the
+        (un)subscriptions the table asks for and dispatching what arrives, at least every
+        ``TICK``. After any failure it tells the table the connection was lost, pauses
+        (growing up to ``RECONNECT_BACKOFF[1]``) and connects again. Returns once the hub
+        has been idle for ``IDLE_EXIT``; the connection is closed on every way out.
+        """
+        backoff = RECONNECT_BACKOFF[0]
+        while True:
+            pubsub = None
+            try:
+                pubsub = yield HubOp.OPEN, None, None
+                self._control_seen = False
+                yield HubOp.SUBSCRIBE, pubsub, (self._control,)
+                while True:
+                    subscribe, unsubscribe, done = self._plan_sync()
+                    if done:
+                        return
+                    if subscribe:
+                        yield HubOp.SUBSCRIBE, pubsub, tuple(ch.name for ch in subscribe)
+                    if unsubscribe:
+                        yield HubOp.UNSUBSCRIBE, pubsub, tuple(ch.name for ch in unsubscribe)
+                    message = yield HubOp.READ, pubsub, TICK
+                    while message is not None:
+                        self._dispatch(message)
+                        message = yield HubOp.READ, pubsub, 0.0
+                    backoff = RECONNECT_BACKOFF[0]
+            except Exception:  # noqa: BLE001 - the hub must outlive any one failure
+                log.debug("wake-up hub lost its connection; reconnecting", exc_info=True)
+                self._connection_lost()
+                yield HubOp.PAUSE, None, backoff
+                backoff = min(backoff * 2, RECONNECT_BACKOFF[1])
+            finally:
+                if pubsub is not None:
+                    try:
+                        yield HubOp.CLOSE, pubsub, None
+                    except Exception:  # noqa: BLE001 - closing a broken connection
+                        pass
+
+    def _perform(self, step: HubStep) -> Any:
+        """Do one step of :meth:`_reader_steps`, blocking (the hub thread)."""
+        what, pubsub, arg = step
+        if what == HubOp.OPEN:
+            return self._io.pubsub()
+        if what == HubOp.SUBSCRIBE:
+            return pubsub.subscribe(*arg)
+        if what == HubOp.UNSUBSCRIBE:
+            return pubsub.unsubscribe(*arg)
+        if what == HubOp.READ:
+            return pubsub.get_message(timeout=arg)
+        if what == HubOp.PAUSE:
+            return threading.Event().wait(arg)
+        return pubsub.close()
+
+    def _plan_sync(self) -> Tuple[List[_Channel], List[_Channel], bool]:
+        """The table work of a sync pass (no I/O): (subscribe, unsubscribe, exit now).
+
+        New channels are to be subscribed; channels without waiters for longer than
+        ``LINGER`` leave the table and are to be unsubscribed; a hub whose table stayed
+        empty for ``IDLE_EXIT`` exits.
+        """
+        now = monotonic()
+        subscribe: List[_Channel] = []
+        unsubscribe: List[_Channel] = []
+        with self._mutex:
+            for name, ch in list(self._channels.items()):
+                if not ch.sent:
+                    ch.sent = True
+                    subscribe.append(ch)
+                elif (
+                    not ch.waiters
+                    and ch.confirmed.is_set()
+                    and ch.idle_since is not None
+                    and now - ch.idle_since > LINGER
+                ):
+                    del self._channels[name]
+                    unsubscribe.append(ch)
+            if not self._channels and not unsubscribe:
+                if self._idle_since is None:
+                    self._idle_since = now
+                    self._idle_started_locked()
+                elif now - self._idle_since > IDLE_EXIT:
+                    self._thread = None
+                    self._idle_since = None
+                    return [], [], True
+            else:
+                self._idle_since = None
+        return subscribe, unsubscribe, False
+
+    def _idle_started_locked(self) -> None:
+        """The table just became empty (called under the mutex); the hub may tidy up."""
+
+    def _dispatch(self, message: Dict[str, Any]) -> None:
+        raw_kind = str(message.get("type"))
+        kind = _PLAIN_KIND.get(raw_kind, raw_kind)
+        channel = _text(message.get("channel"), self._encoding)
+        if kind == "message":
+            if channel == self._control:
+                return  # a nudge: the loop's next _sync does the work
+            data = message.get("data")
+            if isinstance(data, bytes):
+                data = data.decode("utf-8", "replace")
+            if isinstance(data, str) and data[:2] in ("g ", "w "):
+                with self._mutex:
+                    ch = self._channels.get(channel)
+                    if ch is not None:
+                        self._lines_locked(ch, data)
+                return
+            count = wake_count(data)
+            with self._mutex:
+                ch = self._channels.get(channel)
+                if ch is not None:
+                    self._wake_locked(ch, count)
+        elif kind == "subscribe":
+            if channel == self._control:
+                # A second confirmation means redis-py reconnected and re-subscribed on its
+                # own: wake-ups may have been lost in between, so everyone looks again.
+                if self._control_seen:
+                    with self._mutex:
+                        self._echo.clear()  # lines published meanwhile are lost
+                    self._wake_everyone()
+                self._control_seen = True
+                return
+            with self._mutex:
+                ch = self._channels.get(channel)
+                if ch is not None:
+                    if ch.confirmed.is_set():
+                        self._wake_locked(ch, None)
+                    ch.confirmed.set()
+
+    def _connection_lost(self) -> None:
+        with self._mutex:
+            self._echo.clear()  # lines published meanwhile are lost, not read late
+            for ch in self._channels.values():
+                ch.sent = False
+                ch.confirmed.clear()
+                self._wake_locked(ch, None)
