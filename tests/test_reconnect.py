@@ -28,7 +28,7 @@ import rlocks
 import rlocks.asyncio
 from rlocks._engine import clients, waiting
 from rlocks._engine import state as engine_inspect
-from rlocks._engine.identity import thread_owner
+from rlocks._engine.identity import task_owner, thread_owner
 from rlocks.server import TemporaryRedisServer
 
 from ._proxy import FaultyLink
@@ -587,3 +587,31 @@ def test_a_release_that_failed_leaves_no_level_for_the_next_acquire_to_absorb(
     lock.release()
     assert client.hget(key, owner) is None
     c.close()
+
+
+@pytest.mark.parametrize("kind", ["rlock", "semaphore"])
+def test_an_asyncio_release_that_failed_leaves_no_level_for_the_next_acquire(
+    link: FaultyLink, client: "redis.Redis[bytes]", name: str, kind: str
+) -> None:
+    """The asyncio twins settle a failed release's level the same way (one dialogue)."""
+
+    async def main() -> None:
+        c = redis.asyncio.Redis(port=link.port, socket_timeout=2, socket_connect_timeout=2)
+        lock: Any = (
+            rlocks.asyncio.RLock(name, client=c, namespace=NAMESPACE) if kind == "rlock"
+            else rlocks.asyncio.Semaphore(name, 2, client=c, namespace=NAMESPACE)
+        )
+        owner = task_owner()
+        assert await lock.acquire()
+        link.cut(refuse=True)
+        with pytest.raises(redis.ConnectionError):
+            await lock.release()
+        link.heal()
+        assert client.hget(lock._keys.hash, owner) == b"1"
+        assert await lock.acquire()
+        assert client.hget(lock._keys.hash, owner) == b"1"
+        await lock.release()
+        assert client.hget(lock._keys.hash, owner) is None
+        await c.aclose()
+
+    asyncio.run(main())

@@ -12,6 +12,7 @@ from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
 from .._engine.state import PrimitiveState
 from .._engine.wakehub import serial
+from ..errors import RLocksError
 from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -50,7 +51,9 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         Cancelling the task while the release is in flight still gives the permits back
         (the round trip is shielded); the CancelledError is raised as usual.
         """
-        step = begun = self._begin_release(identity.task_owner(), n)
+        owner = identity.task_owner()
+        own = self._held(owner)
+        step = begun = self._begin_release(owner, n)
         try:
             while step is not None and step.call is not None:
                 since = monotonic()
@@ -64,6 +67,14 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
                     raise self._release_refused(step, since, exc) from None
                 step = self._finish_release(step, since, reply)
                 self._deliver(reply, sent)
+        except (RLocksError, ValueError, TypeError):
+            raise  # refused or lost: decided above, the books are as they should be
+        except Exception:
+            # A Redis error: the task's own permits may still be in Redis (see
+            # rlocks.Semaphore.release); its next acquire settles them.
+            if min(n, own) > 0:
+                self._unsettle(owner, min(n, own))
+            raise
         finally:
             # What a refusal restored is no longer in it: the rest did end here.
             self._ended(begun)
