@@ -271,6 +271,16 @@ class _SemaphoreCore(Primitive):
 
     _hold_proves_grant = False
 
+    def _release_failed(self, owner: str, n: object, own: int, exc: BaseException) -> int:
+        """A release of ``n`` permits by ``owner`` (``own`` on its books before) failed
+        with ``exc``, not a refusal: after a Redis error, mark the owner's own permits in
+        it for its next acquire to settle (they may still be in Redis). Returns how many
+        of its own permits the release was giving back. No I/O."""
+        mine = min(n, own) if isinstance(n, int) else 0
+        if isinstance(exc, Exception) and not foreign(exc) and mine > 0:
+            self._unsettle(owner, mine)
+        return mine
+
     def _checks_hand_over(self, owner: str) -> bool:
         # The lost-permit check compares the owner's count on the server with its books:
         # only an owner with permits on the books (or known lost) can fail it.
@@ -478,9 +488,7 @@ class Semaphore(_SemaphoreCore):
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
         except BaseException as exc:
-            mine = min(n, own) if isinstance(n, int) else 0
-            if isinstance(exc, Exception) and not foreign(exc) and mine > 0:
-                self._unsettle(owner, mine)  # a Redis error: settled at the next acquire
+            mine = self._release_failed(owner, n, own, exc)
             if foreign(exc) and mine > 0:
                 # Interrupted anywhere (a signal handler's exception): finish giving back
                 # the caller's own permits, in the books and in Redis (see

@@ -69,11 +69,8 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
                 self._deliver(reply, sent)
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
-        except Exception:
-            # A Redis error: the task's own permits may still be in Redis (see
-            # rlocks.Semaphore.release); its next acquire settles them.
-            if min(n, own) > 0:
-                self._unsettle(owner, min(n, own))
+        except Exception as exc:
+            self._release_failed(owner, n, own, exc)  # settled at its next acquire
             raise
         finally:
             # What a refusal restored is no longer in it: the rest did end here.
