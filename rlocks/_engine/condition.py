@@ -58,6 +58,7 @@ from . import checks, identity
 from .aio import _wait_event, async_hub_for
 from .clients import io_client
 from .clock import monotonic
+from .dialogue import adrive, drive
 from .keys import escape
 from .primitive import Primitive
 from .quorum import Quorum
@@ -291,26 +292,23 @@ class ConditionCore:
     def _drive(
         self, client: Any, hub: WakeHub, waiter: Waiter, plan: _Plan, entry: str, fresh: bool
     ) -> bool:
+        """The threading driver of :func:`_wait_steps`; leaves the queue on any error."""
+
+        def perform(step: Step) -> Any:
+            if step == _CHECK_STEP:
+                waiter.event.clear()  # a wake-up during the look causes one more look
+                return self._look(entry)(client)
+            if step == _LEAVE_STEP:
+                return self._leave(entry, False)(client)
+            assert isinstance(step, float)
+            waiter.event.wait(step)
+            return waiter.subscribed
+
         try:
             subscribed = waiter.subscribed or hub.wait_subscribed(
                 waiter, plan.subscribe_bound()
             )
-            steps = _wait_steps(plan, fresh, subscribed)
-            step = next(steps)
-            while True:
-                if step == _CHECK_STEP:
-                    waiter.event.clear()  # a wake-up during the look causes one more look
-                    result: Any = self._look(entry)(client)
-                elif step == _LEAVE_STEP:
-                    result = self._leave(entry, False)(client)
-                else:
-                    assert isinstance(step, float)
-                    waiter.event.wait(step)
-                    result = waiter.subscribed
-                step = steps.send(result)
-        except StopIteration as done:
-            notified: bool = done.value
-            return notified
+            return bool(drive(_wait_steps(plan, fresh, subscribed), perform))
         except BaseException:
             self._leave_quietly(client, entry)
             raise
@@ -366,26 +364,23 @@ class ConditionCore:
     async def _adrive(
         self, hub: Any, waiter: Waiter, plan: _Plan, entry: str, fresh: bool
     ) -> bool:
+        """The asyncio driver of :func:`_wait_steps`; leaves the queue on any error."""
+
+        async def perform(step: Step) -> Any:
+            if step == _CHECK_STEP:
+                waiter.event.clear()
+                return await self._await(self._look(entry))
+            if step == _LEAVE_STEP:
+                return await self._await(self._leave(entry, False))
+            assert isinstance(step, float)
+            await _wait_event(waiter.event, step)
+            return waiter.subscribed
+
         try:
             subscribed = waiter.subscribed or await hub.await_subscribed(
                 waiter, plan.subscribe_bound()
             )
-            steps = _wait_steps(plan, fresh, subscribed)
-            step = next(steps)
-            while True:
-                if step == _CHECK_STEP:
-                    waiter.event.clear()
-                    result: Any = await self._await(self._look(entry))
-                elif step == _LEAVE_STEP:
-                    result = await self._await(self._leave(entry, False))
-                else:
-                    assert isinstance(step, float)
-                    await _wait_event(waiter.event, step)
-                    result = waiter.subscribed
-                step = steps.send(result)
-        except StopIteration as done:
-            notified: bool = done.value
-            return notified
+            return bool(await adrive(_wait_steps(plan, fresh, subscribed), perform))
         except BaseException:
             await asyncio.shield(self._aleave_quietly(entry))
             raise
