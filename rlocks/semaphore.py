@@ -37,7 +37,7 @@ from ._engine import checks, identity, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, Primitive
-from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued
+from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued, new_op
 from ._engine.state import PrimitiveState
 from ._engine.wakehub import serial
 from .errors import LockLostError, RLocksError
@@ -271,15 +271,17 @@ class _SemaphoreCore(Primitive):
 
     _hold_proves_grant = False
 
-    def _release_failed(self, owner: str, n: object, own: int, exc: BaseException) -> int:
-        """A release of ``n`` permits by ``owner`` (``own`` on its books before) failed
-        with ``exc``, not a refusal: after a Redis error, mark the owner's own permits in
-        it for its next acquire to settle (they may still be in Redis). Returns how many
-        of its own permits the release was giving back. No I/O."""
-        mine = min(n, own) if isinstance(n, int) else 0
-        if isinstance(exc, Exception) and not foreign(exc) and mine > 0:
-            self._unsettle(owner, mine)
-        return mine
+    def _release_failed(
+        self, step: Optional["_Release"], op: str, exc: BaseException
+    ) -> None:
+        """The call ``op`` (its op id) of release ``step`` failed with ``exc``, not a
+        refusal: after a Redis error, mark the permits it was taking off each owner's
+        record (the caller's, and other threads' it released) for that owner's next
+        acquire to settle: they may still be in Redis. No I/O."""
+        if step is None or not isinstance(exc, Exception) or foreign(exc):
+            return
+        for owner, count in step.takes:
+            self._unsettle(owner, count, op)
 
     def _checks_hand_over(self, owner: str) -> bool:
         # The lost-permit check compares the owner's count on the server with its books:
@@ -471,14 +473,17 @@ class Semaphore(_SemaphoreCore):
         owner = identity.thread_owner()
         own, everywhere = self._books(owner)
         begun: Optional[_Release] = None
+        step: Optional[_Release] = None
+        op = ""
         try:
             step = begun = self._begin_release(owner, n)
             while step is not None and step.call is not None:
                 since = monotonic()
                 sent = serial()
+                op = new_op(owner)
                 try:
                     # The callback has an interrupted read fenced (see scripts.Call).
-                    reply = step.call(self._client, _ignore)
+                    reply = step.call(self._client, _ignore, op)
                 except ResponseError as exc:
                     raise self._release_refused(step, since, exc) from None
                 # On any other error (connection...) the reserved permits stay dropped
@@ -488,7 +493,8 @@ class Semaphore(_SemaphoreCore):
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
         except BaseException as exc:
-            mine = self._release_failed(owner, n, own, exc)
+            self._release_failed(step, op, exc)
+            mine = min(n, own) if isinstance(n, int) else 0
             if foreign(exc) and mine > 0:
                 # Interrupted anywhere (a signal handler's exception): finish giving back
                 # the caller's own permits, in the books and in Redis (see

@@ -464,3 +464,58 @@ def test_a_writer_cancelled_in_its_first_attempt_leaves_no_claim(
         assert await asyncio.create_task(rw.read_lock.acquire(blocking=False))
 
     run(main)
+
+
+# -- a loop whose rlocks tasks were cancelled (shutdown code cancels every task) ------------
+
+
+def test_a_cancelled_renewer_or_hub_task_is_started_again_by_the_next_use(
+    url: str, name: str, client: Any
+) -> None:
+    """Shutdown code often cancels every other task of a loop that goes on running. A
+    hold taken after that must still be renewed (before, the dead renewer task was taken
+    for a running one: the hold vanished from Redis while owned() said True), and a
+    waiter must still hear its wake-up through a new hub task."""
+
+    async def main() -> None:
+        c = aclient(url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=1)
+        other = ra.RLock(f"{name}-2", client=c, namespace=NAMESPACE, ttl=1)
+        holder = ra.RLock(f"{name}-2", client=c, namespace=NAMESPACE, ttl=1)
+        wake = f"{key('rlock', f'{name}-2')}:wake"
+
+        async def in_turn() -> bool:
+            got = await other.acquire(timeout=20)
+            if got:
+                await other.release()
+            return got
+
+        assert await lock.acquire()  # starts the loop's renewer
+        assert await holder.acquire()
+        first = asyncio.create_task(in_turn())  # waits: starts the loop's hub
+        assert await eventually(lambda: _waiting(c, wake, 1), 10)
+        await holder.release()
+        assert await asyncio.wait_for(first, 20) is True
+        await lock.release()
+        rlocks_tasks = [t for t in asyncio.all_tasks()
+                        if t.get_name() in ("rlocks-renewer", "rlocks-wakeup-hub")]
+        assert {t.get_name() for t in rlocks_tasks} == {"rlocks-renewer", "rlocks-wakeup-hub"}
+        for task in rlocks_tasks:
+            task.cancel()
+        await asyncio.gather(*rlocks_tasks, return_exceptions=True)
+
+        assert await lock.acquire()
+        await asyncio.sleep(2.5)  # more than two leases: only renewal keeps it
+        assert client.hget(key("rlock", name), identity.task_owner()) == b"1"
+        await lock.release()
+
+        assert await holder.acquire()
+        late = asyncio.create_task(in_turn())
+        assert await eventually(lambda: _waiting(c, wake, 1), 10)
+        assert any(t.get_name() == "rlocks-wakeup-hub" and not t.done()
+                   for t in asyncio.all_tasks()), "no hub task reads the wake-ups"
+        await holder.release()
+        assert await asyncio.wait_for(late, 20) is True
+        await c.aclose()
+
+    run(main)

@@ -416,3 +416,74 @@ def test_on_the_cluster_a_resent_renewal_adopts_its_grant_once(
         via.close()
         plain.close()
         proxy.close()
+
+
+# -- a release whose reply was lost, then settled by the next acquire (hunt5 #2, #4) -----------
+
+
+def test_a_release_that_ran_but_lost_its_reply_is_not_settled_again(
+    proxy: ReplyDropper, client: Any, name: str
+) -> None:
+    """A thread holds a lock through X (one client) and Y (another client, so another
+    pool whose books X's level is not in). Y's release runs on the server but its reply is
+    lost: Y's next acquire must find that release in the op record and give nothing
+    back: before, it took X's level for the failed release's and gave it back, and once
+    Y released, Redis had nothing while X still held."""
+    far = redis.Redis(port=proxy.port, socket_timeout=5)
+    x = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    y = rlocks.RLock(name, client=far, namespace=NAMESPACE)
+    _load(client, x)
+    owner = identity.thread_owner()
+    assert x.acquire() and y.acquire()
+    proxy.arm(_sha(y._release_script))
+    with pytest.raises(redis.ConnectionError):
+        y.release()
+    assert proxy.dropped.is_set() and _holds(client, x, owner) == 1  # it ran: X's is left
+    assert y.acquire()
+    assert _holds(client, x, owner) == 2
+    y.release()
+    assert _holds(client, x, owner) == 1 and x.owned()
+    x.release()
+    assert _holds(client, x, owner) == 0
+    far.close()
+
+
+def test_another_threads_failed_release_of_a_permit_is_settled_by_its_owner(
+    redis_url: str, client: Any, name: str
+) -> None:
+    """threading lets any thread release another's permit. When that release fails on a
+    broken link before its script ran, the permit is off its owner's books but still in
+    Redis: the owner's next acquire gives it back first (before, it stacked on it, and the
+    permit stayed in use, renewed with the owner's others)."""
+    from ._proxy import FaultyLink
+
+    with FaultyLink(_port(redis_url)) as link:
+        far = redis.Redis(port=link.port, socket_timeout=2, socket_connect_timeout=2)
+        sem = rlocks.Semaphore(name, 2, client=far, namespace=NAMESPACE)
+        _load(client, sem)
+        owner: List[str] = []
+        step = threading.Event()
+        done = threading.Event()
+
+        def holder() -> None:
+            owner.append(identity.thread_owner())
+            assert sem.acquire()
+            step.set()
+            assert done.wait(20)
+            assert sem.acquire()  # settles the permit the failed release left, first
+            owner.append(str(_holds(client, sem, owner[0])))
+            sem.release()
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        assert step.wait(20)
+        link.cut(refuse=True)
+        with pytest.raises(redis.ConnectionError):
+            sem.release()  # the holder's permit, from this thread
+        link.heal()
+        assert _holds(client, sem, owner[0]) == 1
+        done.set()
+        thread.join(20)
+        assert not thread.is_alive() and owner[1] == "1"
+        assert _holds(client, sem, owner[0]) == 0
+        far.close()

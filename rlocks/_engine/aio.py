@@ -37,7 +37,7 @@ from .primitive import Primitive
 from .queued import CALL, READ, WAIT, Op, Steps, take_steps
 from .quorum import Quorum
 from .renewal import Item, Renewer
-from .scripts import Call, Reply, Script, arun
+from .scripts import Call, Reply, Script, arun, new_op, op_stream, with_op
 from .state import PrimitiveState, afind
 from .wakehub import HubOp, HubStep, Waiter, WakeHub, serial
 
@@ -358,10 +358,12 @@ class AsyncPrimitive(Primitive):
         _pending.add(task)
         task.add_done_callback(functools.partial(_log_failure, what))
 
-    async def _arun_call(self, call: Call) -> Reply:
+    async def _arun_call(self, call: Call, op: Optional[str] = None) -> Reply:
+        """``call`` awaited (``op``: its op id; ``None``: a fresh one of the task)."""
         # Through clients.io_client: bounded, never re-sent by redis-py.
         client = io_client(self._aclient())
-        return await arun(client, call.script, call.keys, call.args, call.wait)
+        args = call.args if op is None else with_op(call.args, op)
+        return await arun(client, call.script, call.keys, args, call.wait)
 
     def _local_hub(self) -> Any:
         per_loop = _hubs.get(_loop())
@@ -488,12 +490,12 @@ class AsyncPrimitive(Primitive):
         call = self._begin_extend(owner, ttl)
         self._finish_extend(owner, await self._arun_quorum_or_one(call))
 
-    async def _arun_quorum_or_one(self, call: Call) -> Reply:
+    async def _arun_quorum_or_one(self, call: Call, op: Optional[str] = None) -> Reply:
         """A release or renew ``call`` on the client, or on every master of a quorum
         (then the majority's answer, as ``Primitive._quorum_reply``)."""
         quorum = self._client
         if not isinstance(quorum, Quorum):
-            return await self._arun_call(call)
+            return await self._arun_call(call, op)
         try:
             return self._quorum_verdict(quorum, await agather(quorum, self._on(call)))
         finally:
@@ -504,14 +506,15 @@ class AsyncPrimitive(Primitive):
         """:meth:`Primitive._give_back`, awaited; returns the holds left in Redis."""
         call = self._begin_give_back(owner, count)
         sent = serial()
+        op = new_op(op_stream())
         try:
             # Shielded: a release cancelled half-way still reaches Redis instead of
             # leaving the hold there until its lease ends.
-            reply = await asyncio.shield(self._arun_quorum_or_one(call))
+            reply = await asyncio.shield(self._arun_quorum_or_one(call, op))
         except BaseException as exc:
             self._record_release(owner, count)
             if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
-                self._unsettle(owner, count)
+                self._unsettle(owner, count, op)
             raise
         self._finish_give_back(owner, count, reply)
         self._deliver(reply, sent)

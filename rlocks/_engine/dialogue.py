@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Generator, Optional, TypeVar
 
-__all__ = ["adrive", "drive"]
+__all__ = ["adrive", "drive", "stopped"]
 
 Step = TypeVar("Step")
 Result = TypeVar("Result")
@@ -60,3 +60,16 @@ async def adrive(
             got = await perform(step)
         except BaseException as exc:  # noqa: BLE001 - thrown into the dialogue
             error = exc
+
+
+def stopped(runner: Optional[Any]) -> bool:
+    """Whether ``runner``, the thread or asyncio task that drives a long-lived dialogue
+    (a hub's reader, a renewer's loop), is not running: none yet, ended, or cancelled (a
+    program's shutdown code may cancel every task of a loop that goes on running).
+    Whoever needs it running then starts a new one."""
+    if runner is None:
+        return True
+    done = getattr(runner, "done", None)
+    if done is not None:
+        return bool(done())
+    return not runner.is_alive()

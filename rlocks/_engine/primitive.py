@@ -45,6 +45,7 @@ from .scripts import (
     Script,
     Wait,
     foreign,
+    new_op,
     stamped,
 )
 from .state import PrimitiveState, find
@@ -71,12 +72,17 @@ _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 # here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
 # The value is the hold's tokens: ``(token,)`` on one server, one per master on a Quorum.
 _process_tokens: Dict[Tuple[Tuple[int, str, str], str], Tuple[Optional[int], ...]] = {}
-# Levels a release that failed on a Redis error may have left in Redis (the script may or
-# may not have run; the books dropped them): (pool id, hash key, owner) -> levels. The
-# owner's next acquire settles them first (queued._settle): without that, its fresh
-# acquire would be a re-entry on the server and every later release would leave one
-# level behind, renewed with its holds. Under _bookkeeping.
-_unsettled: Dict[Tuple[int, str, str], int] = {}
+# Releases that failed on a Redis error, whose levels the books dropped but Redis may still
+# have (the script may not have run): (pool id, hash key, owner) -> [(levels, op id)]. The
+# owner's next acquire settles them first (queued._settle): the op record tells whether
+# the release ran; without that, its fresh acquire would be a re-entry on the server and
+# every later release would leave one level behind, renewed with its holds. Oldest owners
+# are forgotten beyond _MAX_UNSETTLED (threads that ended with one): their levels end with
+# their lease, as before. Under _bookkeeping.
+_unsettled: "collections.OrderedDict[Tuple[int, str, str], List[Tuple[int, str]]]" = (
+    collections.OrderedDict()
+)
+_MAX_UNSETTLED = 1024
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -1060,18 +1066,22 @@ class Primitive(Renewable):
             "Condition of one object that holds every level"
         )
 
-    def _unsettle(self, owner: str, count: int) -> None:
-        """A release of ``count`` levels of ``owner`` failed on a Redis error: they may
-        still be in Redis. The owner's next acquire settles them (no I/O here)."""
+    def _unsettle(self, owner: str, count: int, op: str) -> None:
+        """The release ``op`` (its op id) of ``count`` levels of ``owner`` failed on a
+        Redis error: they may still be in Redis. The owner's next acquire settles them
+        (no I/O here)."""
         key = self._hold_key(owner)
         with _bookkeeping:
-            _unsettled[key] = _unsettled.get(key, 0) + count
+            _unsettled.setdefault(key, []).append((count, op))
+            _unsettled.move_to_end(key)
+            while len(_unsettled) > _MAX_UNSETTLED:
+                _unsettled.popitem(last=False)
 
-    def _take_unsettled(self, owner: str) -> int:
-        """The levels of ``owner`` to settle before its acquire (forgotten here: a failed
-        settlement puts them back with :meth:`_unsettle`). No I/O."""
+    def _take_unsettled(self, owner: str) -> List[Tuple[int, str]]:
+        """The failed releases of ``owner`` to settle before its acquire, as (levels, op
+        id) (forgotten here: a failed settlement puts them back). No I/O."""
         with _bookkeeping:
-            return _unsettled.pop(self._hold_key(owner), 0)
+            return _unsettled.pop(self._hold_key(owner), [])
 
     def _books(self, owner: str) -> Tuple[int, int]:
         """(holds of ``owner`` through this object, through every object of its name)."""
@@ -1144,6 +1154,7 @@ class Primitive(Renewable):
         call = self._begin_give_back(owner, count)
         sent = serial()
         client = self._client
+        op = new_op(identity.thread_owner())
         try:
             if isinstance(client, Quorum):
                 try:
@@ -1153,7 +1164,7 @@ class Primitive(Renewable):
             else:
                 # The no-op callback has an interrupted read fenced (see Call): the script
                 # has then surely run when _reconcile looks.
-                reply = call(client, _ignore)
+                reply = call(client, _ignore, op)
             self._finish_give_back(owner, count, reply)
         except RLocksError:
             raise  # the hold was lost: reported, and dropped from the books
@@ -1168,7 +1179,7 @@ class Primitive(Renewable):
                 # left on some of them ends with its lease.)
                 self._record_release(owner, count)
                 if not isinstance(client, Quorum):
-                    self._unsettle(owner, count)
+                    self._unsettle(owner, count, op)
             raise
         # Outside the try: the release is complete; an interrupt while signalling local
         # waiters leaves them to their re-check, it does not undo the release.

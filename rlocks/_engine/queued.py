@@ -44,7 +44,7 @@ shorter than ``deadlock_timeout`` makes none of these round trips.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Generator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Generator, List, Optional, Tuple
 
 from . import deadlock, identity, metrics
 from .clock import monotonic
@@ -172,9 +172,9 @@ def _take(
     st: _Take,
 ) -> Steps:
     prim._check_take(owner)
-    stale = prim._take_unsettled(owner)
-    if stale:
-        yield from _settle(prim, owner, stale)
+    failed = prim._take_unsettled(owner)
+    if failed:
+        yield from _settle(prim, owner, failed)
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
@@ -378,22 +378,39 @@ def _granted(
     yield  # pragma: no cover - makes this a generator
 
 
-def _settle(prim: "Primitive", owner: str, most: int) -> Generator[Op, Any, None]:
-    """Give back what a release of ``owner`` that failed on a Redis error left in Redis
-    (at most ``most`` levels: those beyond the process's books), before its acquire: one
-    read, and one release only if something is left. A failure raises (Redis is what the
-    acquire needs too) and leaves the levels to settle at the next acquire."""
+def _settle(
+    prim: "Primitive", owner: str, failed: List[Tuple[int, str]]
+) -> Generator[Op, Any, None]:
+    """Before ``owner``'s acquire, give back the levels its releases that failed on a
+    Redis error left in Redis: ``failed`` lists each (levels, op id). A release whose op
+    record is there ran (nothing to do); otherwise its levels are still there unless
+    their lease ended, and at most those beyond the process's books are given back. One
+    or two reads per release, one more call only if something is left. A failure raises
+    (Redis is what the acquire needs too) and leaves what is not settled to the next
+    acquire."""
+    ops_key = prim._keys.queued()[7]
+    left = list(failed)
     try:
-        held = yield Op(READ, command=("HGET", prim._keys.hash, prim._hold_field(owner)))
-        if held is None:
-            return  # the release had run, or the level's lease ended
-        excess = min(most, int(held) - prim._held_by_all_objects(owner))
-        if excess > 0:
-            yield Op(CALL, prim._undo_call(owner, excess))
-            log.debug("%s: %d level(s) of %s a failed release left given back",
-                      prim._describe(), excess, owner)
+        while left:
+            count, op = left[0]
+            seq, _, stream = op[1:].partition(":")
+            record = yield Op(READ, command=("HGET", ops_key, stream))
+            if isinstance(record, bytes):
+                record = record.decode("ascii", "replace")
+            ran = record is not None and str(record).split(" ", 1)[0] == seq
+            if not ran:
+                held = yield Op(READ, command=("HGET", prim._keys.hash, prim._hold_field(owner)))
+                excess = 0 if held is None else min(
+                    count, int(held) - prim._held_by_all_objects(owner)
+                )
+                if excess > 0:
+                    yield Op(CALL, prim._undo_call(owner, excess))
+                    log.debug("%s: %d level(s) of %s a failed release left given back",
+                              prim._describe(), excess, owner)
+            left.pop(0)
     except BaseException:
-        prim._unsettle(owner, most)
+        for count, op in left:
+            prim._unsettle(owner, count, op)
         raise
 
 

@@ -50,7 +50,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from . import metrics
 from .clients import io_client, pool_of
 from .clock import monotonic
-from .dialogue import drive
+from .dialogue import drive, stopped
 from .quorum import Quorum, drift_allowance
 from .scripts import Arg, Reply, Script, Wait, decode
 
@@ -164,7 +164,7 @@ class Renewer:
         with self._mutex:
             self._leases[id(lease)] = lease
             self._added = monotonic()
-            if self._thread is None:
+            if stopped(self._thread):
                 self._start_locked()
             elif lease.due < self._next_wake:
                 self._notify_locked()
@@ -177,7 +177,7 @@ class Renewer:
         with self._mutex:
             self._leases[id(entry)] = entry
             self._added = monotonic()
-            if self._thread is None:
+            if stopped(self._thread):
                 self._start_locked()
             elif entry.due < self._next_wake:
                 self._notify_locked()

@@ -94,10 +94,12 @@ __all__ = [
     "foreign",
     "load",
     "load_queued",
+    "new_op",
     "op_stream",
     "run",
     "stamped",
     "unsent",
+    "with_op",
 ]
 
 GRANTED = 1
@@ -127,12 +129,22 @@ def op_stream() -> str:
     return identity.op_stream()
 
 
-def stamped(args: Sequence[Arg], stream: str) -> Sequence[Arg]:
-    """``args`` with :data:`OP` replaced by a fresh op id of ``stream`` (no OP: as is)."""
+def new_op(stream: str) -> str:
+    """A fresh op id of ``stream``: ``#<seq>:<stream>`` (see lua/op_lib.lua)."""
+    return f"#{next(_op_seq)}:{stream}"
+
+
+def with_op(args: Sequence[Arg], op: str) -> Sequence[Arg]:
+    """``args`` with :data:`OP` replaced by the op id ``op`` (no OP: as is)."""
     for i, arg in enumerate(args):
         if arg == OP and isinstance(arg, str):
-            return (*args[:i], f"#{next(_op_seq)}:{stream}", *args[i + 1:])
+            return (*args[:i], op, *args[i + 1:])
     return args
+
+
+def stamped(args: Sequence[Arg], stream: str) -> Sequence[Arg]:
+    """``args`` with :data:`OP` replaced by a fresh op id of ``stream`` (no OP: as is)."""
+    return with_op(args, new_op(stream))
 
 
 class Reply(NamedTuple):
@@ -435,7 +447,10 @@ class Call:
         self._route: Tuple[Any, Any, Any] = (None, None, None)
 
     def __call__(
-        self, client: Any, interrupted: Optional[Callable[[Reply], None]] = None
+        self,
+        client: Any,
+        interrupted: Optional[Callable[[Reply], None]] = None,
+        op: Optional[str] = None,
     ) -> Reply:
         """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run().
 
@@ -448,6 +463,8 @@ class Call:
         ``interrupted`` (to give back a grant nobody will record). The PING bounds that
         read even when the interrupt consumed part of the answer (a blind re-read would
         wait a socket timeout for bytes already taken). A second exception abandons it.
+        ``op``: the op id to send (``None``: a fresh one of the calling thread), for a
+        caller that must later tell from the op record whether this call ran.
         Only on the direct path (a plain ``redis.Redis``); an interrupt before or while
         the command is sent disconnects the connection (redis-py does) and tells nothing.
 
@@ -455,6 +472,7 @@ class Call:
         A connection or timeout error raised before anything was sent is marked so
         :func:`unsent` says so: only then is it certain that the script did not run.
         """
+        args = self.args if op is None else with_op(self.args, op)
         given, sender, pool = self._route
         if given is not client:
             sender = io_client(client)
@@ -462,7 +480,7 @@ class Call:
             self._route = (client, sender, pool)
         client = sender
         if pool is None:
-            return run(client, self.script, self.keys, self.args, self.wait)
+            return run(client, self.script, self.keys, args, self.wait)
         try:
             connection = pool.get_connection()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -476,8 +494,10 @@ class Call:
                 packed = self._packed = self._pack(connection)
             if isinstance(packed, tuple):
                 # A fresh op id between the parts packed once (see _pack).
-                op = f"#{next(_op_seq)}:{identity.thread_owner()}".encode()
-                packed = [b"%s$%d\r\n%s\r\n%s" % (packed[0], len(op), op, packed[1])]
+                sent_op = (op or new_op(identity.thread_owner())).encode()
+                packed = [
+                    b"%s$%d\r\n%s\r\n%s" % (packed[0], len(sent_op), sent_op, packed[1])
+                ]
             connection.send_packed_command(packed, check_health=False)
             sent = True
             self._read_replies(connection, read)
@@ -485,7 +505,7 @@ class Call:
             reply = decode(raw, self.script.name)._replace(replicas=int(acks))
         except NoScriptError:
             pool.release(connection)
-            return run(client, self.script, self.keys, self.args, self.wait)
+            return run(client, self.script, self.keys, args, self.wait)
         except ResponseError as exc:
             refused = _login_refused(exc)
             if refused is not None:

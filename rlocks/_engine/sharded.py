@@ -88,11 +88,10 @@ class ShardedWakeHub(WakeHub):
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
 
-    def _connection_lost(self) -> None:
-        with self._mutex:
-            for ch in self._channels.values():
-                ch.node = None
-        super()._connection_lost()
+    def _lost_locked(self) -> None:
+        for ch in self._channels.values():
+            ch.node = None
+        super()._lost_locked()
 
     def _pubsub_for(self, node: Any) -> Any:
         pubsub = self._pubsubs.get(node.name)

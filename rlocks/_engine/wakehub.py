@@ -42,7 +42,7 @@ from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
 from . import identity
 from .clients import io_client
 from .clock import monotonic
-from .dialogue import drive
+from .dialogue import drive, stopped
 
 __all__ = [
     "DEGRADED_POLL",
@@ -243,8 +243,12 @@ class WakeHub:
             ch.idle_since = None
             waiter = Waiter(ch, self._event_type, waiter_id)
             ch.waiters.append(waiter)
-            started = self._thread is None
+            started = stopped(self._thread)
             if started:
+                if self._thread is not None:
+                    # The last reader was cancelled or died (an idle exit forgets it):
+                    # its subscriptions went with its connection.
+                    self._lost_locked()
                 self._start_locked()
         if created and not started:
             self._nudge()
@@ -574,8 +578,13 @@ class WakeHub:
 
     def _connection_lost(self) -> None:
         with self._mutex:
-            self._echo.clear()  # lines published meanwhile are lost, not read late
-            for ch in self._channels.values():
-                ch.sent = False
-                ch.confirmed.clear()
-                self._wake_locked(ch, None)
+            self._lost_locked()
+
+    def _lost_locked(self) -> None:
+        """The subscriber connection is gone (under the mutex): every channel is to be
+        subscribed again, and every waiter looks again (messages may have been lost)."""
+        self._echo.clear()  # lines published meanwhile are lost, not read late
+        for ch in self._channels.values():
+            ch.sent = False
+            ch.confirmed.clear()
+            self._wake_locked(ch, None)

@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 from .._engine import checks, identity
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
+from .._engine.scripts import new_op, op_stream
 from .._engine.state import PrimitiveState
 from .._engine.wakehub import serial
 from ..errors import RLocksError
@@ -51,18 +52,18 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         Cancelling the task while the release is in flight still gives the permits back
         (the round trip is shielded); the CancelledError is raised as usual.
         """
-        owner = identity.task_owner()
-        own = self._held(owner)
-        step = begun = self._begin_release(owner, n)
+        step = begun = self._begin_release(identity.task_owner(), n)
+        op = ""
         try:
             while step is not None and step.call is not None:
                 since = monotonic()
+                op = new_op(op_stream())
                 try:
                     # Shielded, as RLock's release: a release cancelled half-way (opening
                     # its connection) still reaches Redis instead of leaving the permits
                     # there, off the local books and unrenewed, until their lease ends.
                     sent = serial()
-                    reply = await asyncio.shield(self._arun_call(step.call))
+                    reply = await asyncio.shield(self._arun_call(step.call, op))
                 except ResponseError as exc:
                     raise self._release_refused(step, since, exc) from None
                 step = self._finish_release(step, since, reply)
@@ -70,7 +71,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
         except Exception as exc:
-            self._release_failed(owner, n, own, exc)  # settled at its next acquire
+            self._release_failed(step, op, exc)  # settled at each owner's next acquire
             raise
         finally:
             # What a refusal restored is no longer in it: the rest did end here.
