@@ -301,12 +301,14 @@ def test_a_wait_refuses_levels_held_through_another_object_and_changes_nothing(
     for second in (rlocks.RLock(name, client=client, namespace=NAMESPACE),
                    rlocks.RLock(name, client=other, namespace=NAMESPACE)):
         with lock, second:
+            token = lock.token
             with cond:
                 with pytest.raises(RuntimeError, match="another object of the same name|"
                                    "an object of the same name on another client"):
                     cond.wait(0.1)
                 assert lock._recursion_count() == 2 and second._recursion_count() == 1
                 assert client.hget(lock._keys.hash, owner) == b"3"
+                assert lock.token == token is not None
         assert not lock.locked()
     # The RWLock form: a writer that also reads through another object of the name.
     rw, rw2 = (rlocks.RWLock(name, client=client, namespace=NAMESPACE) for _ in range(2))

@@ -420,16 +420,21 @@ async def _arelease_save(lock: Any, owner: str) -> Tuple[int, int]:
     inner = getattr(lock, "_read", None)  # an RWLock write side's read side
     lock._check_condition_wait(owner, inner)
     inner_count = inner._held(owner) if inner is not None else 0
+    tokens = lock._tokens_held(owner)  # put back after a refusal (see _release_save)
+    inner_tokens = inner._tokens_held(owner) if inner is not None else (None, None)
     if inner is not None and inner_count:
         left = await inner._agive_back(owner, inner_count)
         if left:
             await inner._atake(owner, inner_count, None)  # still held: a re-entry, at once
+            inner._put_tokens(owner, inner_tokens)
             raise inner._foreign_levels(owner, left)
     left = await lock._agive_back(owner, count)
     if left:
         await lock._atake(owner, count, None)
+        lock._put_tokens(owner, tokens)
         if inner is not None and inner_count:
             await inner._atake(owner, inner_count, None)  # the writer's read: at once
+            inner._put_tokens(owner, inner_tokens)
         raise lock._foreign_levels(owner, left)
     return count, inner_count
 

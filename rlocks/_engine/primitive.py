@@ -1055,6 +1055,26 @@ class Primitive(Renewable):
                     "of one object that holds every level"
                 )
 
+    def _tokens_held(self, owner: str) -> Tuple[Optional[int], Optional[Tuple[Optional[int], ...]]]:
+        """``owner``'s hold's (token, tokens) here, to put back with :meth:`_put_tokens`
+        after a hold given back and taken again as a re-entry (which issues none). No I/O."""
+        hold = self._holds.get(owner)
+        return (None, None) if hold is None else (hold.token, hold.tokens)
+
+    def _put_tokens(
+        self, owner: str, saved: Tuple[Optional[int], Optional[Tuple[Optional[int], ...]]]
+    ) -> None:
+        """Give ``owner``'s hold back the tokens :meth:`_tokens_held` saved. No I/O."""
+        token, tokens = saved
+        with _bookkeeping:
+            hold = self._holds.get(owner)
+            if hold is None:
+                return
+            hold.token, hold.tokens = token, tokens
+            known = tokens if tokens is not None else (None if token is None else (token,))
+            if known is not None:
+                _process_tokens[(self._hold_key(owner), self._renew_items(owner)[0])] = known
+
     def _foreign_levels(self, owner: str, left: int) -> RuntimeError:
         """The error of a Condition wait whose release found ``left`` levels of ``owner``
         that no object of this process knows of: the caller takes back what it gave and

@@ -166,16 +166,23 @@ class ReentrantLock(Primitive):
         inner = self._held_with()
         self._check_condition_wait(owner, inner)
         inner_count = inner._held(owner) if inner is not None else 0
+        # A refusal takes the levels back as re-entries, which issue no token: put the
+        # hold's own back, so the refusal changes nothing.
+        tokens = self._tokens_held(owner)
+        inner_tokens = inner._tokens_held(owner) if inner is not None else (None, None)
         if inner is not None and inner_count:
             left = inner._give_back(owner, inner_count)
             if left:
                 inner._take(owner, inner_count, None)  # still held: a re-entry, at once
+                inner._put_tokens(owner, inner_tokens)
                 raise inner._foreign_levels(owner, left)
         left = self._give_back(owner, count)
         if left:
             self._take(owner, count, None)
+            self._put_tokens(owner, tokens)
             if inner is not None and inner_count:
                 inner._take(owner, inner_count, None)  # the writer's read: at once
+                inner._put_tokens(owner, inner_tokens)
             raise self._foreign_levels(owner, left)
         return count, owner, inner_count
 
