@@ -170,7 +170,7 @@ def test_a_lease_added_and_cancelled_while_the_renewer_slept_restarts_its_idle_t
     renewer = renewal.Renewer()
     now = [1000.0]
     monkeypatch.setattr(renewal, "monotonic", lambda: now[0])
-    renewer._thread = "a running loop"  # a stand-in: add() must not start a real one
+    renewer._thread = threading.current_thread()  # a running stand-in: add() starts none
     idle_since = now[0] - 2 * renewal.IDLE_EXIT  # idle for long, asleep
     owner = _Holder()
     lease = renewer.add(owner, "o", 30.0, now[0])
