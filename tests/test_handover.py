@@ -739,3 +739,149 @@ def test_alternating_processes_never_wait_out_the_entry_lease(
     finally:
         _reap(*workers)
         client.delete(f"{data}:longest", f"{data}:errors")
+
+
+def _handed_pair(kind: str, name: str, client: Any, **waiting_options: Any) -> Tuple[Any, Any]:
+    """(the object a thread waits on, the object this thread holds it through): one
+    primitive's name; the holder's entry lease is short, the waiter's as given."""
+    if kind == "rlock":
+        return (rlocks.RLock(name, client=client, namespace=NS, ttl=10, **waiting_options),
+                rlocks.RLock(name, client=client, namespace=NS, entry_lease=0.25))
+    waiting_rw = rlocks.RWLock(name, client=client, namespace=NS, ttl=10, **waiting_options)
+    holding_rw = rlocks.RWLock(name, client=client, namespace=NS, entry_lease=0.25)
+    waiting = waiting_rw.read_lock if kind == "read" else waiting_rw.write_lock
+    return waiting, holding_rw.write_lock
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "write", "read"])
+def test_a_handed_lock_returns_at_once_and_its_renewer_adopts_the_grant(
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
+) -> None:
+    """A lock's waiter handed the lock returns with no round trip after its wake-up: the
+    grant is still unadopted on the server when acquire returns. It lives the waiter's
+    own entry lease (not the releaser's shorter one), and the waiter's renewer adopts it
+    and extends it to the ttl well before that ends: nobody else gets in meanwhile."""
+    client, _ = target
+    waiting, holding = _handed_pair(kind, name, client, entry_lease=6.0)
+    keys = waiting._keys.queued()
+    hash_key, queue, entries, times = keys[0], keys[2], keys[3], keys[4]
+    seen: Dict[str, Any] = {}
+    done = threading.Event()
+
+    def waiter() -> None:
+        try:
+            seen["got"] = waiting.acquire(timeout=20)
+            owner = identity.thread_owner()
+            seen["marker"] = client.hexists(entries, f"g:{owner}")
+            seen["owner"] = owner
+            assert done.wait(30)
+            waiting.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            seen["error"] = exc
+
+    assert holding.acquire(timeout=10)
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 15, "the waiter to queue")
+        holding.release()
+        secs, micros = client.time()
+        released = secs * 1000 + micros // 1000
+        wait_until(lambda: "owner" in seen or "error" in seen, 15, "the waiter to return")
+        assert seen.get("got") is True, seen
+        assert seen["marker"], "the grant was adopted before acquire returned"
+        owner = seen["owner"]
+        field = owner if kind == "rlock" else f"{'r' if kind == 'read' else 'w'}:{owner}"
+        grant_end = client.zscore(times, f"g:{owner}")
+        if grant_end is not None:  # (None: the renewer adopted it already)
+            assert grant_end - released > 1000, "the grant lives the releaser's lease"
+        wait_until(lambda: not client.hexists(entries, f"g:{owner}"), 10,
+                   "the renewer to adopt the grant")
+        secs, micros = client.time()
+        left = client.zscore(keys[1], field) - (secs * 1000 + micros // 1000)
+        assert left > 6000, left  # extended to the ttl (10 s), past the entry lease
+        other = rlocks.RLock(name, client=client, namespace=NS) if kind == "rlock" else (
+            rlocks.RWLock(name, client=client, namespace=NS).write_lock)
+        assert not other.acquire(blocking=False)
+        assert client.hget(hash_key, field) == b"1"
+    finally:
+        done.set()
+        thread.join(20)
+    assert "error" not in seen, seen
+    assert {k for k in client.hkeys(hash_key) if not k.startswith(b"#")} == set()
+
+
+@pytest.mark.timeout(60)
+def test_another_object_acquiring_before_the_renewer_adopted_adds_its_level(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    """Re-entry through a second object of the name, while the thread's hand-over grant
+    is recorded but not adopted yet, adds a level on the server: it is not taken for a
+    waiter's re-check (ADOPTED, nothing added), so the outer hold outlives the inner."""
+    first, holding = _handed_pair("rlock", name, client, entry_lease=6.0)
+    second = rlocks.RLock(name, client=client, namespace=NS)
+    hash_key, queue, entries = first._keys.hash, first._keys.queued()[2], first._keys.queued()[3]
+    seen: Dict[str, Any] = {}
+    inner = threading.Event()
+    done = threading.Event()
+
+    def waiter() -> None:
+        try:
+            assert first.acquire(timeout=20)
+            owner = identity.thread_owner()
+            seen["marker"] = client.hexists(entries, f"g:{owner}")
+            assert second.acquire(timeout=5)
+            seen["levels"] = client.hget(hash_key, owner)
+            second.release()
+            inner.set()
+            assert done.wait(30)
+            first.release()
+        except BaseException as exc:  # noqa: BLE001 - checked in the main thread
+            seen["error"] = exc
+            inner.set()
+
+    assert holding.acquire(timeout=10)
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_until(lambda: client.zcard(queue) == 1, 15, "the waiter to queue")
+        holding.release()
+        assert inner.wait(20)
+        assert "error" not in seen, seen
+        assert seen["marker"], "the grant was adopted before acquire returned"
+        assert seen["levels"] == b"2"
+        other = rlocks.RLock(name, client=redis.Redis.from_url(redis_url), namespace=NS)
+        assert not other.acquire(blocking=False), "the inner release freed the outer hold"
+    finally:
+        done.set()
+        thread.join(20)
+    assert "error" not in seen, seen
+
+
+def test_a_grant_is_kept_unadopted_only_when_it_is_surely_this_waits_and_young(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """The fast path's rule (no I/O): the grant line's token must be above the one the
+    waiter's last QUEUED reply reported (an older line, read late, is of a grant made
+    before, maybe revoked since), most of the entry lease must be left, something must
+    renew it, and a semaphore (whose hold does not prove its grant) always adopts."""
+    from rlocks._engine.queued import RENEW_SLACK, _short_lease_end, _Take
+
+    lock = rlocks.RLock(name, client=client, namespace=NS, entry_lease=3.0)
+    st = _Take()
+    assert _short_lease_end(lock, st, 5) is None  # never queued: no basis
+    now = time.monotonic()
+    st.basis = (now, 100)
+    end = _short_lease_end(lock, st, 101)
+    assert end is not None and abs(end - (now + 3.0)) < 1e-6
+    assert _short_lease_end(lock, st, 100) is None  # not above the QUEUED reply's token
+    st.basis = (now - 3.0 + RENEW_SLACK - 0.05, 100)
+    assert _short_lease_end(lock, st, 101) is None  # too little of the lease left
+    st.basis = (now, 100)
+    unrenewed = rlocks.RLock(name, client=client, namespace=NS, auto_renew=False)
+    assert _short_lease_end(unrenewed, st, 101) is None
+    sem = rlocks.Semaphore(name, 1, client=client, namespace=NS)
+    assert _short_lease_end(sem, st, 101) is None
+    short = rlocks.RLock(name, client=client, namespace=NS, entry_lease=1.0)
+    assert _short_lease_end(short, st, 101) is None  # 1 s leaves the renewer no slack

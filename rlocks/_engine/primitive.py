@@ -83,6 +83,12 @@ _unsettled: "collections.OrderedDict[Tuple[int, str, str], List[Tuple[int, str]]
     collections.OrderedDict()
 )
 _MAX_UNSETTLED = 1024
+# Hand-over grants this process recorded without adopting them on the server (the fast
+# path of queued._handed): (pool id, hash key, owner) -> when (monotonic) the grant's
+# short lease ends at the earliest; the renewer adopts it before. Another object of the name acquiring for that owner
+# meanwhile adopts first (queued._take): its plain acquire would otherwise be answered as
+# a waiter's re-check, ADOPTED with nothing added. Under _bookkeeping.
+_unadopted: Dict[Tuple[int, str, str], float] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -97,6 +103,7 @@ def _reset_after_fork() -> None:
     _process_tokens.clear()
     _orphans.clear()
     _unsettled.clear()
+    _unadopted.clear()
 
 
 def _forget_orphans_locked() -> None:
@@ -461,6 +468,16 @@ class Primitive(Renewable):
     def _hold_key(self, owner: str) -> Tuple[int, str, str]:
         return (id(pool_of(self._client)), self._keys.hash, owner)
 
+    def _adopt_first(self, owner: str) -> bool:
+        """Whether ``owner``, acquiring through this object while it holds nothing here,
+        must first adopt a hand-over grant another object of the name recorded without
+        adopting it (see ``_unadopted``). No I/O; forgets the grant (one adoption does)."""
+        if not _unadopted or self._held(owner):
+            return False
+        with _bookkeeping:
+            end = _unadopted.pop(self._hold_key(owner), None)
+        return end is not None and end > monotonic()
+
     def _lost_reply_check(self, owner: str) -> Optional[Call]:
         """A call that tells whether ``owner`` holds this primitive, for a waiter whose
         attempt's reply was lost (it may have been granted); ``None``: cannot tell.
@@ -728,15 +745,24 @@ class Primitive(Renewable):
     def _record_grant(
         self, owner: str, count: int, since: float, token: int = 0,
         tokens: Optional[Tuple[Optional[int], ...]] = None,
+        unadopted: Optional[float] = None,
     ) -> None:
         """Record ``count`` holds granted to ``owner``; start renewing them.
 
         ``token``: the grant's fencing token (0: none issued, as on re-entry, which keeps
         the hold's token). ``tokens``: on a Quorum, each master's (all None on re-entry).
+        ``unadopted``: a hand-over grant recorded without its adoption round trip, whose
+        short lease ends no sooner than this (monotonic): the renewer renews it before.
         """
         key = self._hold_key(owner)
         with _bookkeeping:
             _forget_orphans_locked()
+            if unadopted is not None:
+                if len(_unadopted) >= _MAX_UNSETTLED:
+                    now = monotonic()
+                    for old in [k for k, end in _unadopted.items() if end <= now]:
+                        del _unadopted[old]
+                _unadopted[key] = unadopted
             hold = self._holds.get(owner)
             if hold is None:
                 hold = self._holds[owner] = Hold()
@@ -757,7 +783,7 @@ class Primitive(Renewable):
             _process_holds[key] = _process_holds.get(key, 0) + count
             start_lease = self._auto_renew and hold.lease is None
         if start_lease:
-            lease = self._renewer().add(self, owner, self._ttl, since)
+            lease = self._renewer().add(self, owner, self._ttl, since, unadopted)
             with _bookkeeping:
                 if hold.count > 0 and hold.lease is None:
                     hold.lease = lease

@@ -21,8 +21,11 @@ The dialogue (docs/design/handover.md, "Client side")
    head waits for the hub at most until the re-check hint (``aux``), the entry lease or
    the deadline.
 3. The hub's ``g <waiter>`` line (or the releasing thread of this process, from its
-   release reply) marks the waiter GRANTED: it records the hold with no round trip; the
-   renewer adopts the grant (item ``a``) and extends it to ``ttl`` on its next turn.
+   release reply) marks the waiter GRANTED. A lock's waiter records the hold with no
+   round trip when the grant is surely this wait's and its short lease has most of
+   ``entry_lease`` left (``_short_lease_end``): the renewer's first renewal of the hold,
+   due within a third of what is left, adopts it and extends it to ``ttl``. Otherwise
+   (a semaphore, an old wait, ``replicas=``) it adopts the grant itself before returning.
    ``w`` (``fair=False``), or no line in time, makes it ask again: that re-check renews
    the entry and answers ADOPTED for a grant whose line was missed (recorded once).
 4. Deadline, cancel or interrupt: under the hub mutex the waiter either finds itself
@@ -60,6 +63,10 @@ __all__ = ["CALL", "READ", "SUBSCRIBE", "WAIT", "Op", "Steps", "take_steps"]
 log = logging.getLogger(__name__)
 
 CALL, WAIT, SUBSCRIBE, READ = "call", "wait", "subscribe", "read"
+
+#: The least short lease (s) a hand-over grant must have left to be kept without its
+#: adoption round trip: the renewer's margin for its first renewal, which adopts it.
+RENEW_SLACK = 1.0
 
 
 class Op:
@@ -105,9 +112,13 @@ Steps = Generator[Op, Any, bool]
 class _Take:
     """The dialogue's own state, visible to its clean-up."""
 
-    __slots__ = ("op", "waiter", "queued", "entry", "detector")
+    __slots__ = ("op", "waiter", "queued", "entry", "detector", "basis")
 
     def __init__(self) -> None:
+        #: (when it was sent, monotonic; the token it reported) of this waiter's last
+        #: acquire answered QUEUED: a grant made after that call has a larger token, and
+        #: its short lease ends no sooner than ``entry_lease`` after the send.
+        self.basis: Optional[Tuple[float, int]] = None
         self.detector: Optional[deadlock.Detector] = None
         self.op: Optional[Op] = None  # the acquire call in flight, if any
         self.waiter: Optional[Waiter] = None
@@ -175,6 +186,9 @@ def _take(
     failed = prim._take_unsettled(owner)
     if failed:
         yield from _settle(prim, owner, failed)
+    if prim._adopt_first(owner):
+        yield _call(st, prim._adopt_call(owner))
+        st.op = None
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
@@ -266,6 +280,7 @@ def _take(
         plan.backoff = RECONNECT_BACKOFF[0]
         hub.deliver(channel, reply.wakes, op.sent)
         if reply.queued:
+            st.basis = (since, reply.token)
             if st.entry is None:
                 st.entry = prim._renewer().add_entry(prim, identity.process_token(), entry_s)
             hint = reply.aux / 1000.0 + 0.001 if reply.aux >= 0 else entry_s
@@ -437,6 +452,15 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
             st.queued = True
             return False
         return (yield from _granted(prim, owner, count, reply, since, st))
+    # the fencing token came with the grant line (or the release reply that named it)
+    token = st.waiter.token if st.waiter is not None else 0
+    short = _short_lease_end(prim, st, token)
+    if short is not None:
+        # Recorded with no round trip: the grant is this wait's and has most of its short
+        # lease left, and the renewer's first renewal of the hold adopts it well before
+        # that lease ends (a stall past it is then a lost hold, reported as any other).
+        prim._record_grant(owner, count, since, token=token, unadopted=short)
+        return True
     # Adopted here, before acquire returns True: the grant lives only the entry lease
     # until adopted, and a process stalled that long after the wake-up (CI saw one under
     # load) would otherwise return True for a grant already revoked and handed on. The
@@ -452,10 +476,30 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
         # semaphore owner may hold permits through another object (on another client,
         # which this one cannot know of), so only the marker proves the grant.
         return False
-    # the fencing token came with the grant line (or the release reply that named it)
-    token = st.waiter.token if st.waiter is not None else 0
     prim._record_grant(owner, count, since, token=token)
     return True
+
+
+def _short_lease_end(prim: "Primitive", st: _Take, token: int) -> Optional[float]:
+    """When (monotonic) the short lease of the hand-over grant just announced ends at the
+    earliest, if it may be kept without the adoption round trip; else None (no I/O).
+
+    Only for a lock's grant (a semaphore's hold does not prove its grant: it adopts) that
+    a renewer will adopt, and only when it is sure to be this wait's: its token is above
+    the one this waiter's last QUEUED reply reported, so it was made after that call (an
+    old line, read late, of a grant since revoked has a smaller one), and its lease,
+    ``entry_lease`` from no sooner than that call's send, still has ``RENEW_SLACK`` and two
+    thirds of ``entry_lease`` left for the renewer."""
+    if st.basis is None or not prim._hold_proves_grant or not prim._auto_renew:
+        return None
+    sent, seen = st.basis
+    if token <= seen:
+        return None
+    entry_s = prim._entry_ms / 1000.0
+    end = sent + entry_s
+    if end - monotonic() < max(RENEW_SLACK, entry_s * 2.0 / 3.0):
+        return None
+    return end
 
 
 def _abandon(

@@ -158,9 +158,24 @@ class Renewer:
         # would otherwise exit on waking as if idle all along (and be restarted at once).
         self._added = monotonic()
 
-    def add(self, primitive: "Renewable", owner: str, ttl: float, since: float) -> Lease:
-        """Start renewing ``owner``'s hold on ``primitive``, granted at ``since``."""
+    def add(
+        self,
+        primitive: "Renewable",
+        owner: str,
+        ttl: float,
+        since: float,
+        short: Optional[float] = None,
+    ) -> Lease:
+        """Start renewing ``owner``'s hold on ``primitive``, granted at ``since``.
+
+        ``short``: the hold is a hand-over grant still on its short lease, which ends no
+        sooner than this (monotonic); its first renewal (which also adopts it on the
+        server) comes within a third of what is left, not a third of ``ttl``."""
         lease = Lease(primitive, owner, ttl, since)
+        if short is not None:
+            now = monotonic()
+            lease.expires = min(lease.expires, short)
+            lease.due = min(lease.due, now + max(short - now, 0.0) / 3.0)
         with self._mutex:
             self._leases[id(lease)] = lease
             self._added = monotonic()

@@ -13,6 +13,8 @@
 --   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
 --              n = holds wanted, k = 1 once woken without a grant (fair = 0),
 --              p = server ms when its patience ends (fair = 0, set when woken),
+--              l = the entry lease (ms) of the call that queued it: a grant to it lives
+--              that long until adopted, whoever's call makes the grant,
 --              t = when the entry took its place (server ms; for inspection only)};
 --              'g:<waiter>' -> JSON {o, s, n, t}: a hand-over grant (t = its fencing
 --              token as a string, '0' for a semaphore) the waiter has not
@@ -32,8 +34,8 @@
 --            whoever asks, a release wakes the head waiters ('w') and starts their
 --            patience of P ms (0 = none); a woken waiter that lost the race is granted by
 --            the first hand-over once its patience has ended (not woken again within it)
---   ARGV[4]  entry lease, ms (>= 1): lease of a queue entry, and of a hand-over grant
---            until its owner adopts it
+--   ARGV[4]  entry lease, ms (>= 1): lease of a queue entry this call makes or renews
+--            (a hand-over grant lives its entry's 'l' until its owner adopts it)
 --   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
 --
 -- ONE reply shape for every script: {status, value, aux, wakes[, items, token]}
@@ -67,6 +69,8 @@
 --   is new (a fresh grant, or the adopted hand-over grant): its fencing token; absent
 --   (a 4-element reply) when the call issued none (re-entry keeps the caller's token).
 --   Also renew replies with a 't' item whose hold exists: the token issued to it.
+--   And QUEUED replies of rlock and rw: the last token issued so far (F), so that a
+--   grant line whose token is above it was made after this call (absent when F is 0).
 --
 -- Fencing tokens (rlock and rw; a semaphore issues none): every fresh hold of a side
 -- gets token = max(F + 1, server TIME in microseconds; ARGV[1] * 1000 when given) and F
@@ -301,6 +305,7 @@ local function enqueue(ctx, entry, e)
         local old = get_entry(entry)
         e.t = (old and old.t) or ctx.now
     end
+    if e.l == nil then e.l = ctx.elease end
     redis.call('HSET', W, 'e:' .. entry, cjson.encode(e))
     redis.call('ZADD', T, ctx.now + ctx.elease, 'e:' .. entry)
     return redis.call('ZRANK', Q, entry) + 1
@@ -385,11 +390,14 @@ local function handover(ctx)
         if ctx.fair == 1 or (e.k == 1 and ctx.now >= (e.p or 0)) then
             remove_entry(ctx, top)
             -- the token travels to the waiter in its line and in the marker (ADOPTED)
-            local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + ctx.elease)
+            -- The grant lives the entry lease its waiter asked for (not this caller's):
+            -- the waiter counts on it when it keeps the grant without adopting it.
+            local life = e.l or ctx.elease
+            local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + life)
             -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
             redis.call('HSET', W, 'g:' .. e.w,
                 cjson.encode({o = e.o, s = e.s, n = e.n, t = fmt(token)}))
-            redis.call('ZADD', T, ctx.now + ctx.elease, 'g:' .. e.w)
+            redis.call('ZADD', T, ctx.now + life, 'g:' .. e.w)
             ctx.granted = ctx.granted + 1
             if ctx.kind == 'sem' then token = nil end
             wake(ctx, 'g', e.w, token)
@@ -571,6 +579,11 @@ local function op_acquire(ctx, a)
         -- left the primitive free (no release would come to grant it)
         hint = mine_now.p - ctx.now
     end
+    if ctx.kind ~= 'sem' then
+        -- Every later grant gets a token above this one, so the waiter can tell a grant
+        -- line made after this call from one made before it (queued.py, the fast path).
+        ctx.token = ctx.tok or tonumber(redis.call('HGET', F, 'last')) or 0
+    end
     return finish(ctx, 3, redis.call('ZRANK', Q, a.entry) + 1, hint)
 end
 
@@ -634,7 +647,9 @@ end
 -- whose holds-hash field is id (an acquire whose reply was lost: its grant's token never
 -- reached the owner; the new one is above every token issued before, so the order of
 -- grants holds). Holds get now + ttl, entries now + entry lease; neither is ever
--- shortened. Per item: 1 = renewed/adopted/issued, -1 = not there (lost, left, expired).
+-- shortened. Renewing an rlock or rw hold also adopts its owner's hand-over grant (there
+-- the waiter id is the owner id, and only a process that recorded the grant renews it).
+-- Per item: 1 = renewed/adopted/issued, -1 = not there (lost, left, expired).
 local function op_renew(ctx, ttl, first)
     purge(ctx)
     local results, ok = {}, 0
@@ -661,6 +676,7 @@ local function op_renew(ctx, ttl, first)
             local field = hfield(ctx, side, id)
             if redis.call('HEXISTS', H, field) == 1 then
                 extend(L, field, ctx.now + ttl)
+                if ctx.tn > 0 and ctx.kind ~= 'sem' then clear_marker(ctx, id) end
                 done = true
             end
         end
