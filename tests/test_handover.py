@@ -885,3 +885,63 @@ def test_a_grant_is_kept_unadopted_only_when_it_is_surely_this_waits_and_young(
     assert _short_lease_end(sem, st, 101) is None
     short = rlocks.RLock(name, client=client, namespace=NS, entry_lease=1.0)
     assert _short_lease_end(short, st, 101) is None  # 1 s leaves the renewer no slack
+
+
+@pytest.mark.timeout(60)
+def test_an_asyncio_waiter_handed_the_lock_returns_at_once_and_its_renewer_adopts_it(
+    redis_url: str, name: str
+) -> None:
+    """The same on the asyncio twin: the waiting task returns before anything adopted its
+    grant, and the renewer task adopts it and extends it to the ttl in time."""
+    check = redis.Redis.from_url(redis_url)
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        waiting = rlocks.asyncio.RLock(name, client=client, namespace=NS, ttl=10,
+                                       entry_lease=6.0)
+        holding = rlocks.asyncio.RLock(name, client=client, namespace=NS, entry_lease=0.25)
+        keys = waiting._keys.queued()
+        entries, queue = keys[3], keys[2]
+        assert await holding.acquire()
+        seen: Dict[str, Any] = {}
+        release = asyncio.Event()
+
+        async def waiter() -> None:
+            assert await waiting.acquire(timeout=20)
+            owner = identity.task_owner()
+            seen["owner"] = owner
+            seen["marker"] = await client.hexists(entries, f"g:{owner}")
+            await release.wait()
+            await waiting.release()
+
+        task = asyncio.ensure_future(waiter())
+        try:
+            for _ in range(1500):
+                if await client.zcard(queue) == 1:
+                    break
+                await asyncio.sleep(0.01)
+            await holding.release()
+            for _ in range(1500):
+                if "marker" in seen or task.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert seen.get("marker"), "the grant was adopted before acquire returned"
+            owner = seen["owner"]
+            for _ in range(1000):
+                if not await client.hexists(entries, f"g:{owner}"):
+                    break
+                await asyncio.sleep(0.01)
+            assert not await client.hexists(entries, f"g:{owner}"), "never adopted"
+            secs, micros = await client.time()
+            left = await client.zscore(keys[1], owner) - (secs * 1000 + micros // 1000)
+            assert left > 6000, left
+            other = rlocks.RLock(name, client=check, namespace=NS)
+            assert not other.acquire(blocking=False)
+        finally:
+            release.set()
+            await asyncio.wait_for(task, 20)
+            await client.aclose()
+
+    asyncio.run(main())
+    assert {k for k in check.hkeys(keys_for(NS, "rlock", name).hash)
+            if not k.startswith(b"#")} == set()

@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 
 RETRY = 1.0  # s between renewal attempts while Redis cannot be reached
 IDLE_EXIT = 30.0  # s without leases after which the renewer thread exits
+# A hand-over grant kept unadopted is renewed (and so adopted) this soon: a short section
+# (the contended case) ends first and costs no renewal, while a process must stall for
+# most of the grant's short lease, and start within this, to lose the hold.
+ADOPT_AFTER = 0.1
 EARLY = 0.25  # a lease due within this fraction of its period joins the current batch
 
 
@@ -170,12 +174,17 @@ class Renewer:
 
         ``short``: the hold is a hand-over grant still on its short lease, which ends no
         sooner than this (monotonic); its first renewal (which also adopts it on the
-        server) comes within a third of what is left, not a third of ``ttl``."""
+        server) comes ``ADOPT_AFTER`` s from now (or within a third of what is left, if
+        sooner), not a third of ``ttl`` from now."""
         lease = Lease(primitive, owner, ttl, since)
         if short is not None:
             now = monotonic()
             lease.expires = min(lease.expires, short)
-            lease.due = min(lease.due, now + max(short - now, 0.0) / 3.0)
+            delay = min(ADOPT_AFTER, max(short - now, 0.0) / 3.0)
+            lease.due = now + delay
+            # Until that first renewal its period is the delay, so it only joins a batch
+            # just before it is due (EARLY is a fraction of the period); renewals reset it.
+            lease.period = delay
         with self._mutex:
             self._leases[id(lease)] = lease
             self._added = monotonic()
@@ -367,6 +376,7 @@ class Renewer:
             if renewed >= quorum.majority:
                 # The validity window of a renewal is measured as an acquire's is.
                 lease.expires = sent + lease.ttl - drift_allowance(lease.ttl)
+                lease.period = lease.ttl / 3.0
                 lease.due = sent + lease.period
             elif refused > refusable:
                 self.cancel(lease)
@@ -400,6 +410,7 @@ class Renewer:
             reply = decode(result, script.name)
             if primitive._renewed(lease, reply):
                 lease.expires = sent + lease.ttl
+                lease.period = lease.ttl / 3.0
                 lease.due = sent + lease.period
                 metrics.renewed(primitive)
             else:
