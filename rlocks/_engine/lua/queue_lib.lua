@@ -653,12 +653,24 @@ end
 local function op_renew(ctx, ttl, first)
     purge(ctx)
     local results, ok = {}, 0
+    -- 'a' items first: each says whether its grant was unadopted when the call began,
+    -- though a hold item of the same owner, anywhere in the list, adopts it too.
+    for i = first, #ARGV - 1, 2 do
+        if ARGV[i] == 'a' then
+            local n = (i - first) / 2 + 1
+            results[n] = -1
+            if redis.call('HEXISTS', W, 'g:' .. ARGV[i + 1]) == 1 then
+                clear_marker(ctx, ARGV[i + 1])
+                results[n] = 1
+                ok = ok + 1
+            end
+        end
+    end
     for i = first, #ARGV - 1, 2 do
         local kind, id = ARGV[i], ARGV[i + 1]
         local done = false
         if kind == 'a' then
-            done = redis.call('HEXISTS', W, 'g:' .. id) == 1
-            clear_marker(ctx, id)
+            done = nil -- answered above
         elseif kind == 't' then
             if redis.call('HEXISTS', H, id) == 1 then
                 ctx.token = next_token(ctx)
@@ -680,11 +692,12 @@ local function op_renew(ctx, ttl, first)
                 done = true
             end
         end
+        local n = (i - first) / 2 + 1
         if done then
             ok = ok + 1
-            results[#results + 1] = 1
-        else
-            results[#results + 1] = -1
+            results[n] = 1
+        elseif done == false then
+            results[n] = -1
         end
     end
     handover(ctx)
