@@ -809,11 +809,15 @@ class Model:
     def renew(self, ttl: int, items: List[Tuple[str, str]]) -> List[Any]:
         self.wakes = []
         self.purge()
-        results = []
-        for kind, ident in items:
+        # 'a' items first: whether the grant was unadopted when the call began
+        results = [
+            (1 if self.markers.pop(ident, None) is not None else -1) if kind == "a" else 0
+            for kind, ident in items
+        ]
+        for n, (kind, ident) in enumerate(items):
             if kind == "a":
-                ok = self.markers.pop(ident, None) is not None
-            elif kind == "e":
+                continue
+            if kind == "e":
                 ok = ident in self.entries
                 if ok:
                     e = self.entries[ident]
@@ -823,7 +827,9 @@ class Model:
                 ok = f in self.holds
                 if ok:
                     self.holds[f][1] = max(self.holds[f][1], self.now + ttl)
-            results.append(1 if ok else -1)
+                    if self.kind != "sem":  # a lock's renewal adopts its owner's grant
+                        self.markers.pop(ident, None)
+            results[n] = 1 if ok else -1
         self.handover()
         return [1, results.count(1), 0, self.wakes, results]
 
