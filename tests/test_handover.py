@@ -945,3 +945,47 @@ def test_an_asyncio_waiter_handed_the_lock_returns_at_once_and_its_renewer_adopt
     asyncio.run(main())
     assert {k for k in check.hkeys(keys_for(NS, "rlock", name).hash)
             if not k.startswith(b"#")} == set()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_process_stopped_right_after_a_hand_over_loses_the_lock_and_knows_it(
+    target: Tuple[Any, Dict[str, Any]], kind: str, name: str
+) -> None:
+    """A waiter returns from a hand-over before its grant is adopted; stopped right then
+    (SIGSTOP, before its renewer adopts the grant), it keeps the others out at most the
+    grant's short lease (its entry lease). The next process then gets the lock, and the
+    stopped one, continued, finds its hold lost (LockLostError on release): never two
+    holders that both believe they hold it."""
+    client, spec = target
+    entry = 3.0
+    with _Scene(client, kind, name) as scene:
+        data, queue = scene.data, scene.queue
+        victim = SPAWN.Process(target=_procs.stop_after_grant_worker,
+                               args=(spec, kind, name, NS, data, entry))
+        victim.start()
+        scene.procs.append(victim)
+        wait_until(lambda: client.zcard(queue) == 1, 60, "the victim to queue")
+        scene.release()  # handed to the victim, which stops at once
+        wait_until(lambda: _stopped(victim.pid), 20, "the victim to stop itself")
+        began = time.monotonic()
+        _prim, acquire, release, _nesting = _procs.make_mutex(kind, name, client, NS, ttl=30)
+        assert acquire(timeout=entry + 20), "the stopped victim kept the lock"
+        assert time.monotonic() - began < entry + 5.0
+        os.kill(victim.pid, signal.SIGCONT)
+        victim.join(30)
+        assert victim.exitcode == _procs.EXIT_OK, scene.errors()
+        assert _pids(client, f"{data}:lost") == [victim.pid]
+        assert _pids(client, f"{data}:kept") == []
+        # the survivor's hold is intact: the victim's release took nothing of it
+        owner = identity.thread_owner()
+        field = owner if kind == "rlock" else f"w:{owner}"
+        assert client.hget(keys_for(NS, _KEY_KIND[kind], name).hash, field) == b"1"
+        release()
+        client.delete(f"{data}:lost", f"{data}:kept")
