@@ -100,9 +100,10 @@ class RLock(ReentrantLock, _RLockCore):
       renewer renews it (every third of it while a thread waits), and a hand-over grant
       lives until its process adopts it: a waiting process that dies, or dies just after
       being handed the lock, delays the next holder at most this long. A shorter one
-      bounds that stall at the price of more renewals; below 1.5 s a handed waiter
-      adopts its grant before returning (one round trip) instead of leaving that to its
-      renewer. TypeError/ValueError unless a number of seconds >= 0.01.
+      bounds that stall at the price of more renewals. A handed waiter leaves the
+      adoption of its grant to its renewer only while max(1 s, two thirds of this) of
+      the grant's lease is left; otherwise (always at 1 s or less) it adopts it before
+      returning (one round trip). TypeError/ValueError unless a number of seconds >= 0.01.
     - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking
       ``acquire`` checks, and checks again every ``deadlock_timeout``, whether it is part
       of a cycle of waits between RLocks and RWLock sides (any processes, any hosts);

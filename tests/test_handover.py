@@ -813,14 +813,17 @@ def test_a_handed_lock_returns_at_once_and_its_renewer_adopts_the_grant(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("second_client", ["same", "other"])
 def test_another_object_acquiring_before_the_renewer_adopted_adds_its_level(
-    client: "redis.Redis[bytes]", redis_url: str, name: str
+    client: "redis.Redis[bytes]", redis_url: str, name: str, second_client: str
 ) -> None:
-    """Re-entry through a second object of the name, while the thread's hand-over grant
-    is recorded but not adopted yet, adds a level on the server: it is not taken for a
-    waiter's re-check (ADOPTED, nothing added), so the outer hold outlives the inner."""
+    """Re-entry through a second object of the name (on the same client or another),
+    while the thread's hand-over grant is recorded but not adopted yet, adds a level on
+    the server: it is not taken for a waiter's re-check (ADOPTED, nothing added), so the
+    outer hold outlives the inner."""
     first, holding = _handed_pair("rlock", name, client, entry_lease=6.0)
-    second = rlocks.RLock(name, client=client, namespace=NS)
+    other_client = client if second_client == "same" else redis.Redis.from_url(redis_url)
+    second = rlocks.RLock(name, client=other_client, namespace=NS)
     hash_key, queue, entries = first._keys.hash, first._keys.queued()[2], first._keys.queued()[3]
     seen: Dict[str, Any] = {}
     inner = threading.Event()

@@ -84,11 +84,13 @@ _unsettled: "collections.OrderedDict[Tuple[int, str, str], List[Tuple[int, str]]
 )
 _MAX_UNSETTLED = 1024
 # Hand-over grants this process recorded without adopting them on the server (the fast
-# path of queued._handed): (pool id, hash key, owner) -> when (monotonic) the grant's
-# short lease ends at the earliest; the renewer adopts it before. Another object of the name acquiring for that owner
+# path of queued._handed): (hash key, owner) -> when (monotonic) the grant's short lease
+# ends at the earliest; the renewer adopts it before. Not keyed by pool: an object of the
+# name on another client must adopt first too (an adoption where there is no grant is
+# harmless, so a same-named key on another server costs one call at most). Another object of the name acquiring for that owner
 # meanwhile adopts first (queued._take): its plain acquire would otherwise be answered as
 # a waiter's re-check, ADOPTED with nothing added. Under _bookkeeping.
-_unadopted: Dict[Tuple[int, str, str], float] = {}
+_unadopted: Dict[Tuple[str, str], float] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -475,7 +477,7 @@ class Primitive(Renewable):
         if not _unadopted or self._held(owner):
             return False
         with _bookkeeping:
-            end = _unadopted.pop(self._hold_key(owner), None)
+            end = _unadopted.pop(self._hold_key(owner)[1:], None)
         return end is not None and end > monotonic()
 
     def _lost_reply_check(self, owner: str) -> Optional[Call]:
@@ -762,7 +764,7 @@ class Primitive(Renewable):
                     now = monotonic()
                     for old in [k for k, end in _unadopted.items() if end <= now]:
                         del _unadopted[old]
-                _unadopted[key] = unadopted
+                _unadopted[key[1:]] = unadopted
             hold = self._holds.get(owner)
             if hold is None:
                 hold = self._holds[owner] = Hold()
