@@ -85,11 +85,12 @@ _unsettled: "collections.OrderedDict[Tuple[int, str, str], List[Tuple[int, str]]
 _MAX_UNSETTLED = 1024
 # Hand-over grants this process recorded without adopting them on the server (the fast
 # path of queued._handed): (hash key, owner) -> when (monotonic) the grant's short lease
-# ends at the earliest; the renewer adopts it before. Not keyed by pool: an object of the
-# name on another client must adopt first too (an adoption where there is no grant is
-# harmless, so a same-named key on another server costs one call at most). Another object of the name acquiring for that owner
-# meanwhile adopts first (queued._take): its plain acquire would otherwise be answered as
-# a waiter's re-check, ADOPTED with nothing added. Under _bookkeeping.
+# ends at the earliest; the renewer adopts it before. Another object of the name that
+# acquires for that owner meanwhile adopts first (queued._take): its plain acquire would
+# otherwise be answered as a waiter's re-check, ADOPTED with nothing added. Not keyed by
+# pool: that object may be on another client (an adoption where there is no grant is
+# harmless, so a same-named key on another server costs one call at most). Under
+# _bookkeeping.
 _unadopted: Dict[Tuple[str, str], float] = {}
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
