@@ -23,7 +23,7 @@ import redis
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import aio, identity, waiting, wakehub
+from rlocks._engine import aio, identity, primitive, waiting, wakehub
 from rlocks._engine.keys import keys_for
 from rlocks._engine.primitive import ENTRY_LEASE, Primitive
 from rlocks._engine.scripts import run
@@ -777,6 +777,8 @@ def test_a_handed_lock_returns_at_once_and_its_renewer_adopts_the_grant(
             seen["owner"] = owner
             assert done.wait(30)
             waiting.release()
+            # the release adopted it: the next acquire of the owner need not adopt first
+            seen["pending"] = waiting._hold_key(owner)[1:] in primitive._unadopted
         except BaseException as exc:  # noqa: BLE001 - checked in the main thread
             seen["error"] = exc
 
@@ -809,6 +811,7 @@ def test_a_handed_lock_returns_at_once_and_its_renewer_adopts_the_grant(
         done.set()
         thread.join(20)
     assert "error" not in seen, seen
+    assert seen["pending"] is False
     assert {k for k in client.hkeys(hash_key) if not k.startswith(b"#")} == set()
 
 

@@ -824,6 +824,8 @@ class Primitive(Renewable):
             else:
                 _process_holds.pop(key, None)
                 _forget_tokens_locked(key)
+                # its release adopts an unadopted grant: the next acquire need not
+                _unadopted.pop(key[1:], None)
             lost = hold.lost
             if hold.count <= 0:
                 del self._holds[owner]
