@@ -311,8 +311,8 @@ def _not_found(name: str, settings: _Settings) -> Failure:
 def list_command(pattern: str, kind: Optional[str]) -> None:
     """List the primitives whose name matches the glob PATTERN (default: all).
 
-    WAITING counts processes subscribed to the primitive's wake-up channels: a process
-    subscribes once however many of its threads wait, and stays a few seconds after.
+    WAITING counts the processes in the primitive's queue: a process has one entry
+    however many of its threads wait.
     """
     settings = _settings()
     code = _kind_code(kind)

@@ -19,8 +19,8 @@ What is known, and what is not
   ``hold_age_ms`` is null.
 - **Waiters**: when the state carries a ``queue`` (the waiters in queue order, each with
   ``waiter``, ``side``, ``wanted``, ``lease_left_ms`` and ``age_ms``), its length and its
-  oldest age are shown. Otherwise the only count Redis has is the processes subscribed to
-  the primitive's wake-up channels (see :mod:`rlocks._engine.state`): shown as
+  oldest age are shown. A state built without its queue has only ``waiting``, the
+  number of processes queued (see :mod:`rlocks._engine.state`): shown as
   ``N proc``, and the oldest waiter's age is unknown (``?``). OLDEST is the oldest waiter's age.
 
 Order

@@ -110,16 +110,16 @@ def test_keys_that_rlocks_never_writes_are_not_primitives(key: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(ins.KINDS))
-def test_the_channel_table_matches_what_releases_publish_on(
+def test_a_hand_over_publishes_only_on_the_granted_process_channel(
     client: "redis.Redis[bytes]", ns: str, name: str, kind: str
 ) -> None:
-    # state.KINDS repeats how primitives name their wake-up channels: a release that
-    # wakes everyone (an RWLock's writer) or its one channel must publish on each of them.
+    # A hand-over wakes only the process it names: one message, on the channel that
+    # process's hub listens on (keys.wake of its process token), and nothing elsewhere.
     primitive: Any = {"rlock": lambda: rlocks.RLock(name, namespace=ns),
                       "rw": lambda: rlocks.RWLock(name, namespace=ns).write_lock,
                       "sem": lambda: rlocks.Semaphore(name, 1, namespace=ns)}[kind]()
     assert primitive._kind == kind
-    channels = [channel for _role, channel in ins.channels_for(ns, kind, name)]
+    channels = [keys_for(ns, kind, name).wake(identity.process_token())]
     pubsub = client.pubsub()
     # Every channel that starts like the primitive's first one (a glob, its own glob
     # characters escaped), so a channel missing from the table would show up too.
@@ -413,7 +413,7 @@ def test_force_release_of_an_rwlock_hands_it_to_the_queue(
     # head in the same script (no "*" wake-all): the message names the granted waiter.
     rw = rlocks.RWLock(name, namespace=ns)
     assert rw.write_lock.acquire()
-    [channel] = [channel for _role, channel in ins.channels_for(ns, "rw", name)]
+    channel = keys_for(ns, "rw", name).wake(identity.process_token())  # the reader's
     pubsub = client.pubsub()
     pubsub.subscribe(channel)
     assert wait_for(lambda: pubsub.get_message(timeout=0.1), "subscribe")["type"] == "subscribe"

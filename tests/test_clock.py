@@ -89,9 +89,8 @@ def jump(frozen, how: str) -> None:  # type: ignore[no-untyped-def]
 def test_acquire_timeout_runs_on_real_time_whatever_the_wall_clock_does(
     client: "redis.Redis[bytes]", name: str, how: str
 ) -> None:
-    key = hash_key(name)
-    channel = f"{key}:wake"
     lock = rlocks.RLock(name, client=client, ttl=30.0, namespace=NAMESPACE)
+    channel = lock._channel()  # the contender waits in this process
     outcome: List[object] = []
     with freeze_time(FROZEN_AT) as frozen:
         assert_clock_frozen()
@@ -124,7 +123,7 @@ def test_acquire_timeout_runs_on_real_time_whatever_the_wall_clock_does(
     got, elapsed = outcome
     assert got is False
     assert 0.45 <= elapsed <= 1.5, f"acquire(timeout=0.5) returned after {elapsed:.3f} s"
-    assert not client.exists(key)
+    assert not client.exists(hash_key(name))
 
 
 @pytest.mark.timeout(20)

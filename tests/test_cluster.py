@@ -62,7 +62,7 @@ def names_on_every_node(client: Any, prefix: str, count: int) -> List[str]:
 
 def channel_of(prim: Any) -> str:
     """The wake-up channel ``prim``'s waiters listen on."""
-    return getattr(prim, "_channel", None) or prim._keys.channel
+    return str(prim._channel())
 
 
 def cluster_keys(client: Any) -> List[bytes]:

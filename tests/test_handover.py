@@ -477,7 +477,7 @@ def test_a_head_waiter_timing_out_keeps_its_process_place(
     wait_until(lambda: client.zcard(queue) == 1, 15, "A to queue")
     b = threading.Thread(target=local, args=("b", 60.0))
     b.start()
-    wait_until(lambda: len(hub._channels[prim._channel].waiters) == 2, 15, "B to wait")
+    wait_until(lambda: len(hub._channels[prim._channel()].waiters) == 2, 15, "B to wait")
     other = _worker({"url": redis_url}, kind, name, data)
     try:
         wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
@@ -531,7 +531,7 @@ def test_two_local_waiters_timing_out_together_pass_the_place_to_the_third(
     wait_until(lambda: client.zcard(queue) == 1, 15, "A to queue")
     for k, tag in enumerate("bc"):
         threads[tag].start()
-        wait_until(lambda: len(hub._channels[lock._channel].waiters) == 2 + k, 15, "to wait")
+        wait_until(lambda: len(hub._channels[lock._channel()].waiters) == 2 + k, 15, "to wait")
     other = _worker({"url": redis_url}, "rlock", name, data)
     try:
         wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
@@ -693,11 +693,11 @@ def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
 
         task_c = asyncio.ensure_future(take_c())
         hub = aio.async_hub_for(client, NS)
-        while len(hub._channels[a._channel].waiters) != 2:
+        while len(hub._channels[a._channel()].waiters) != 2:
             assert time.monotonic() < deadline, "task c never waited"
             await asyncio.sleep(0.01)
         await a.release()  # hands it to b (its reply signals b at once)...
-        head = hub._channels[a._channel].waiters[0]
+        head = hub._channels[a._channel()].waiters[0]
         assert head.state == wakehub.GRANTED
         task_b.cancel()  # ...and b is cancelled before it ran again
         cancelled = time.monotonic()

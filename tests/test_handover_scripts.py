@@ -146,8 +146,8 @@ def test_rlock_fifo_handover_names_the_granted_waiter(
     client: "redis.Redis[bytes]", rl: _Prim
 ) -> None:
     sub = client.pubsub()
-    sub.subscribe(rl.keys[5])
-    assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+    sub.psubscribe(rl.keys[5] + ":*")  # every process's channel
+    assert sub.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
     assert _racq(rl, T0, "p1.a") == [1, 1, 30000, []]
     assert _racq(rl, T0, "p2.a") == [3, 1, 30000, []]
     assert _racq(rl, T0 + 1, "p3.a") == [3, 2, 29999, []]
@@ -160,6 +160,7 @@ def test_rlock_fifo_handover_names_the_granted_waiter(
     message = sub.get_message(timeout=5)
     assert message is not None and _plain([0, 0, 0, [message["data"].decode()]])[3] == [
         "g p2.a"]
+    assert message["channel"].decode() == rl.keys[5] + ":p2"  # on p2's own channel
     # Only the granted process wakes: nothing else was published.
     assert sub.get_message(timeout=0.2) is None
     sub.close()

@@ -134,7 +134,7 @@ def test_waiter_is_woken_whatever_the_clients_encoding(
     t = threading.Thread(target=wait)
     t.start()
     try:
-        channel = holder._channel
+        channel = holder._channel()
         wait_until(
             lambda: dict(c.pubsub_numsub(channel)).get(
                 channel if decode else channel.encode("latin-1"), 0

@@ -114,7 +114,7 @@ def test_dropped_clients_leave_no_threads_registries_or_connections(
     waiter = threading.Thread(target=wait_late)
     waiter.start()
     wait_until(
-        lambda: waiting.hub_for(client, NS).has_waiters(late._channel), 10, "the waiter"
+        lambda: waiting.hub_for(client, NS).has_waiters(late._channel()), 10, "the waiter"
     )
     busy.release()
     waiter.join(30)

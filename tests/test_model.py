@@ -245,7 +245,7 @@ class QueueMachine(RuleBasedStateMachine):
         return [i for i in range(len(self.owners)) if i != self.holder and i not in self.local]
 
     def local_waiters(self) -> int:
-        channel = self.hub._channels.get(self.ours[0]._channel)
+        channel = self.hub._channels.get(self.ours[0]._channel())
         return 0 if channel is None else len(channel.waiters)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:

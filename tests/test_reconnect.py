@@ -107,7 +107,7 @@ def test_waiter_rides_through_a_server_restart(server: TemporaryRedisServer, kin
     counts: List[int] = []
     thread, out = in_thread(wait)
     hub = waiting.hub_for(waiter_client, NAMESPACE)
-    wait_until(lambda: hub.has_waiters(waiter._channel), 10, "the waiter to wait")
+    wait_until(lambda: hub.has_waiters(waiter._channel()), 10, "the waiter to wait")
     server = restart(server)
     restarted = time.monotonic()
     try:
@@ -157,7 +157,7 @@ def test_semaphore_waiter_rides_through_a_server_restart(server: TemporaryRedisS
 
         thread, out = in_thread(wait)
         hub = waiting.hub_for(waiter_client, NAMESPACE)
-        wait_until(lambda: hub.has_waiters(sem._channel), 10, "the waiter to wait")
+        wait_until(lambda: hub.has_waiters(sem._channel()), 10, "the waiter to wait")
         # Its idle command connection is closed first (the waiter sleeps on): otherwise a
         # wake-up as the server shuts down could send an attempt into the closing
         # connection, whose lost reply a semaphore cannot check (docs/operations.md).
@@ -200,7 +200,7 @@ def test_asyncio_waiter_rides_through_a_server_restart(server: TemporaryRedisSer
         from rlocks._engine import aio
 
         hub = aio.async_hub_for(client, NAMESPACE)
-        while not hub.has_waiters(lock._channel):
+        while not hub.has_waiters(lock._channel()):
             await asyncio.sleep(0.01)
         # In a thread: the loop (hub, waiter) must run while the server is away.
         restarted.append(await asyncio.get_running_loop().run_in_executor(None, restart, server))
@@ -307,9 +307,9 @@ def test_a_grant_whose_reply_was_lost_is_adopted_once(
         thread, out = in_thread(wait)
         hub = waiting.hub_for(far, NAMESPACE)
         try:
-            wait_until(lambda: hub.has_waiters(waiter._channel) or out, 10, "the waiter")
+            wait_until(lambda: hub.has_waiters(waiter._channel()) or out, 10, "the waiter")
             assert not out, out  # (its first attempt must not have failed)
-            ch = hub._channels[waiter._channel]
+            ch = hub._channels[waiter._channel()]
             wait_until(
                 lambda: ch.confirmed.is_set() and waiter.done >= 2 and waiter.in_flight == 0,
                 10, "the waiter to be subscribed and asleep",
@@ -464,9 +464,9 @@ def test_the_hub_of_a_plain_client_recovers_from_a_silent_server(
         return got
 
     thread, out = in_thread(woken)
-    wait_until(lambda: hub.has_waiters(waiter._channel) or out, 10, "the waiter")
+    wait_until(lambda: hub.has_waiters(waiter._channel()) or out, 10, "the waiter")
     assert not out, out
-    ch = hub._channels[waiter._channel]
+    ch = hub._channels[waiter._channel()]
     # Subscribed again within a few of rlocks' socket timeouts (and the reconnect back-off).
     wait_until(lambda: ch.confirmed.is_set(), 4 * ENGINE_TIMEOUT + 3.0, "the subscription")
     holder.release()
@@ -511,7 +511,7 @@ def test_a_waiter_refused_login_on_reconnect_raises_at_once(
     waiter = rlocks.RLock("login", client=waiter_client, namespace=NAMESPACE, ttl=30)
     thread, out = in_thread(lambda: waiter.acquire(timeout=30))
     hub = waiting.hub_for(waiter_client, NAMESPACE)
-    wait_until(lambda: hub.has_waiters(waiter._channel), 10, "the waiter to wait")
+    wait_until(lambda: hub.has_waiters(waiter._channel()), 10, "the waiter to wait")
     # The password changes and connections are dropped: the waiter's reconnect is refused.
     admin.config_set("requirepass", "changed")
     admin.client_kill_filter(_type="normal", skipme=True)

@@ -668,7 +668,7 @@ def test_reentry_does_not_queue_behind_local_waiters(client: Any, name: str) -> 
     got: List[Any] = []
     waiter = threading.Thread(target=lambda: (got.append(lock.acquire(timeout=30)), lock.release()))
     waiter.start()
-    channel = f"{hash_key(name)}:wake"
+    channel = f"{hash_key(name)}:wake:{identity.process_token()}"
     assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
     assert lock.acquire(timeout=5)  # re-entry, with a local waiter queued
     # Granted while the waiter still waits (queued behind it, it would have had to wait
@@ -734,7 +734,7 @@ def test_one_attempter_per_process_however_many_threads_wait(
 def hub_waiters(lock: rlocks.RLock) -> List[Any]:
     from rlocks._engine.waiting import hub_for
 
-    ch = hub_for(lock.client, lock.namespace)._channels.get(f"{NAMESPACE}:rlock:{{{lock.name}}}:wake")
+    ch = hub_for(lock.client, lock.namespace)._channels.get(lock._channel())
     return list(ch.waiters) if ch is not None else []
 
 
@@ -750,7 +750,7 @@ def test_reentry_through_another_object_does_not_queue_behind_local_waiters(
     got: List[Any] = []
     waiter = threading.Thread(target=lambda: (got.append(inner.acquire(timeout=30)), inner.release()))
     waiter.start()
-    channel = f"{hash_key(name)}:wake"
+    channel = f"{hash_key(name)}:wake:{identity.process_token()}"
     assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
     assert inner.acquire(timeout=5)
     assert len(hub_waiters(inner)) == 1 and got == []  # granted while the waiter waits
@@ -774,7 +774,7 @@ def test_nested_synchronized_functions_sharing_a_name_with_a_waiter(
     @rlocks.synchronized(name, client=client, namespace=NAMESPACE)
     def outer() -> None:
         gate.set()
-        channel = f"{hash_key(name)}:wake"
+        channel = f"{hash_key(name)}:wake:{identity.process_token()}"
         assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
         inner("outer")  # re-entry through the other function's lock object
 

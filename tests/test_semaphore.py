@@ -153,21 +153,29 @@ def test_a_value_of_zero_queues_as_threading_waits(
         assert client.hget(key(name), "#free") == b"1"  # the released permit came back
 
 
-def test_release_publishes_the_number_of_permits(client: "redis.Redis[bytes]", name: str) -> None:
+def test_release_wakes_exactly_the_processes_its_permits_cover(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
     # Issue 12: a release grants its permits to the queued waiters they cover, in order,
-    # and its one message names exactly those (not a count for every process to race for).
+    # and wakes exactly those processes, each on its own channel (not a count for every
+    # process to race for, nor a message every waiting process must read).
     sem = make(name, client, 0)
     for ghost in ("ghost:1:a", "ghost:2:b", "ghost:3:c"):
         owner = f"{ghost}:1"
         args = [*sem._context(), owner, owner, ghost, 30000, 1, 1]
         assert run(client, Semaphore._acquire_script, sem._keys.queued(), args).queued
     pubsub = client.pubsub()
-    pubsub.subscribe(f"{key(name)}:wake")
+    pubsub.psubscribe(f"{key(name)}:wake:*")
     try:
-        assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+        assert pubsub.get_message(timeout=5)["type"] == "psubscribe"
         sem.release(2)
-        message = pubsub.get_message(timeout=5)
-        assert message["data"] == b"g ghost:1:a:1\ng ghost:2:b:1"
+        # Each granted process on its own channel; the third process hears nothing.
+        got = [pubsub.get_message(timeout=5) for _ in range(2)]
+        assert [(m["channel"], m["data"]) for m in got] == [
+            (f"{key(name)}:wake:ghost:1:a".encode(), b"g ghost:1:a:1"),
+            (f"{key(name)}:wake:ghost:2:b".encode(), b"g ghost:2:b:1"),
+        ]
+        assert pubsub.get_message(timeout=0.2) is None
     finally:
         pubsub.close()
     client.delete(*sem._keys.queued()[:5])
@@ -179,7 +187,8 @@ def test_waiter_is_woken_by_release(client: "redis.Redis[bytes]", name: str) -> 
     got = []
     waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=10)))
     waiter.start()
-    wait_for(lambda: bool(client.pubsub_numsub(f"{key(name)}:wake")[0][1]), 5, "subscription")
+    channel = f"{key(name)}:wake:{identity.process_token()}"
+    wait_for(lambda: bool(client.pubsub_numsub(channel)[0][1]), 5, "subscription")
     began = time.monotonic()
     sem.release()
     waiter.join(10)
@@ -402,7 +411,7 @@ def test_a_loss_is_not_absorbed_by_another_threads_grant(
     thread = threading.Thread(target=b)
     thread.start()
     hub = waiting.hub_for(client, NAMESPACE)
-    wait_for(lambda: hub.has_waiters(sem._channel), 10, "B to wait")
+    wait_for(lambda: hub.has_waiters(sem._channel()), 10, "B to wait")
     assert force_release(client, NAMESPACE, "sem", name)
     assert entered.wait(20) and not errors
     with pytest.raises(LockLostError):

@@ -80,21 +80,20 @@ class PrimitiveKeys(NamedTuple):
     """The Redis names one primitive uses."""
 
     hash: str  # owner id -> hold count, plus any per-primitive metadata fields
-    channel: str  # wake-ups published by the release scripts
+    channel: str  # prefix of the per-process wake-up channels (see wake)
 
-    def wake(self, role: str = "") -> str:
-        """The wake-up channel for waiters of ``role`` (``""``: the primitive's main one).
-
-        A primitive whose waiters want different news (an RWLock's writers wait for "the
-        last reader left", its readers for "the writer left") gives each its own channel,
-        in the same hash tag, so a release wakes only waiters that can proceed.
+    def wake(self, entry: str) -> str:
+        """The wake-up channel of the process whose queue entry is ``entry`` (its process
+        token): a hand-over publishes each woken process's lines there only
+        (``lua/queue_lib.lua`` ``finish``), so it wakes no other process. The name keeps
+        the hash tag, so a cluster script may publish on it as a shard channel.
         """
-        return f"{self.channel}:{role}" if role else self.channel
+        return f"{self.channel}:{entry}"
 
     def queued(self) -> Tuple[str, str, str, str, str, str, str, str, str]:
         """The nine KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``,
         ``lua/op_lib.lua``), in order: holds hash, holder lease ends, queue, entries, entry
-        lease ends, channel, fencing token counter, op records, op record ends.
+        lease ends, wake-up channel prefix, fencing token counter, op records, op record ends.
 
         All but the counter carry the hash's tag and the counter a tag of the same slot,
         so one script touches one cluster slot.

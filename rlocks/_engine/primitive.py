@@ -166,7 +166,6 @@ class Primitive(Renewable):
         "_holds",
         "_publish",
         "_calls",
-        "_channel",
         "_wait",
         "_fair",
         "_deadlock_timeout",
@@ -178,8 +177,6 @@ class Primitive(Renewable):
     _label: ClassVar[str] = "rlocks.Primitive"
     #: Key kind (see :mod:`.keys`); primitives sharing one hash share the kind.
     _kind: ClassVar[str] = ""
-    #: Which wake-up channel this primitive's waiters listen on (see ``PrimitiveKeys.wake``).
-    _wake_role: ClassVar[str] = ""
     #: Whether an ``async def`` on_lost is accepted (and awaited): the asyncio twins.
     _awaits_on_lost: ClassVar[bool] = False
     _acquire_script: ClassVar[Script]
@@ -258,7 +255,6 @@ class Primitive(Renewable):
         self._entry_ms = checks.entry_lease(entry_lease, label, name)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
-        self._channel = self._keys.wake(self._wake_role)
         self._holds: Dict[str, Hold] = {}
         # Cluster servers deliver sharded messages only to the shard's subscribers.
         self._publish = "SPUBLISH" if is_cluster(client) else "PUBLISH"
@@ -602,6 +598,11 @@ class Primitive(Renewable):
         left)."""
         return bool(reply.items) and reply.items[0] == 1
 
+    def _channel(self) -> str:
+        """The channel this process's waiters hear their wake-ups on (renewed at fork with
+        the process token, which is also the process's queue entry id)."""
+        return self._keys.wake(identity.process_token())
+
     def _local_hub(self) -> Any:
         """This process's hub for the primitive's pool, if one exists (no creation)."""
         return existing_hub(self._client, self._namespace)
@@ -611,7 +612,7 @@ class Primitive(Renewable):
         if reply.wakes:
             hub = self._local_hub()
             if hub is not None:
-                hub.deliver(self._channel, reply.wakes, sent)
+                hub.deliver(self._channel(), reply.wakes, sent)
 
     def _drive(self, steps: Steps) -> bool:
         """The threading driver of a :mod:`.queued` dialogue: block as it asks."""

@@ -193,7 +193,7 @@ def _take(
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
-    channel = prim._channel
+    channel = prim._channel()
     direct = hub is None or not prim._queues_locally(owner)
     if direct or not hub.has_waiters(channel):  # type: ignore[union-attr]
         since = monotonic()

@@ -33,8 +33,6 @@ are left out (counted in ``stale``) as the next script will drop them.
 Layouts (field names) are those documented in the header of ``lua/queue_lib.lua``: the
 holds hash (owner -> count, plus counters whose names start with ``#``), the holders'
 lease ends, the queue, its entries and their lease ends, all under one hash tag.
-:data:`KINDS` lists the wake-up channel of each kind, which the primitives build the same
-way (a test checks that they agree).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .clients import is_cluster
@@ -56,7 +54,6 @@ __all__ = [
     "Kind",
     "PrimitiveState",
     "QueueEntry",
-    "channels_for",
     "afind",
     "find",
     "force_release",
@@ -73,15 +70,12 @@ class Kind(NamedTuple):
 
     code: str  # the key kind (``keys_for``): "rlock", "rw", "sem"
     label: str  # the public class
-    # (role, suffix) of each wake-up channel; the channel is ``<keys.channel>[:<suffix>]``
-    channels: Tuple[Tuple[str, str], ...]
 
 
 KINDS: Dict[str, Kind] = {
-    "rlock": Kind("rlock", "RLock", (("wake", ""),)),
-    # Readers and writers wait in one queue, woken on one channel (see rwlock.py).
-    "rw": Kind("rw", "RWLock", (("wake", ""),)),
-    "sem": Kind("sem", "Semaphore", (("wake", ""),)),
+    "rlock": Kind("rlock", "RLock"),
+    "rw": Kind("rw", "RWLock"),  # readers and writers wait in one queue
+    "sem": Kind("sem", "Semaphore"),
 }
 
 _UNESCAPE = {"%25": "%", "%7B": "{", "%7D": "}"}
@@ -111,14 +105,6 @@ def parse_key(key: str, namespace: str) -> Optional[Tuple[str, str]]:
     if not name:
         return None
     return kind, name
-
-
-def channels_for(namespace: str, kind: str, name: str) -> Tuple[Tuple[str, str], ...]:
-    """``(role, channel)`` of every wake-up channel of one primitive."""
-    base = keys_for(namespace, kind, name).channel
-    return tuple(
-        (role, f"{base}:{suffix}" if suffix else base) for role, suffix in KINDS[kind].channels
-    )
 
 
 @dataclass(frozen=True)
@@ -176,7 +162,6 @@ class PrimitiveState:
     value: Optional[int] = None  # semaphores: the initial value
     free: Optional[int] = None  # semaphores: permits free, dead holders' included
     stale: int = 0  # holds or entries past their lease, not yet tidied by a script
-    channels: Tuple[str, ...] = field(default=(), repr=False)
     #: The queue in order, head first: one entry per waiting process (None: not read).
     queue: Optional[Tuple[QueueEntry, ...]] = None
 
@@ -345,14 +330,12 @@ def _decode(
         parts = _decode_sem(flat, ends, now)
     waiting_in, stale = _decode_queue(queue, entries, times, now)
     parts["stale"] += stale
-    channels = tuple(channel for _role, channel in channels_for(namespace, kind, name))
     return PrimitiveState(
         namespace=namespace,
         kind=kind,
         name=name,
         key=keys_for(namespace, kind, name).hash,
         lease_ms=lease,
-        channels=channels,
         queue=waiting_in,
         **parts,
     )
@@ -442,8 +425,8 @@ def list_primitives(
     """Every primitive of ``namespace`` whose name matches the glob ``pattern``.
 
     Sorted by name, then kind. ``kinds`` limits the key kinds ("rlock", "rw", "sem").
-    With ``waiting``, each state's ``waiting`` counts subscribers of its wake-up channels
-    (one more round trip per 200 primitives). Reads only; Redis errors propagate.
+    With ``waiting``, each state's ``waiting`` counts the live entries of its queue (one
+    per waiting process; no extra round trip). Reads only; Redis errors propagate.
     """
     wanted = set(kinds) if kinds is not None else set(KINDS)
     found = sorted(

@@ -2,8 +2,9 @@
 
 Why a hub
 ---------
-A release script publishes a wake-up on the primitive's channel in the same atomic step
-that frees it. Waiters must hear it without sleep-polling and without one connection per
+A release script publishes a wake-up in the same atomic step that frees it, on the
+channel of each process it hands the primitive to (``keys.PrimitiveKeys.wake``: the
+primitive's prefix and the process token), so no other process is woken. Waiters must hear it without sleep-polling and without one connection per
 waiting thread, so each process keeps ONE subscriber connection per (connection pool,
 namespace), owned by one daemon thread (an asyncio task in ``aio.AsyncWakeHub``), the
 hub. Threads that wait register a :class:`Waiter` (an Event) on a channel; the hub
@@ -386,8 +387,9 @@ class WakeHub:
 
     def _lines_locked(self, ch: _Channel, payload: str) -> None:
         """Act on a queue script's wake-up message (under the mutex): each line names one
-        waiter; lines for other processes are dropped unread (every subscriber of the
-        channel receives every message)."""
+        waiter; a line for another process is dropped unread (a channel is this
+        process's own, but the release reply the releasing process delivers itself
+        lists every process's lines)."""
         for line in payload.split("\n"):
             what, wid, token = wake_line(line)
             if not wid.startswith(self._mine):

@@ -20,7 +20,9 @@
 --              token as a string, '0' for a semaphore) the waiter has not
 --              adopted yet; '#seq' -> last sequence number
 --   KEYS[5]  T  entry lease ends, ZSET: 'e:<entry>' and 'g:<waiter>' -> end (ms)
---   KEYS[6]  the wake-up channel
+--   KEYS[6]  the wake-up channel prefix C: the process of queue entry E listens on
+--              'C:E' (shard channels on a cluster: C carries the hash tag), so a
+--              hand-over wakes only the processes it names
 --   KEYS[7]  F  the fencing token counter, a hash: 'last' -> the last token issued to any
 --              primitive of the namespace whose keys hash to this cluster slot (its own
 --              hash tag is chosen to land there), so the number of such keys is bounded
@@ -59,10 +61,10 @@
 --                 (what it freed handed over, expiries reset) as by every call.
 --   -2  UPGRADE   rw acquire of the write side by an owner that only reads: refused
 --   -3  OVER      sem release that would lift a bounded semaphore above its value
---   wakes: the lines published on KEYS[6] by this call, in queue order, joined by '\n'
---   in the message: 'g <waiter> <token>' = granted (the waiter now holds what its entry
---   asked, with the short lease; token = the grant's fencing token; a semaphore's line
---   is 'g <waiter>'),
+--   wakes: the lines this call published, in queue order; each woken process's lines
+--   go in one message on its channel 'C:E', joined by '\n'. 'g <waiter> <token>' =
+--   granted (the waiter now holds what its entry asked, with the short lease; token =
+--   the grant's fencing token; a semaphore's line is 'g <waiter>'),
 --   'w <waiter>' = woken to try again (fair = 0 only).
 --   items: renew only, each item's status; {} in other replies that carry a token.
 --   token: acquire replies 1 and 2 of rlock and rw when the caller's hold on that side
@@ -127,7 +129,7 @@ local function fmt(n) return string.format('%d', n) end
 -- the index of the first operation ARGV.
 local function context(kind)
     -- qdirty: the queue keys (Q, W, T) changed, so finish() must redo their expiry
-    local ctx = {kind = kind, wakes = {}, qdirty = false, granted = 0}
+    local ctx = {kind = kind, wakes = {}, pub = {}, pub_order = {}, qdirty = false, granted = 0}
     if ARGV[1] == '' then
         local t = redis.call('TIME')
         ctx.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -273,10 +275,18 @@ local function drop(ctx, side, owner, n, refund)
     return n
 end
 
-local function wake(ctx, what, waiter, token)
+-- A wake-up line for `waiter`, published on its process's channel (`entry`'s) by finish().
+local function wake(ctx, what, waiter, token, entry)
     local line = what .. ' ' .. waiter
     if token ~= nil then line = line .. ' ' .. fmt(token) end
     ctx.wakes[#ctx.wakes + 1] = line
+    local lines = ctx.pub[entry]
+    if lines == nil then
+        lines = {}
+        ctx.pub[entry] = lines
+        ctx.pub_order[#ctx.pub_order + 1] = entry
+    end
+    lines[#lines + 1] = line
 end
 
 local function get_entry(entry)
@@ -400,7 +410,7 @@ local function handover(ctx)
             redis.call('ZADD', T, ctx.now + life, 'g:' .. e.w)
             ctx.granted = ctx.granted + 1
             if ctx.kind == 'sem' then token = nil end
-            wake(ctx, 'g', e.w, token)
+            wake(ctx, 'g', e.w, token, top)
         elseif e.k == 1 then
             -- passed over within its patience: it asks again when that ends (its QUEUED
             -- reply said when), or this walk grants it at a release after that
@@ -410,7 +420,7 @@ local function handover(ctx)
             e.p = ctx.now + ctx.patience
             ctx.qdirty = true
             redis.call('HSET', W, 'e:' .. top, cjson.encode(e))
-            wake(ctx, 'w', e.w)
+            wake(ctx, 'w', e.w, nil, top)
             i = i + 1
         end
     end
@@ -483,8 +493,10 @@ local function finish(ctx, status, value, aux)
         if tlast ~= nil and last ~= nil and last > tlast then tlast = last end
         expire_all({Q, W, T}, tlast, ctx.now)
     end
-    if #ctx.wakes > 0 then
-        redis.call(ctx.publish, CHANNEL, table.concat(ctx.wakes, '\n'))
+    -- One message per woken process, on its own channel: a hand-over wakes only the
+    -- processes it names, not every process that waits.
+    for _, entry in ipairs(ctx.pub_order) do
+        redis.call(ctx.publish, CHANNEL .. ':' .. entry, table.concat(ctx.pub[entry], '\n'))
     end
     if ctx.token ~= nil and ctx.token > 0 then
         return {status, value, aux, ctx.wakes, {}, ctx.token}
