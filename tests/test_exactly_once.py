@@ -487,3 +487,101 @@ def test_another_threads_failed_release_of_a_permit_is_settled_by_its_owner(
         assert not thread.is_alive() and owner[1] == "1"
         assert _holds(client, sem, owner[0]) == 0
         far.close()
+
+
+def test_an_acquire_that_ran_but_lost_its_reply_is_given_back_by_the_next_acquire(
+    proxy: ReplyDropper, client: Any, name: str
+) -> None:
+    """An acquire's script grants, but its reply is lost (no redis-py retry): acquire
+    raises ConnectionError and the books hold nothing. The owner's next acquire must find
+    the grant in the op record and give it back first: before, it was re-entered on the
+    server, the release left that level in Redis, and the lock stayed held by nobody
+    who knew it until its 30 s lease ended."""
+    far = redis.Redis(port=proxy.port, socket_timeout=5)
+    lock = rlocks.RLock(name, client=far, namespace=NAMESPACE)
+    _load(client, lock)
+    owner = identity.thread_owner()
+    proxy.arm(_sha(lock._acquire_script))
+    with pytest.raises(redis.ConnectionError):
+        lock.acquire()
+    assert proxy.dropped.is_set() and _holds(client, lock, owner) == 1  # it ran
+    assert not lock.owned()
+    assert lock.acquire()
+    assert _holds(client, lock, owner) == 1
+    lock.release()
+    assert _holds(client, lock, owner) == 0 and not client.exists(lock._keys.hash)
+    far.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_semaphore_hand_over_whose_re_check_lost_its_reply_leaks_no_permit(
+    proxy: ReplyDropper, client: Any, name: str
+) -> None:
+    """A thread that holds one of two permits waits for a second; another thread's release
+    hands it over, and the waiter's re-check (which adopts the grant on the server) loses
+    its reply. The next acquire must give that permit back before it asks: before, it
+    stayed with the owner, renewed with its other permit, and the pool had one permit
+    too few (here: the next acquire waited for a permit that nobody else held)."""
+    far = redis.Redis(port=proxy.port, socket_timeout=5)
+    sem = rlocks.Semaphore(name, 2, client=far, namespace=NAMESPACE)
+    other = rlocks.Semaphore(name, 2, client=client, namespace=NAMESPACE)
+    _load(client, sem)
+    owner = identity.thread_owner()
+    queue_key = sem._keys.queued()[2]
+    held, errors = threading.Event(), []
+
+    def releaser() -> None:
+        try:
+            assert other.acquire()
+            held.set()
+            deadline = threading.Event()
+            while not client.zcard(queue_key):
+                deadline.wait(0.01)
+            proxy.arm(_sha(sem._acquire_script), owner.encode())
+            other.release()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    assert sem.acquire()
+    thread = threading.Thread(target=releaser)
+    thread.start()
+    assert held.wait(20)
+    with pytest.raises(redis.ConnectionError):
+        sem.acquire(timeout=20)  # queued, handed the permit, its re-check's reply lost
+    thread.join(20)
+    assert not errors, errors
+    assert proxy.dropped.is_set() and _holds(client, sem, owner) == 2  # adopted: it ran
+    assert sem.acquire(timeout=5)
+    assert _holds(client, sem, owner) == 2
+    sem.release(2)
+    assert _holds(client, sem, owner) == 0
+    far.close()
+
+
+def test_asyncio_an_acquire_that_ran_but_lost_its_reply_is_given_back_by_the_next(
+    proxy: ReplyDropper, client: Any, name: str
+) -> None:
+    """The asyncio twin of the test above: the same dialogue, its calls awaited in tasks
+    of their own, which must send the op id the clean-up records."""
+    import redis.asyncio as aredis
+
+    import rlocks.asyncio as ra
+
+    async def main() -> None:
+        c = aredis.Redis(port=proxy.port, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+            owner = identity.task_owner()
+            _load(client, lock)
+            proxy.arm(_sha(lock._acquire_script))
+            with pytest.raises(redis.ConnectionError):
+                await lock.acquire()
+            assert proxy.dropped.is_set() and _holds(client, lock, owner) == 1  # it ran
+            assert await lock.acquire()
+            assert _holds(client, lock, owner) == 1
+            await lock.release()
+            assert _holds(client, lock, owner) == 0
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())

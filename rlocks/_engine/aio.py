@@ -384,7 +384,7 @@ class AsyncPrimitive(Primitive):
         """Do one step of a :mod:`.queued` dialogue, awaited (see :meth:`_adrive`)."""
         if op.kind == CALL:
             assert op.call is not None
-            inner = asyncio.ensure_future(self._arun_call(op.call))
+            inner = asyncio.ensure_future(self._arun_call(op.call, op.opid))
             try:
                 return await asyncio.shield(inner)
             except asyncio.CancelledError:

@@ -72,14 +72,16 @@ _orphans: Deque[Tuple[Tuple[int, str, str], int]] = collections.deque()
 # here. Entries go when the owner's last level of that hash goes; under _bookkeeping.
 # The value is the hold's tokens: ``(token,)`` on one server, one per master on a Quorum.
 _process_tokens: Dict[Tuple[Tuple[int, str, str], str], Tuple[Optional[int], ...]] = {}
-# Releases that failed on a Redis error, whose levels the books dropped but Redis may still
-# have (the script may not have run): (pool id, hash key, owner) -> [(levels, op id)]. The
-# owner's next acquire settles them first (queued._settle): the op record tells whether
-# the release ran; without that, its fresh acquire would be a re-entry on the server and
-# every later release would leave one level behind, renewed with its holds. Oldest owners
-# are forgotten beyond _MAX_UNSETTLED (threads that ended with one): their levels end with
-# their lease, as before. Under _bookkeeping.
-_unsettled: "collections.OrderedDict[Tuple[int, str, str], List[Tuple[int, str]]]" = (
+# Calls that failed on a Redis error with their effect unknown: (pool id, hash key, owner)
+# -> [(levels, op id, grant)]. A release (grant False): the books dropped its levels but
+# Redis may still have them (the script may not have run). An acquire, its re-check or an
+# adoption (grant True): Redis may have granted levels the books never got. The owner's
+# next acquire settles them first (queued._settle): the op record tells whether the call
+# ran; without that, its fresh acquire would be a re-entry on the server and every later
+# release would leave levels behind, renewed with its holds. Oldest owners are forgotten
+# beyond _MAX_UNSETTLED (threads that ended with one): their levels end with their lease,
+# as before. Under _bookkeeping.
+_unsettled: "collections.OrderedDict[Tuple[int, str, str], List[Tuple[int, str, bool]]]" = (
     collections.OrderedDict()
 )
 _MAX_UNSETTLED = 1024
@@ -623,7 +625,7 @@ class Primitive(Renewable):
         client = self._client
         if op.kind == CALL:
             assert op.call is not None
-            return op.call(client, op.set_late)
+            return op.call(client, op.set_late, op.opid)
         if op.kind == WAIT:
             assert op.waiter is not None
             return op.waiter.event.wait(op.timeout)
@@ -1118,20 +1120,21 @@ class Primitive(Renewable):
             "Condition of one object that holds every level"
         )
 
-    def _unsettle(self, owner: str, count: int, op: str) -> None:
+    def _unsettle(self, owner: str, count: int, op: str, grant: bool = False) -> None:
         """The release ``op`` (its op id) of ``count`` levels of ``owner`` failed on a
-        Redis error: they may still be in Redis. The owner's next acquire settles them
-        (no I/O here)."""
+        Redis error: they may still be in Redis. With ``grant``: the call that failed may
+        have granted ``count`` levels the books lack. The owner's next acquire settles
+        either (no I/O here)."""
         key = self._hold_key(owner)
         with _bookkeeping:
-            _unsettled.setdefault(key, []).append((count, op))
+            _unsettled.setdefault(key, []).append((count, op, grant))
             _unsettled.move_to_end(key)
             while len(_unsettled) > _MAX_UNSETTLED:
                 _unsettled.popitem(last=False)
 
-    def _take_unsettled(self, owner: str) -> List[Tuple[int, str]]:
-        """The failed releases of ``owner`` to settle before its acquire, as (levels, op
-        id) (forgotten here: a failed settlement puts them back). No I/O."""
+    def _take_unsettled(self, owner: str) -> List[Tuple[int, str, bool]]:
+        """The failed calls of ``owner`` to settle before its acquire, as (levels, op id,
+        grant) (forgotten here: a failed settlement puts them back). No I/O."""
         with _bookkeeping:
             return _unsettled.pop(self._hold_key(owner), [])
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Generator, List, Optional, Tuple
 
 from . import deadlock, identity, metrics
 from .clock import monotonic
-from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply
+from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply, new_op, unsent
 from .waiting import LINK_ERRORS, WaitPlan, link_lost
 from .wakehub import RECONNECT_BACKOFF, Waiter, WakeHub, serial
 
@@ -82,7 +82,7 @@ class Op:
     idempotent, routed by its one key); the result is the raw reply.
     """
 
-    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent", "command")
+    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent", "command", "opid")
 
     def __init__(
         self,
@@ -98,6 +98,9 @@ class Op:
         self.waiter = waiter
         self.timeout = timeout
         self.late: Optional[Reply] = None
+        # The op id a CALL is sent with (None: a fresh one per send): the dialogue's
+        # clean-up can then ask the op record whether a call that lost its reply ran.
+        self.opid: Optional[str] = None
         # Drawn before the call is sent: its reply's wake lines may only grant waiters
         # registered before this (see WakeHub.deliver).
         self.sent = serial()
@@ -171,7 +174,9 @@ def take_steps(
 
 
 def _call(st: _Take, call: Call) -> Op:
+    """A call that may grant (acquire, its re-check, an adoption), with its own op id."""
     st.op = Op(CALL, call)
+    st.op.opid = new_op(identity.op_stream())
     return st.op
 
 
@@ -395,38 +400,46 @@ def _granted(
 
 
 def _settle(
-    prim: "Primitive", owner: str, failed: List[Tuple[int, str]]
+    prim: "Primitive", owner: str, failed: List[Tuple[int, str, bool]]
 ) -> Generator[Op, Any, None]:
-    """Before ``owner``'s acquire, give back the levels its releases that failed on a
-    Redis error left in Redis: ``failed`` lists each (levels, op id). A release whose op
-    record is there ran (nothing to do); otherwise its levels are still there unless
-    their lease ended, and at most those beyond the process's books are given back. One
-    or two reads per release, one more call only if something is left. A failure raises
-    (Redis is what the acquire needs too) and leaves what is not settled to the next
-    acquire."""
+    """Before ``owner``'s acquire, give back the levels its calls that failed on a Redis
+    error left in Redis: ``failed`` lists each (levels, op id, grant).
+
+    A release (grant False) whose op record is there ran (nothing to do); otherwise its
+    levels are still there unless their lease ended. A grant (an acquire, its re-check or
+    an adoption) left levels only if its record is there with a grant's status (1 or 2;
+    one that did not run left at most a hand-over grant, whose marker takes it back when
+    its short lease ends). Either way at most the levels beyond the process's books are
+    given back. One or two reads per call, one more call only if something is left. A
+    failure raises (Redis is what the acquire needs too) and leaves what is not settled
+    to the next acquire."""
     ops_key = prim._keys.queued()[7]
     left = list(failed)
     try:
         while left:
-            count, op = left[0]
+            count, op, grant = left[0]
             seq, _, stream = op[1:].partition(":")
             record = yield Op(READ, command=("HGET", ops_key, stream))
             if isinstance(record, bytes):
                 record = record.decode("ascii", "replace")
-            ran = record is not None and str(record).split(" ", 1)[0] == seq
-            if not ran:
+            fields = [] if record is None else str(record).split(" ")
+            ran = fields[:1] == [seq]
+            # A release left levels if it did not run; a grant if it ran and granted (a
+            # QUEUED answer is recorded too, status 3: nothing was granted).
+            stayed = (ran and fields[2:3] in (["1"], ["2"])) if grant else not ran
+            if stayed:
                 held = yield Op(READ, command=("HGET", prim._keys.hash, prim._hold_field(owner)))
                 excess = 0 if held is None else min(
                     count, int(held) - prim._held_by_all_objects(owner)
                 )
                 if excess > 0:
                     yield Op(CALL, prim._undo_call(owner, excess))
-                    log.debug("%s: %d level(s) of %s a failed release left given back",
+                    log.debug("%s: %d level(s) of %s a failed call left given back",
                               prim._describe(), excess, owner)
             left.pop(0)
     except BaseException:
-        for count, op in left:
-            prim._unsettle(owner, count, op)
+        for count, op, grant in left:
+            prim._unsettle(owner, count, op, grant)
         raise
 
 
@@ -512,8 +525,16 @@ def _abandon(
     exc: BaseException,
 ) -> Generator[Op, Any, None]:
     """Clean up after an exception inside the dialogue; failures are left to leases."""
-    late = st.op.late if st.op is not None else None
+    failed = st.op
+    late = failed.late if failed is not None else None
     st.op = None
+    if (failed is not None and failed.opid is not None and isinstance(exc, LINK_ERRORS)
+            and not unsent(exc)):
+        # The link broke with this call's reply outstanding: the script may have run and
+        # granted what the books will never hold (renewed with the owner's other levels
+        # or permits, or, for a lock, left to its ttl). Nothing can be asked over a broken
+        # link; the owner's next acquire asks the op record first (see _settle).
+        prim._unsettle(owner, count, failed.opid, grant=True)
     give_back = late is not None and late.granted and late.status != PASSED
     waiter = st.waiter
     if waiter is not None and hub is not None and hub.claim(waiter, leaving=True):

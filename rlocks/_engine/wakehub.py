@@ -4,13 +4,14 @@ Why a hub
 ---------
 A release script publishes a wake-up in the same atomic step that frees it, on the
 channel of each process it hands the primitive to (``keys.PrimitiveKeys.wake``: the
-primitive's prefix and the process token), so no other process is woken. Waiters must hear it without sleep-polling and without one connection per
-waiting thread, so each process keeps ONE subscriber connection per (connection pool,
-namespace), owned by one daemon thread (an asyncio task in ``aio.AsyncWakeHub``), the
-hub. Threads that wait register a :class:`Waiter` (an Event) on a channel; the hub
-subscribes to the channels that have waiters and, when a wake-up arrives, sets the events
-of the waiters it names, in arrival order. One release therefore wakes one thread per
-process, not every thread (no thundering herd).
+primitive's prefix and the process token), so no other process is woken. Waiters must
+hear it without sleep-polling and without one connection per waiting thread, so each
+process keeps ONE subscriber connection per (connection pool, namespace), owned by one
+daemon thread (an asyncio task in ``aio.AsyncWakeHub``), the hub. Threads that wait
+register a :class:`Waiter` (an Event) on a channel; the hub subscribes to the channels
+that have waiters and, when a wake-up arrives, sets the events of the waiters it names,
+in arrival order. One release therefore wakes one thread per process it hands over to,
+not every thread (no thundering herd).
 
 Only the hub's reader touches its PubSub object (redis-py's PubSub is not meant to be
 shared between threads). A thread that needs a new subscription puts it in the hub's
