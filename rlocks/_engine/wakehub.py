@@ -232,6 +232,8 @@ class WakeHub:
         # learnt from a script reply before the hub read their line (see "Hand-over").
         self._echo: Dict[Tuple[str, str], int] = {}
         self._mine = identity.process_token() + ":"
+        # channel -> this process's first tries (acquire without queueing) in flight
+        self._trying: Dict[str, int] = {}
 
     # -- called by waiting threads -------------------------------------------------------
 
@@ -297,6 +299,24 @@ class WakeHub:
         """Whether threads of this process already wait on ``channel`` (no I/O)."""
         ch = self._channels.get(channel)
         return ch is not None and bool(ch.waiters)
+
+    def try_first(self, channel: str) -> bool:
+        """Whether a thread may try the primitive once before queueing (no I/O): only
+        when no thread of this process waits on ``channel`` and none is trying. True
+        counts the try in flight until :meth:`tried`. Threads that arrive meanwhile wait
+        behind one another, so a burst of arrivals makes one try and one queued call at a
+        time, not one connection each."""
+        with self._mutex:
+            ch = self._channels.get(channel)
+            if (ch is not None and ch.waiters) or self._trying.get(channel):
+                return False
+            self._trying[channel] = 1
+            return True
+
+    def tried(self, channel: str) -> None:
+        """The try :meth:`try_first` allowed is over (answered or failed)."""
+        with self._mutex:
+            self._trying.pop(channel, None)
 
     def is_confirmed(self, channel: str) -> bool:
         """Whether ``channel`` is subscribed and confirmed now (no I/O)."""
