@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from typing import Any, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 import redis
@@ -24,6 +24,7 @@ from redis.retry import Retry
 import rlocks
 from rlocks._engine import identity
 from rlocks._engine import keys as keys_module
+from rlocks._engine.queued import GRANT_STREAM
 from rlocks._engine.scripts import Call, run
 from rlocks.server import free_port
 
@@ -277,8 +278,10 @@ def test_asyncio_a_resent_acquire_or_release_is_applied_once(
                 if step == drop:
                     assert proxy.dropped.is_set() and len(proxy.passed) == 2
                 assert _holds(client, lock, owner) == holds, step
-            # One record: the owner's (its calls ran in tasks of their own).
-            assert client.hkeys(lock._keys.queued()[7]) == [owner.encode()]
+            # The owner's records, though its calls ran in tasks of their own: its
+            # releases' stream and its acquires' (queued.GRANT_STREAM, see _settle).
+            assert sorted(client.hkeys(lock._keys.queued()[7])) == [
+                owner.encode(), (owner + GRANT_STREAM).encode()]
         finally:
             await c.aclose()
 
@@ -286,14 +289,15 @@ def test_asyncio_a_resent_acquire_or_release_is_applied_once(
 
 
 def test_op_records_are_bounded_and_expire(name: str, client: Any) -> None:
-    """One record per stream (a thread here), and the record keys carry an expiry (at
-    most twice the 60 s a record lives: see lua/op_lib.lua)."""
+    """One record per stream (a thread's two here: its acquires' and its releases', see
+    queued.GRANT_STREAM), and the record keys carry an expiry (at most twice the 60 s a
+    record lives: see lua/op_lib.lua)."""
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
     for _ in range(20):
         with lock:
             pass
     ops, ends = lock._keys.queued()[7:9]
-    assert client.hlen(ops) == 1 and client.zcard(ends) == 1
+    assert client.hlen(ops) == 2 and client.zcard(ends) == 2
     assert 0 < client.pttl(ops) <= 120_000 and 0 < client.pttl(ends) <= 120_000
 
 
@@ -585,3 +589,103 @@ def test_asyncio_an_acquire_that_ran_but_lost_its_reply_is_given_back_by_the_nex
             await c.aclose()
 
     asyncio.run(main())
+
+
+def test_a_lost_re_entry_is_settled_by_the_next_acquire_after_a_release(
+    proxy: ReplyDropper, client: Any, name: str
+) -> None:
+    """A re-entry's reply is lost (Redis 2, books 1), then the thread releases (Redis 1,
+    books 0): its next acquire must still find the re-entry in the op record. Before, the
+    release's own record replaced it (one record per stream), the settle took the
+    re-entry for one that never ran, and every acquire/release left a level behind."""
+    far = redis.Redis(port=proxy.port, socket_timeout=5)
+    lock = rlocks.RLock(name, client=far, namespace=NAMESPACE)
+    _load(client, lock)
+    owner = identity.thread_owner()
+    assert lock.acquire()
+    proxy.arm(_sha(lock._acquire_script))
+    with pytest.raises(redis.ConnectionError):
+        lock.acquire()
+    assert proxy.dropped.is_set() and _holds(client, lock, owner) == 2
+    lock.release()
+    # Until the next acquire (or the lease), Redis keeps the level the books lack.
+    assert _holds(client, lock, owner) == 1 and not lock.owned()
+    assert lock.acquire()
+    assert _holds(client, lock, owner) == 1
+    lock.release()
+    assert _holds(client, lock, owner) == 0
+    far.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_semaphore_attempt_that_granted_but_lost_its_reply_is_settled(
+    proxy: ReplyDropper, client: Any, name: str
+) -> None:
+    """A waiter queued behind another thread of its process becomes head and its own
+    attempt is granted, but the reply is lost. A semaphore cannot ask whether it got in
+    (no lost-reply check), so the error goes to the caller; the call must still be
+    recorded for the next acquire to settle (before, the wait loop had forgotten the call
+    before it re-raised, and the permit stayed with the owner until its lease ended)."""
+    far = redis.Redis(port=proxy.port, socket_timeout=5)
+    sem = rlocks.Semaphore(name, 2, client=far, namespace=NAMESPACE)
+    holder = rlocks.Semaphore(name, 2, client=client, namespace=NAMESPACE)
+    _load(client, sem)
+    assert holder.acquire() and holder.acquire()
+    first_in, release_first = threading.Event(), threading.Event()
+    out: Dict[str, Any] = {}
+
+    def first() -> None:
+        # queued first, so that the second thread waits behind it in this process
+        out["first"] = sem.acquire(timeout=20)
+        first_in.set()
+        release_first.wait(20)
+        sem.release()
+
+    def second() -> None:
+        out["owner"] = identity.thread_owner()
+        try:
+            sem.acquire(timeout=20)
+            out["second"] = "returned"
+        except redis.ConnectionError:
+            out["second"] = "ConnectionError"
+        out["after"] = _holds(client, sem, out["owner"])
+        out["again"] = sem.acquire(timeout=5)
+        out["settled"] = _holds(client, sem, out["owner"])
+        sem.release()
+        out["end"] = _holds(client, sem, out["owner"])
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert wait_for_true(lambda: client.zcard(sem._keys.queued()[2]) == 1)
+    b = threading.Thread(target=second)
+    b.start()
+    assert wait_for_true(lambda: "owner" in out)
+    assert wait_for_true(lambda: len(_hub_waiters(sem)) == 2)
+    proxy.arm(_sha(sem._acquire_script), out["owner"].encode())
+    holder.release(2)  # the first thread is granted; the second becomes head and asks
+    assert first_in.wait(20)
+    b.join(30)
+    release_first.set()
+    a.join(20)
+    assert proxy.dropped.is_set()
+    assert out["second"] == "ConnectionError" and out["after"] == 1  # it ran: granted
+    assert out["again"] is True and out["settled"] == 1 and out["end"] == 0
+    far.close()
+
+
+def wait_for_true(predicate: Any, timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _hub_waiters(prim: Any) -> List[Any]:
+    from rlocks._engine.waiting import hub_for
+
+    ch = hub_for(prim.client, prim.namespace)._channels.get(prim._channel())
+    return list(ch.waiters) if ch is not None else []

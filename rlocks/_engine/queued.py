@@ -109,6 +109,9 @@ class Op:
         self.late = reply
 
 
+#: Suffix of the op stream of a caller's calls that may grant (see ``_call``).
+GRANT_STREAM = "/g"
+
 #: What ``take_steps`` is: yields :class:`Op`, receives results, returns the outcome.
 Steps = Generator[Op, Any, bool]
 
@@ -174,9 +177,14 @@ def take_steps(
 
 
 def _call(st: _Take, call: Call) -> Op:
-    """A call that may grant (acquire, its re-check, an adoption), with its own op id."""
+    """A call that may grant (acquire, its re-check, an adoption), with its own op id.
+
+    Its stream is the caller's with ``/g`` added (``lua/op_lib.lua`` keeps one record, the
+    last operation, per stream): the caller's releases and other operations then never
+    overwrite the record that ``_settle`` reads for a call that lost its reply.
+    """
     st.op = Op(CALL, call)
-    st.op.opid = new_op(identity.op_stream())
+    st.op.opid = new_op(identity.op_stream() + GRANT_STREAM)
     return st.op
 
 
@@ -280,10 +288,11 @@ def _take(
             reply = yield op
             st.op = None
         except LINK_ERRORS as exc:
-            st.op = None
             pause = plan.failed(exc, prim._acquire_check(owner) is not None)
             if pause is None:
-                raise
+                raise  # with st.op: the clean-up records the call whose reply was lost
+            # Trying again: the check above (plan.unsure) tells a grant that was lost.
+            st.op = None
             link_lost(exc)
             yield Op(WAIT, waiter=waiter, timeout=pause)
             continue

@@ -10,6 +10,8 @@
 --               set the record keys' expiry, server ms). A stream is one sequential caller (a thread,
 --               an asyncio task, the renewer): its operations never overlap, so one
 --               record per stream is enough: a re-send arrives before its next operation.
+--               (The engine sends a caller's calls that may grant on a stream of their
+--               own, '<owner>/g', so a later release does not overwrite their record.)
 --   KEYS[9]  OE  op record ends, ZSET: <stream> -> end (server ms)
 --   Without KEYS[8..9] (a script run by hand) no record is read or written.
 --
