@@ -72,7 +72,7 @@ def test_acquire_reply_and_hand_over_line_carry_the_token(
     assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 1, 1) == [1, 2, 30000, []]
     assert rl.raw("acquire", T0, "p2.a", "p2", 30000, 1, 0, 1)[:2] == [3, 1]
     sub = client.pubsub()
-    sub.subscribe(rl.keys[5])
+    sub.subscribe(rl.keys[5] + ":p2")  # the channel of p2's process (its queue entry)
     assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
     # the same "now": the counter, not the clock, makes it larger
     released = rl.raw("release", T0, "p1.a", 2, 1)
