@@ -91,9 +91,11 @@ _MAX_UNSETTLED = 1024
 # acquires for that owner meanwhile adopts first (queued._take): its plain acquire would
 # otherwise be answered as a waiter's re-check, ADOPTED with nothing added. Not keyed by
 # pool: that object may be on another client (an adoption where there is no grant is
-# harmless, so a same-named key on another server costs one call at most). Under
-# _bookkeeping.
+# harmless, so a same-named key on another server costs one call at most). Past
+# _MAX_UNADOPTED entries, those whose short lease has ended are swept (their renewer
+# adopted them, or they were lost). Under _bookkeeping.
 _unadopted: Dict[Tuple[str, str], float] = {}
+_MAX_UNADOPTED = 1024
 _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 
@@ -764,7 +766,7 @@ class Primitive(Renewable):
         with _bookkeeping:
             _forget_orphans_locked()
             if unadopted is not None:
-                if len(_unadopted) >= _MAX_UNSETTLED:
+                if len(_unadopted) >= _MAX_UNADOPTED:
                     now = monotonic()
                     for old in [k for k, end in _unadopted.items() if end <= now]:
                         del _unadopted[old]
