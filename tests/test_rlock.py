@@ -697,6 +697,28 @@ def test_a_burst_of_waiting_threads_opens_a_few_connections_not_one_each(
     mine.close()
 
 
+def test_a_first_try_mark_left_behind_stops_nobody_for_long(client: Any, name: str) -> None:
+    # The mark of a try in flight is cleared by tried(); if an exception (a signal
+    # handler's) skipped that, the mark must not keep its own owner queueing, and must
+    # end once the try's round trip surely has.
+    from rlocks._engine.clock import monotonic
+    from rlocks._engine.waiting import hub_for
+
+    hub = hub_for(client, NAMESPACE)
+    channel = f"{hash_key(name)}:wake:test"
+    assert hub.try_first(channel, "a")
+    assert not hub.try_first(channel, "b")  # a's try is in flight
+    assert hub.try_first(channel, "a")  # never its own owner
+    hub._trying[channel] = ("a", monotonic() - 0.001)  # a's bound has passed
+    assert hub.try_first(channel, "b")
+    hub.tried(channel, "a")  # a late tried() of a does not end b's try
+    assert not hub.try_first(channel, "c")
+    hub.tried(channel, "b")
+    assert hub.try_first(channel, "c")
+    hub.tried(channel, "c")
+    assert channel not in hub._trying
+
+
 @pytest.mark.timeout(20)
 def test_reentry_does_not_queue_behind_local_waiters(client: Any, name: str) -> None:
     # Waiters of this process queue in arrival order, but a holder's re-entry must not

@@ -208,13 +208,13 @@ def _take(
     deadline = None if wait is None else first + wait
     channel = prim._channel()
     direct = hub is None or not prim._queues_locally(owner)
-    if direct or hub.try_first(channel):  # type: ignore[union-attr]
+    if direct or hub.try_first(channel, owner):  # type: ignore[union-attr]
         since = monotonic()
         try:
             reply = yield _call(st, prim._acquire_call(owner, count, reentry, False))
         finally:
             if not direct:
-                hub.tried(channel)  # type: ignore[union-attr]
+                hub.tried(channel, owner)  # type: ignore[union-attr]
         st.op = None
         if hub is None or reply.status != BUSY:
             return (yield from _granted(prim, owner, count, reply, since, st))

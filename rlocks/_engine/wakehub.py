@@ -42,7 +42,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
 
 from . import identity
-from .clients import io_client
+from .clients import CONNECT_TIMEOUT, SOCKET_TIMEOUT, io_client
 from .clock import monotonic
 from .dialogue import drive, stopped
 
@@ -232,8 +232,9 @@ class WakeHub:
         # learnt from a script reply before the hub read their line (see "Hand-over").
         self._echo: Dict[Tuple[str, str], int] = {}
         self._mine = identity.process_token() + ":"
-        # channel -> this process's first tries (acquire without queueing) in flight
-        self._trying: Dict[str, int] = {}
+        # channel -> (owner, until when) of this process's first try (an acquire without
+        # queueing) in flight; see try_first
+        self._trying: Dict[str, Tuple[str, float]] = {}
 
     # -- called by waiting threads -------------------------------------------------------
 
@@ -300,23 +301,34 @@ class WakeHub:
         ch = self._channels.get(channel)
         return ch is not None and bool(ch.waiters)
 
-    def try_first(self, channel: str) -> bool:
-        """Whether a thread may try the primitive once before queueing (no I/O): only
-        when no thread of this process waits on ``channel`` and none is trying. True
-        counts the try in flight until :meth:`tried`. Threads that arrive meanwhile wait
-        behind one another, so a burst of arrivals makes one try and one queued call at a
-        time, not one connection each."""
+    def try_first(self, channel: str, owner: str) -> bool:
+        """Whether ``owner`` may try the primitive once before queueing (no I/O): only
+        when no thread of this process waits on ``channel`` and no other owner is trying.
+        True marks the try in flight until :meth:`tried`. Threads that arrive meanwhile
+        wait behind one another, so a burst of arrivals makes one try and one queued call
+        at a time, not one connection each.
+
+        A mark whose :meth:`tried` never came (an exception raised by a signal handler
+        exactly there) ends once a round trip surely has (connect and socket timeouts),
+        and never stops its own owner: at worst, threads queue that could have tried.
+        """
+        now = monotonic()
         with self._mutex:
             ch = self._channels.get(channel)
-            if (ch is not None and ch.waiters) or self._trying.get(channel):
+            if ch is not None and ch.waiters:
                 return False
-            self._trying[channel] = 1
+            mark = self._trying.get(channel)
+            if mark is not None and mark[0] != owner and now < mark[1]:
+                return False
+            self._trying[channel] = (owner, now + CONNECT_TIMEOUT + SOCKET_TIMEOUT)
             return True
 
-    def tried(self, channel: str) -> None:
-        """The try :meth:`try_first` allowed is over (answered or failed)."""
+    def tried(self, channel: str, owner: str) -> None:
+        """``owner``'s try that :meth:`try_first` allowed is over (answered or failed)."""
         with self._mutex:
-            self._trying.pop(channel, None)
+            mark = self._trying.get(channel)
+            if mark is not None and mark[0] == owner:
+                del self._trying[channel]
 
     def is_confirmed(self, channel: str) -> bool:
         """Whether ``channel`` is subscribed and confirmed now (no I/O)."""
