@@ -28,7 +28,7 @@ from rlocks._engine.queued import GRANT_STREAM
 from rlocks._engine.scripts import Call, run
 from rlocks.server import free_port
 
-from ._servers import LocalCluster, server_version
+from ._servers import LocalCluster, server_version, wait_until
 from .conftest import NAMESPACE
 
 
@@ -656,11 +656,11 @@ def test_a_queued_semaphore_attempt_that_granted_but_lost_its_reply_is_settled(
 
     a = threading.Thread(target=first)
     a.start()
-    assert wait_for_true(lambda: client.zcard(sem._keys.queued()[2]) == 1)
+    wait_until(lambda: client.zcard(sem._keys.queued()[2]) == 1, 10, "the first to queue")
     b = threading.Thread(target=second)
     b.start()
-    assert wait_for_true(lambda: "owner" in out)
-    assert wait_for_true(lambda: len(_hub_waiters(sem)) == 2)
+    wait_until(lambda: "owner" in out, 10, "the second thread")
+    wait_until(lambda: len(_hub_waiters(sem)) == 2, 10, "both threads to wait")
     proxy.arm(_sha(sem._acquire_script), out["owner"].encode())
     holder.release(2)  # the first thread is granted; the second becomes head and asks
     assert first_in.wait(20)
@@ -671,17 +671,6 @@ def test_a_queued_semaphore_attempt_that_granted_but_lost_its_reply_is_settled(
     assert out["second"] == "ConnectionError" and out["after"] == 1  # it ran: granted
     assert out["again"] is True and out["settled"] == 1 and out["end"] == 0
     far.close()
-
-
-def wait_for_true(predicate: Any, timeout: float = 10.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def _hub_waiters(prim: Any) -> List[Any]:
