@@ -325,8 +325,17 @@ class ConditionCore:
     # -- the asyncio driver ------------------------------------------------------------
 
     async def _await(self, call: Call) -> Reply:
+        """``call`` awaited. A cancellation that arrives while redis.asyncio reads the
+        answer can be absorbed by it (the command completes and returns normally, the
+        task's ``cancelling()`` count up by one): it is raised here after the answer, or
+        a cancelled waiter would go on waiting for its notification."""
+        task = asyncio.current_task()
+        before = task.cancelling() if task is not None else 0
         client = io_client(self._lock._aclient())
-        return await arun(client, call.script, call.keys, call.args)
+        reply = await arun(client, call.script, call.keys, call.args)
+        if task is not None and task.cancelling() > before:
+            raise asyncio.CancelledError()
+        return reply
 
     async def _await_wait(self, timeout: object) -> bool:
         owner = identity.task_owner()
