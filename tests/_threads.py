@@ -58,6 +58,15 @@ def parked(thread: threading.Thread) -> bool:
     return False
 
 
+def hub_waiters(prim: Any) -> List[Any]:
+    """The threads of this process that ``prim``'s wake-up hub has waiting on its channel,
+    in their local order (no I/O)."""
+    from rlocks._engine.waiting import hub_for
+
+    ch = hub_for(prim.client, prim.namespace)._channels.get(prim._channel())
+    return list(ch.waiters) if ch is not None else []
+
+
 def pause_at_hand_over(monkeypatch: Any, prim: Any) -> Tuple[threading.Event, threading.Event]:
     """Hold the first waiter of ``prim`` that takes a hand-over grant at its first step
     (``_checks_hand_over``, before it adopts the grant) until ``go`` is set.

@@ -29,6 +29,7 @@ from rlocks._engine.scripts import Call, run
 from rlocks.server import free_port
 
 from ._servers import LocalCluster, server_version, wait_until
+from ._threads import hub_waiters
 from .conftest import NAMESPACE
 
 
@@ -660,7 +661,7 @@ def test_a_queued_semaphore_attempt_that_granted_but_lost_its_reply_is_settled(
     b = threading.Thread(target=second)
     b.start()
     wait_until(lambda: "owner" in out, 10, "the second thread")
-    wait_until(lambda: len(_hub_waiters(sem)) == 2, 10, "both threads to wait")
+    wait_until(lambda: len(hub_waiters(sem)) == 2, 10, "both threads to wait")
     proxy.arm(_sha(sem._acquire_script), out["owner"].encode())
     holder.release(2)  # the first thread is granted; the second becomes head and asks
     assert first_in.wait(20)
@@ -671,10 +672,3 @@ def test_a_queued_semaphore_attempt_that_granted_but_lost_its_reply_is_settled(
     assert out["second"] == "ConnectionError" and out["after"] == 1  # it ran: granted
     assert out["again"] is True and out["settled"] == 1 and out["end"] == 0
     far.close()
-
-
-def _hub_waiters(prim: Any) -> List[Any]:
-    from rlocks._engine.waiting import hub_for
-
-    ch = hub_for(prim.client, prim.namespace)._channels.get(prim._channel())
-    return list(ch.waiters) if ch is not None else []

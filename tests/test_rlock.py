@@ -20,7 +20,7 @@ from rlocks._engine.keys import escape
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
-from ._threads import parked, pause_at_hand_over
+from ._threads import hub_waiters, parked, pause_at_hand_over
 from .conftest import NAMESPACE, snapshot
 
 
@@ -789,13 +789,6 @@ def test_one_attempter_per_process_however_many_threads_wait(
     for t in threads:
         t.join(30)
     assert results == [True] * 6
-
-
-def hub_waiters(lock: rlocks.RLock) -> List[Any]:
-    from rlocks._engine.waiting import hub_for
-
-    ch = hub_for(lock.client, lock.namespace)._channels.get(lock._channel())
-    return list(ch.waiters) if ch is not None else []
 
 
 @pytest.mark.timeout(20)

@@ -314,8 +314,7 @@ class WakeHub:
         """
         now = monotonic()
         with self._mutex:
-            ch = self._channels.get(channel)
-            if ch is not None and ch.waiters:
+            if self.has_waiters(channel):
                 return False
             mark = self._trying.get(channel)
             if mark is not None and mark[0] != owner and now < mark[1]:
