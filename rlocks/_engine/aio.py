@@ -27,7 +27,7 @@ import functools
 import inspect
 import logging
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
@@ -328,6 +328,18 @@ class AsyncPrimitive(Primitive):
     def _renewer(self) -> Renewer:
         return loop_renewer()
 
+    def _ahub(self) -> AsyncWakeHub:
+        """:meth:`Primitive._hub` for the running event loop: its hub, kept by this object
+        while it is used from that loop (no I/O)."""
+        loop = _loop()
+        kept = self._kept_hub
+        if kept is not None and kept[0]() is loop:
+            return cast(AsyncWakeHub, kept[1])
+        hub = async_hub_for(self._aclient(), self._namespace)
+        # The loop by weak reference: a closed loop is not kept alive by its primitives.
+        self._kept_hub = (weakref.ref(loop), hub)
+        return hub
+
     async def _astatistics(self) -> PrimitiveState:
         """``_statistics`` awaited (its asyncio twin): the same read-only round trips,
         on a Quorum one to each master at once and what a majority agrees on."""
@@ -416,7 +428,7 @@ class AsyncPrimitive(Primitive):
         """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
         if isinstance(self._client, Quorum):
             return await self._aquorum_take(self._client, owner, count, wait)
-        hub = async_hub_for(self._aclient(), self._namespace) if wait != 0.0 else None
+        hub = self._ahub() if wait != 0.0 else None
         return await self._adrive(take_steps(self, owner, count, wait, hub))
 
     async def _aquorum_take(
