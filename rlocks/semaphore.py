@@ -447,7 +447,7 @@ class Semaphore(_SemaphoreCore):
         """
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         try:
-            return self._take(identity.thread_owner(), 1, wait)
+            return self._take(self._owner(), 1, wait)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
@@ -470,7 +470,7 @@ class Semaphore(_SemaphoreCore):
         calling thread's own permits were lost (lease ended: they are back in the pool
         already; the local count drops).
         """
-        owner = identity.thread_owner()
+        owner = self._owner()
         own, everywhere = self._books(owner)
         begun: Optional[_Release] = None
         step: Optional[_Release] = None
@@ -513,7 +513,7 @@ class Semaphore(_SemaphoreCore):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if not self._unwound_quietly(exc, identity.thread_owner()):
+        if not self._unwound_quietly(exc, self._owner()):
             self.release()
 
     def owned(self) -> bool:
@@ -522,7 +522,7 @@ class Semaphore(_SemaphoreCore):
         thread that took none (even if it may release another's); False once the
         thread's permits are known lost.
         """
-        return self._owns(identity.thread_owner())
+        return self._owns(self._owner())
 
     def extend(self, ttl: Optional[float] = None) -> None:
         """Make the calling thread's permits last at least ``ttl`` seconds from now (one
@@ -538,7 +538,7 @@ class Semaphore(_SemaphoreCore):
         ValueError if Redis holds this name with another value or kind.
         """
         try:
-            self._extend(identity.thread_owner(), ttl)
+            self._extend(self._owner(), ttl)
         except ResponseError as exc:
             raise self._translate(exc) from None
 

@@ -36,6 +36,7 @@ from .dialogue import adrive
 from .primitive import Primitive
 from .queued import CALL, READ, WAIT, Op, Steps, take_steps
 from .quorum import Quorum
+from .reentrant import OwnerViews
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, Script, arun, new_op, op_stream, with_op
 from .state import PrimitiveState, afind
@@ -287,6 +288,10 @@ class AsyncPrimitive(Primitive):
 
     _awaits_on_lost = True
 
+    @staticmethod
+    def _owner() -> str:
+        return identity.task_owner()  # see Primitive._owner
+
     def __enter__(self) -> None:
         raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
 
@@ -533,7 +538,7 @@ class AsyncPrimitive(Primitive):
         return reply.holds
 
 
-class AsyncReentrantLock(AsyncPrimitive):
+class AsyncReentrantLock(AsyncPrimitive, OwnerViews):
     """The ``asyncio.Lock``-style surface of a task-owned reentrant lock.
 
     Placed before a synchronous :class:`~rlocks._engine.reentrant.ReentrantLock` class
@@ -558,7 +563,7 @@ class AsyncReentrantLock(AsyncPrimitive):
         """
         seconds = -1 if timeout is None else timeout
         wait = checks.lock_wait(blocking, seconds, self._label, self._name)
-        return await self._atake(identity.task_owner(), 1, wait)
+        return await self._atake(self._owner(), 1, wait)
 
     async def release(self) -> None:
         """Release one level of the running task's hold (awaited: it is a round trip).
@@ -566,37 +571,20 @@ class AsyncReentrantLock(AsyncPrimitive):
         Raises RuntimeError (NotOwnedError) when the task does not hold the lock, without
         I/O; LockLostError when its hold had already ended in Redis.
         """
-        await self._agive_back(identity.task_owner(), 1)
+        await self._agive_back(self._owner(), 1)
 
     async def __aenter__(self) -> None:
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if not self._unwound_quietly(exc, identity.task_owner()):
+        if not self._unwound_quietly(exc, self._owner()):
             await self.release()
-
-    def owned(self) -> bool:
-        """Whether the running task holds the lock, as far as this process knows (no I/O,
-        not a coroutine); see :meth:`rlocks.RLock.owned`."""
-        return self._owns(identity.task_owner())
-
-    @property
-    def token(self) -> Optional[int]:
-        """The fencing token of the running task's current hold, or None when it holds
-        nothing here (no I/O, not a coroutine); see :attr:`rlocks.RLock.token`."""
-        return self._token(identity.task_owner())
-
-    @property
-    def tokens(self) -> Optional[Tuple[Optional[int], ...]]:
-        """The running task's fencing tokens, one per master (no I/O, not a coroutine);
-        see :attr:`rlocks.RLock.tokens`."""
-        return self._tokens(identity.task_owner())
 
     async def extend(self, ttl: Optional[float] = None) -> None:
         """Make the running task's hold last at least ``ttl`` seconds from now (one round
         trip; ``None``: the lock's ``ttl``). Never shortens a lease. Same errors as
         :meth:`rlocks.RLock.extend`, for the running task."""
-        await self._aextend(identity.task_owner(), ttl)
+        await self._aextend(self._owner(), ttl)
 
     async def statistics(self) -> PrimitiveState:
         """Holders, counts, leases and waiting processes, read from Redis now (awaited:
@@ -604,11 +592,3 @@ class AsyncReentrantLock(AsyncPrimitive):
         agree on). Returns the frozen dataclass :meth:`rlocks.RLock.statistics` returns.
         Redis errors propagate."""
         return await self._astatistics()
-
-    def _is_owned(self) -> bool:
-        """Whether the running task holds the lock (local knowledge, no I/O)."""
-        return self._held(identity.task_owner()) > 0
-
-    def _recursion_count(self) -> int:
-        """How many times the running task holds the lock (no I/O)."""
-        return self._held(identity.task_owner())

@@ -54,7 +54,7 @@ import operator
 from typing import Any, Callable, ClassVar, Coroutine, Generator, Optional, Tuple, TypeVar, Union
 
 from ..errors import NotOwnedError
-from . import checks, identity
+from . import checks
 from .aio import _wait_event, async_hub_for
 from .clients import io_client
 from .clock import monotonic
@@ -267,7 +267,7 @@ class ConditionCore:
     # -- the threading driver ----------------------------------------------------------
 
     def _wait(self, timeout: object) -> bool:
-        owner = identity.thread_owner()
+        owner = self._lock._owner()
         plan, entry, channel = self._begin_wait(timeout, owner)
         lock = self._lock
         client = lock._client
@@ -338,7 +338,7 @@ class ConditionCore:
         return reply
 
     async def _await_wait(self, timeout: object) -> bool:
-        owner = identity.task_owner()
+        owner = self._lock._owner()
         plan, entry, channel = self._begin_wait(timeout, owner)
         lock = self._lock
         hub = async_hub_for(lock._aclient(), lock._namespace)

@@ -279,6 +279,13 @@ class Primitive(Renewable):
         # (scope, hub): the wake-up hub of that process or event loop; see _hub
         self._kept_hub: Optional[Tuple[Any, Any]] = None
 
+    @staticmethod
+    def _owner() -> str:
+        """The owner scope: the id of whoever owns what this object acquires now (no
+        I/O): the calling thread; the running task in the asyncio twins. Acquire, release,
+        ``__exit__`` and the owner's views of its own hold (owned, token) all ask it."""
+        return identity.thread_owner()
+
     def _resolve_client(self, client: Any) -> Any:
         """The client to use: the default one for ``None``; a TypeError for a wrong kind."""
         label = f"{self._label}({self._name!r})"

@@ -13,14 +13,77 @@ from types import TracebackType
 from typing import Optional, Tuple, Type
 
 from ..errors import NotOwnedError
-from . import checks, identity
+from . import checks
 from .primitive import Primitive
 from .state import PrimitiveState
 
-__all__ = ["ReentrantLock"]
+__all__ = ["OwnerViews", "ReentrantLock"]
 
 
-class ReentrantLock(Primitive):
+class OwnerViews(Primitive):
+    """What the owner of a reentrant lock learns of its own hold without I/O (see
+    ``Primitive._owner``): written once for the threading surface (:class:`ReentrantLock`)
+    and the asyncio one (``aio.AsyncReentrantLock``)."""
+
+    __slots__ = ()
+
+    def owned(self) -> bool:
+        """Whether the owner (the calling thread; the running task in ``rlocks.asyncio``)
+        holds the lock, as far as this process knows (no I/O, not a coroutine).
+
+        Like redis-py's ``Lock.owned()``, but from local state: False once the hold is
+        known lost (``release()`` is still owed and raises LockLostError), True for a hold
+        that ended in Redis unnoticed so far (``extend()`` or ``release()`` would tell).
+        """
+        return self._owns(self._owner())
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token of the owner's current hold (the calling thread's; the running
+        task's in ``rlocks.asyncio``), or None when it holds nothing here (no I/O).
+
+        Every fresh grant of this lock (of this side, for an RWLock) gets a larger token
+        than every earlier grant of it, in any process, even across lease expiries,
+        forced releases, hand-overs and a Redis restart that lost the counter (tokens
+        never fall below the server clock in microseconds). Re-entry keeps the token; a
+        ``Condition.wait`` gives the lock up, so the hold it takes back has a new one.
+        Pass it with every write to the resource the lock protects, and have the resource
+        refuse a token smaller than the largest it has seen (README, "Fencing tokens"):
+        a holder whose lease ended unnoticed then cannot overwrite its successor's work.
+        A hold known lost keeps its (stale) token until it is released.
+
+        Raises RLocksError on a lock whose client is a :class:`rlocks.Quorum`: its
+        masters count independently, so no one number orders its grants; use
+        :attr:`tokens`.
+        """
+        return self._token(self._owner())
+
+    @property
+    def tokens(self) -> Optional[Tuple[Optional[int], ...]]:
+        """The fencing tokens of the owner's current hold (the calling thread's; the
+        running task's in ``rlocks.asyncio``), one per master, or None when it holds
+        nothing here (no I/O).
+
+        On a :class:`rlocks.Quorum`: each master's token, in the order of the Quorum's
+        clients, None for a master that did not grant this hold. Any two holds were
+        granted by majorities that share a master, and that master's tokens order them:
+        the protected resource keeps, per master, the largest token seen and refuses a
+        write whose token for some master is below it (README, "Fencing tokens"); every
+        process must list the masters in the same order. Without a Quorum: ``(token,)``.
+        Re-entry keeps the tokens.
+        """
+        return self._tokens(self._owner())
+
+    def _is_owned(self) -> bool:
+        """Whether the owner holds the lock (local knowledge, no I/O)."""
+        return self._held(self._owner()) > 0
+
+    def _recursion_count(self) -> int:
+        """How many times the owner holds the lock (no I/O)."""
+        return self._held(self._owner())
+
+
+class ReentrantLock(OwnerViews):
     """Engine base of a thread-owned reentrant lock; subclasses add scripts and ``locked``."""
 
     __slots__ = ()
@@ -42,7 +105,7 @@ class ReentrantLock(Primitive):
         In Redis: adds one to this thread's count in the lock's hash and restarts its lease.
         """
         wait = checks.lock_wait(blocking, timeout, self._label, self._name)
-        return self._take(identity.thread_owner(), 1, wait)
+        return self._take(self._owner(), 1, wait)
 
     def release(self) -> None:
         """Release one level of the calling thread's hold; at the last, free the lock.
@@ -52,7 +115,7 @@ class ReentrantLock(Primitive):
         the hold had already ended in Redis (lease expired, key deleted): whoever holds it
         now is not touched. Freeing the lock wakes waiters (one per waiting process).
         """
-        self._give_back(identity.thread_owner(), 1)
+        self._give_back(self._owner(), 1)
 
     __enter__ = acquire
 
@@ -62,57 +125,12 @@ class ReentrantLock(Primitive):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if not self._unwound_quietly(exc, identity.thread_owner()):
+        if not self._unwound_quietly(exc, self._owner()):
             self.release()
 
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""
         raise NotImplementedError
-
-    def owned(self) -> bool:
-        """Whether the calling thread holds the lock, as far as this process knows (no I/O).
-
-        Like redis-py's ``Lock.owned()``, but from local state: False once the hold is
-        known lost (``release()`` is still owed and raises LockLostError), True for a hold
-        that ended in Redis unnoticed so far (``extend()`` or ``release()`` would tell).
-        """
-        return self._owns(identity.thread_owner())
-
-    @property
-    def token(self) -> Optional[int]:
-        """The fencing token of the calling thread's current hold, or None when it holds
-        nothing here (no I/O).
-
-        Every fresh grant of this lock (of this side, for an RWLock) gets a larger token
-        than every earlier grant of it, in any process, even across lease expiries,
-        forced releases, hand-overs and a Redis restart that lost the counter (tokens
-        never fall below the server clock in microseconds). Re-entry keeps the token; a
-        ``Condition.wait`` gives the lock up, so the hold it takes back has a new one.
-        Pass it with every write to the resource the lock protects, and have the resource
-        refuse a token smaller than the largest it has seen (README, "Fencing tokens"):
-        a holder whose lease ended unnoticed then cannot overwrite its successor's work.
-        A hold known lost keeps its (stale) token until it is released.
-
-        Raises RLocksError on a lock whose client is a :class:`rlocks.Quorum`: its
-        masters count independently, so no one number orders its grants; use
-        :attr:`tokens`.
-        """
-        return self._token(identity.thread_owner())
-
-    @property
-    def tokens(self) -> Optional[Tuple[Optional[int], ...]]:
-        """The fencing tokens of the calling thread's current hold, one per master, or
-        None when it holds nothing here (no I/O).
-
-        On a :class:`rlocks.Quorum`: each master's token, in the order of the Quorum's
-        clients, None for a master that did not grant this hold. Any two holds were
-        granted by majorities that share a master, and that master's tokens order them:
-        the protected resource keeps, per master, the largest token seen and refuses a
-        write whose token for some master is below it (README, "Fencing tokens"); every
-        process must list the masters in the same order. Without a Quorum: ``(token,)``.
-        Re-entry keeps the tokens.
-        """
-        return self._tokens(identity.thread_owner())
 
     def extend(self, ttl: Optional[float] = None) -> None:
         """Make the calling thread's hold last at least ``ttl`` seconds from now (one round
@@ -128,7 +146,7 @@ class ReentrantLock(Primitive):
         lost. Raises LockLostError too if Redis answers that the hold is gone (it is then
         reported lost; ``release()`` is still owed). Redis errors propagate.
         """
-        self._extend(identity.thread_owner(), ttl)
+        self._extend(self._owner(), ttl)
 
     def statistics(self) -> PrimitiveState:
         """Holders, counts, leases and waiting processes, read from Redis now.
@@ -140,14 +158,6 @@ class ReentrantLock(Primitive):
 
     # -- threading.Condition protocol (same names and contracts as threading.RLock) ------
 
-    def _is_owned(self) -> bool:
-        """Whether the calling thread holds the lock (local knowledge, no I/O)."""
-        return self._held(identity.thread_owner()) > 0
-
-    def _recursion_count(self) -> int:
-        """How many times the calling thread holds the lock (no I/O)."""
-        return self._held(identity.thread_owner())
-
     def _release_save(self) -> Tuple[int, str, int]:
         """Release every level of the calling thread's hold; return what restores it.
 
@@ -157,7 +167,7 @@ class ReentrantLock(Primitive):
         also holds it through another object of its name (see ``_check_condition_wait``;
         an object on another client is found by the release, which is then undone).
         """
-        owner = identity.thread_owner()
+        owner = self._owner()
         count = self._held(owner)
         if count == 0:
             raise NotOwnedError(
@@ -190,7 +200,7 @@ class ReentrantLock(Primitive):
         """Re-acquire, blocking, the levels ``_release_save`` gave back: this lock's first,
         then those of :meth:`_held_with` it (a writer takes its read side at once)."""
         count, _owner, inner_count = state
-        owner = identity.thread_owner()
+        owner = self._owner()
         self._take(owner, count, None)
         inner = self._held_with()
         if inner is not None and inner_count:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from redis.exceptions import ResponseError
 
-from .._engine import checks, identity
+from .._engine import checks
 from .._engine.aio import AsyncPrimitive
 from .._engine.clock import monotonic
 from .._engine.scripts import new_op, op_stream
@@ -42,7 +42,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         """
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         try:
-            return await self._atake(identity.task_owner(), 1, wait)
+            return await self._atake(self._owner(), 1, wait)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
@@ -52,7 +52,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         Cancelling the task while the release is in flight still gives the permits back
         (the round trip is shielded); the CancelledError is raised as usual.
         """
-        step = begun = self._begin_release(identity.task_owner(), n)
+        step = begun = self._begin_release(self._owner(), n)
         op = ""
         try:
             while step is not None and step.call is not None:
@@ -79,13 +79,13 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
 
     def owned(self) -> bool:
         """Whether the running task holds a permit (local state, no I/O, not a coroutine)."""
-        return self._owns(identity.task_owner())
+        return self._owns(self._owner())
 
     async def extend(self, ttl: Optional[float] = None) -> None:
         """Make the running task's permits last at least ``ttl`` seconds from now (one
         round trip); same rules and errors as :meth:`rlocks.Semaphore.extend`."""
         try:
-            await self._aextend(identity.task_owner(), ttl)
+            await self._aextend(self._owner(), ttl)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
@@ -99,7 +99,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if not self._unwound_quietly(exc, identity.task_owner()):
+        if not self._unwound_quietly(exc, self._owner()):
             await self.release()
 
 
