@@ -26,6 +26,7 @@ import rlocks
 import rlocks.asyncio as ra
 import rlocks.metrics
 from rlocks._engine import state as engine_inspect
+from rlocks._engine.waiting import hub_for
 
 from ._threads import joined
 from ._threads import started as in_thread
@@ -193,6 +194,15 @@ def test_known_wait_and_time_out(otel: Telemetry, client: Any, name: str) -> Non
         # The span is backdated to the call from the wall clock: allow that conversion 5 ms.
         assert (span.end_time - span.start_time) / 1e9 <= bound + 0.005
     assert (spans[1].end_time - spans[1].start_time) / 1e9 >= released_at - seen - 0.005
+
+    # The process's channel is still subscribed after those waits, so an acquire now goes
+    # straight to the queueing call; granted by it (the lock is free), it did not wait.
+    assert hub_for(client, NAMESPACE).is_confirmed(waiter._channel())
+    assert joined(*in_thread(lambda: (waiter.acquire(timeout=5), waiter.release())[0]))
+    assert otel.histogram(
+        "rlocks.acquire.duration", name=name, outcome="acquired", waited=False
+    ).count == 2  # the holder's acquire, and this one
+    assert len(otel.spans(name)) == 2 and otel.total("rlocks.waiting", name=name) == 0
 
 
 def test_known_loss_renewals_and_error(otel: Telemetry, client: Any, name: str) -> None:

@@ -17,6 +17,7 @@ import redis
 import rlocks
 from rlocks._engine import identity
 from rlocks._engine.keys import escape
+from rlocks._engine.waiting import hub_for
 from rlocks.server import TemporaryRedisServer
 
 from ._servers import wait_until
@@ -702,7 +703,6 @@ def test_a_first_try_mark_left_behind_stops_nobody_for_long(client: Any, name: s
     # handler's) skipped that, the mark must not keep its own owner queueing, and must
     # end once the try's round trip surely has.
     from rlocks._engine.clock import monotonic
-    from rlocks._engine.waiting import hub_for
 
     hub = hub_for(client, NAMESPACE)
     channel = f"{hash_key(name)}:wake:test"
@@ -738,6 +738,43 @@ def test_reentry_does_not_queue_behind_local_waiters(client: Any, name: str) -> 
     lock.release()
     waiter.join(30)
     assert not waiter.is_alive() and got == [True]
+
+
+@pytest.mark.timeout(30)
+def test_while_the_channel_is_subscribed_the_first_call_queues_with_no_try_before_it(
+    client: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a wait, the process's wake-up channel stays subscribed (LINGER): an acquire
+    # then goes straight to the queueing call as a registered waiter. A free lock is
+    # granted by that one call; a held one queues with it (a single try before it would
+    # cost every contended acquire a round trip and a script run).
+    lock = make(name, client)
+    lock.acquire()
+    contender = threading.Thread(target=lambda: lock.acquire(timeout=30) and lock.release())
+    contender.start()
+    channel = lock._channel()
+    hub = hub_for(client, NAMESPACE)
+    assert wait_for(lambda: hub.is_confirmed(channel) and len(hub_waiters(lock)) == 1)
+    lock.release()
+    contender.join(10)
+    assert not contender.is_alive() and hub.is_confirmed(channel)
+
+    calls: List[bool] = []
+    build = rlocks.RLock._acquire_call
+
+    def recorded(self: Any, owner: str, count: int, reentry: bool, queue: bool) -> Any:
+        calls.append(queue)
+        return build(self, owner, count, reentry, queue)
+
+    monkeypatch.setattr(rlocks.RLock, "_acquire_call", recorded)
+    assert lock.acquire(timeout=5)  # free: granted by the queueing call itself
+    assert calls == [True] and hub_waiters(lock) == []
+    held: List[bool] = []
+    other = threading.Thread(target=lambda: held.append(lock.acquire(timeout=0.3)))
+    other.start()
+    other.join(10)
+    assert held == [False] and calls[1] is True  # held: it queued at its first call
+    lock.release()
 
 
 @pytest.mark.timeout(30)

@@ -119,7 +119,7 @@ Steps = Generator[Op, Any, bool]
 class _Take:
     """The dialogue's own state, visible to its clean-up."""
 
-    __slots__ = ("op", "waiter", "queued", "entry", "detector", "basis")
+    __slots__ = ("op", "waiter", "queued", "entry", "detector", "basis", "began")
 
     def __init__(self) -> None:
         #: (when it was sent, monotonic; the token it reported) of this waiter's last
@@ -131,6 +131,7 @@ class _Take:
         self.waiter: Optional[Waiter] = None
         self.queued = False  # an entry of this waiter may be in the queue
         self.entry: Any = None  # the renewer's lease of the queue entry
+        self.began = False  # metrics count this acquire as waiting (see _waits)
 
 
 def take_steps(
@@ -188,6 +189,15 @@ def _call(st: _Take, call: Call) -> Op:
     return st.op
 
 
+def _waits(prim: "Primitive", st: _Take, since: float) -> None:
+    """The acquire called at ``since`` waits from now on (it was refused once, or is about
+    to sleep or subscribe): the metrics count it as waiting, once. An acquire granted by
+    its first call never waits, whichever call that was."""
+    if not st.began:
+        st.began = True
+        metrics.wait_began(prim, since)
+
+
 def _take(
     prim: "Primitive",
     owner: str,
@@ -208,7 +218,15 @@ def _take(
     deadline = None if wait is None else first + wait
     channel = prim._channel()
     direct = hub is None or not prim._queues_locally(owner)
-    if direct or hub.try_first(channel, owner):  # type: ignore[union-attr]
+    # While this process's channel is subscribed (its waiters used it within LINGER), the
+    # first call is already the queueing one, made as a registered waiter: it grants at
+    # once whatever a single try would, so the try would only add a round trip and a
+    # script run to every contended acquire. Otherwise a single try comes first: an
+    # entry made before the subscription is confirmed could miss its grant line.
+    if direct or (
+        not hub.is_confirmed(channel)  # type: ignore[union-attr]
+        and hub.try_first(channel, owner)  # type: ignore[union-attr]
+    ):
         since = monotonic()
         try:
             reply = yield _call(st, prim._acquire_call(owner, count, reentry, False))
@@ -220,9 +238,9 @@ def _take(
             return (yield from _granted(prim, owner, count, reply, since, st))
         if deadline is not None and monotonic() >= deadline:
             return False
+        _waits(prim, st, first)
     assert hub is not None
     plan = WaitPlan(deadline)
-    metrics.wait_began(prim, first)
     waiter = st.waiter = hub.register(channel, owner)
     waiter.ask = (prim._renew_items(owner)[0], count)
     entry_s = prim._entry_ms / 1000.0
@@ -236,6 +254,7 @@ def _take(
         now = monotonic()
         if det is not None and now >= det.due and (deadline is None or now < deadline):
             # (Not once the deadline passed: the time-out goes first, bounded as before.)
+            _waits(prim, st, first)
             error = yield from _detect(prim, det)
             if error is not None:
                 # The victim: unless a grant won the race (then no cycle is left), leave
@@ -260,11 +279,13 @@ def _take(
                 break
             if det is not None:
                 pause = det.pause(pause)
+            _waits(prim, st, first)
             yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
         if deadline is not None and monotonic() >= deadline:
             break
         if not waiter.subscribed:
+            _waits(prim, st, first)
             yield Op(SUBSCRIBE, waiter=waiter, timeout=plan.subscribe_bound())
         waiter.event.clear()
         if not st.queued:
@@ -294,6 +315,7 @@ def _take(
             # Trying again: the check above (plan.unsure) tells a grant that was lost.
             st.op = None
             link_lost(exc)
+            _waits(prim, st, first)
             yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
         plan.backoff = RECONNECT_BACKOFF[0]
@@ -308,6 +330,7 @@ def _take(
                 pause = min(pause, deadline - monotonic())
             if det is not None:
                 pause = det.pause(pause)
+            _waits(prim, st, first)
             if pause > 0:
                 yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
