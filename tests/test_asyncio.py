@@ -15,7 +15,7 @@ import redis.asyncio
 
 import rlocks
 import rlocks.asyncio as ra
-from rlocks._engine import identity
+from rlocks._engine import aio, identity
 
 from ._proxy import FaultyLink
 from .conftest import NAMESPACE
@@ -180,6 +180,27 @@ def test_waiting_does_not_block_the_event_loop(url: str, name: str) -> None:
         return ticks
 
     assert run(main) >= 20  # ~50 expected; a blocked loop would give ~1
+
+
+def test_a_short_timeout_takes_a_free_lock_while_the_channel_lingers(
+    url: str, name: str
+) -> None:
+    # After a wait the task's wake-up channel stays subscribed, and an acquire's first
+    # call is the queueing one; a timeout that ran out before it was sent must not refuse
+    # a free lock without asking (the threading twin: test_rlock).
+    async def main() -> None:
+        lock = ra.RLock(name, client=aclient(url), namespace=NAMESPACE)
+        await lock.acquire()
+        waiter = asyncio.create_task(lock.acquire(timeout=0.2))
+        assert await waiter is False
+        await lock.release()
+        hub = aio.async_hub_for(lock.client, NAMESPACE)
+        assert hub.is_confirmed(lock._channel())
+        for _ in range(5):
+            assert await lock.acquire(timeout=1e-9)
+            await lock.release()
+
+    run(main)
 
 
 def test_cancelled_waiter_leaves_nothing_behind(url: str, name: str) -> None:

@@ -769,11 +769,16 @@ def test_while_the_channel_is_subscribed_the_first_call_queues_with_no_try_befor
     monkeypatch.setattr(rlocks.RLock, "_acquire_call", recorded)
     assert lock.acquire(timeout=5)  # free: granted by the queueing call itself
     assert calls == [True] and hub_waiters(lock) == []
+    lock.release()
+    # A timeout that ran out while the thread registered does not refuse a free lock
+    # without asking (threading's acquire(timeout=...) takes a free lock whatever it is).
+    assert lock.acquire(timeout=1e-9)
+    assert calls == [True, True]
     held: List[bool] = []
     other = threading.Thread(target=lambda: held.append(lock.acquire(timeout=0.3)))
     other.start()
     other.join(10)
-    assert held == [False] and calls[1] is True  # held: it queued at its first call
+    assert held == [False] and calls[2] is True  # held: it queued at its first call
     lock.release()
 
 

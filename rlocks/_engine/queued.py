@@ -223,10 +223,11 @@ def _take(
     # once whatever a single try would, so the try would only add a round trip and a
     # script run to every contended acquire. Otherwise a single try comes first: an
     # entry made before the subscription is confirmed could miss its grant line.
-    if direct or (
-        not hub.is_confirmed(channel)  # type: ignore[union-attr]
-        and hub.try_first(channel, owner)  # type: ignore[union-attr]
-    ):
+    confirmed = not direct and hub.is_confirmed(channel)  # type: ignore[union-attr]
+    # Skipping its try, the thread still owes the primitive one call whatever its deadline:
+    # a free primitive must not be refused for a timeout that ran out while it registered.
+    owed = confirmed and not hub.has_waiters(channel)  # type: ignore[union-attr]
+    if direct or (not confirmed and hub.try_first(channel, owner)):  # type: ignore[union-attr]
         since = monotonic()
         try:
             reply = yield _call(st, prim._acquire_call(owner, count, reentry, False))
@@ -282,7 +283,7 @@ def _take(
             _waits(prim, st, first)
             yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
-        if deadline is not None and monotonic() >= deadline:
+        if deadline is not None and not owed and monotonic() >= deadline:
             break
         if not waiter.subscribed:
             _waits(prim, st, first)
@@ -304,6 +305,7 @@ def _take(
                         since = monotonic()
                         return (yield from _granted(prim, owner, count, found, since, st))
             since = monotonic()
+            owed = False
             st.queued = True  # from the moment it is sent, an entry may exist
             op = _call(st, prim._acquire_call(owner, count, reentry, True))
             reply = yield op
