@@ -24,7 +24,7 @@ import multiprocessing as mp
 import time
 from typing import Any, Dict, List
 
-from ..adapters import make_client
+from ..adapters import make_client, reference_adapters
 from ..harness import Context, run_chain
 from ..redisinfo import client_count, subscriber_count
 from ..stats import fmt_ns, fmt_num, fmt_ratio, jain, longest_wait, ratio, summary, table
@@ -39,6 +39,10 @@ def _curve(ctx: Context, kind: str, points: List[int]) -> Dict[str, List[Dict[st
     p = ctx.params
     out: Dict[str, List[Dict[str, Any]]] = {}
     libs = ctx.available()
+    if kind == "processes":
+        # The floor of a FIFO hand-off between processes: a token passed by BLPOP (Redis
+        # serves blocked clients in arrival order) and LPUSH, no library.
+        libs = libs + reference_adapters()
     for i, w in enumerate(points):
         for a in ctx.order(libs, i):
             ctx.progress.step(f"{w} waiting {kind}: {a.key}")
@@ -130,7 +134,7 @@ def run(ctx: Context) -> SectionResult:
     for kind, points in (("processes", p.scale_procs), ("threads", p.scale_threads)):
         cols = [f"{w}" for w in points]
         rows_lat, rows_tp, rows_wait = [], [], []
-        for a in ctx.adapters:
+        for a in list(ctx.adapters) + reference_adapters():
             pts = res.data[kind].get(a.key)
             if not pts:
                 continue
@@ -177,6 +181,11 @@ def run(ctx: Context) -> SectionResult:
     else:
         res.targets.append(Target("64 waiting threads: extra connections", "-", "<= 2", None))
     res.targets += scaling_targets(res.data["processes"].get("rlocks") or [])
+    floor = scaling_targets(res.data["processes"].get(reference_adapters()[0].key) or [])
+    res.lines.append("the floor's own scaling (ref: BLPOP token, no target): "
+                     + "; ".join(f"{t.what.replace(' (issue 12)', '')} {t.measured}"
+                                 for t in floor))
+    res.lines.append("")
     return res
 
 
