@@ -182,6 +182,7 @@ def run(ctx: Context) -> SectionResult:
         res.targets.append(Target("64 waiting threads: extra connections", "-", "<= 2", None))
     res.targets += scaling_targets(res.data["processes"].get("rlocks") or [])
     floor = scaling_targets(res.data["processes"].get(reference_adapters()[0].key) or [])
+    res.lines.append("")
     res.lines.append("the floor's own scaling (ref: BLPOP token, no target): "
                      + "; ".join(f"{t.what.replace(' (issue 12)', '')} {t.measured}"
                                  for t in floor))
