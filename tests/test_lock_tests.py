@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
-from typing import Any, Set
+from typing import Any
 
 import pytest
 
@@ -22,8 +22,11 @@ lock_tests = pytest.importorskip(
 )
 
 import rlocks  # noqa: E402
+from rlocks._engine.renewal import renewer_for  # noqa: E402
+from rlocks._engine.waiting import hub_for  # noqa: E402
 
 from ._servers import wait_until  # noqa: E402
+from ._threads import hub_waiters  # noqa: E402
 from .conftest import NAMESPACE  # noqa: E402
 
 _serial = itertools.count()
@@ -74,16 +77,24 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     # test (TestSemaphore::test_acquire_contended failed so, "failed to cleanup 1 threads").
     contender = threading.Thread(target=lambda: lock.acquire(timeout=60) and lock.release())
     contender.start()
-    wait_until(lambda: _rlocks_threads() >= {"rlocks-renewer", "rlocks-wakeup-hub"}, 60,
-               "rlocks' renewer and wake-up hub threads")
+    # This client's own hub and renewer, with the contender parked in the hub: threads of
+    # other pools bear the same names, so names alone proved nothing.
+    hub, renewer = hub_for(client, NAMESPACE), renewer_for(client)
+    wait_until(lambda: len(hub_waiters(lock)) == 1 and _alive(hub._thread)
+               and _alive(renewer._thread), 60, "this client's renewer and wake-up hub")
     lock.release()
     contender.join(60)
     assert not contender.is_alive()
+    before = {t.ident for t in threading.enumerate()}
     yield
+    # Printed (shown if the test fails): what a "failed to cleanup N threads" counted.
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    if started:
+        print(f"threads started during the test and still alive: {started}")
 
 
-def _rlocks_threads() -> Set[str]:
-    return {t.name for t in threading.enumerate() if t.name.startswith("rlocks-")}
+def _alive(thread: Any) -> bool:
+    return isinstance(thread, threading.Thread) and thread.is_alive()
 
 
 REPR_REASON = (
