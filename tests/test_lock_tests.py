@@ -22,6 +22,7 @@ lock_tests = pytest.importorskip(
 )
 
 import rlocks  # noqa: E402
+from rlocks._engine.dialogue import stopped  # noqa: E402
 from rlocks._engine.renewal import renewer_for  # noqa: E402
 from rlocks._engine.waiting import hub_for  # noqa: E402
 
@@ -80,8 +81,8 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     # This client's own hub and renewer, with the contender parked in the hub: threads of
     # other pools bear the same names, so names alone proved nothing.
     hub, renewer = hub_for(client, NAMESPACE), renewer_for(client)
-    wait_until(lambda: len(hub_waiters(lock)) == 1 and _alive(hub._thread)
-               and _alive(renewer._thread), 60, "this client's renewer and wake-up hub")
+    wait_until(lambda: len(hub_waiters(lock)) == 1 and not stopped(hub._thread)
+               and not stopped(renewer._thread), 60, "this client's renewer and wake-up hub")
     lock.release()
     contender.join(60)
     assert not contender.is_alive()
@@ -91,10 +92,6 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     started = [t.name for t in threading.enumerate() if t.ident not in before]
     if started:
         print(f"threads started during the test and still alive: {started}")
-
-
-def _alive(thread: Any) -> bool:
-    return isinstance(thread, threading.Thread) and thread.is_alive()
 
 
 REPR_REASON = (
