@@ -187,5 +187,72 @@ def test_a_lease_added_and_cancelled_while_the_renewer_slept_restarts_its_idle_t
     assert renewer._thread is None
 
 
+def test_a_hand_over_grant_wakes_the_renewer_only_if_its_next_wake_is_too_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A grant kept unadopted (its short lease ends at ``short``) is due ADOPT_AFTER from
+    now, but may be renewed as late as a third of what is left. A loop that wakes within
+    that third anyway is not woken now (the thread just handed the lock needs the GIL),
+    and renews the grant when it wakes; a loop that would wake later is woken."""
+    renewer = renewal.Renewer()
+    now = [1000.0]
+    monkeypatch.setattr(renewal, "monotonic", lambda: now[0])
+    renewer._thread = threading.current_thread()  # a running stand-in: add() starts none
+    woken = []
+    monkeypatch.setattr(renewer, "_notify_locked", lambda: woken.append(now[0]))
+    owner = _Holder()
+    entry = renewer.add_entry(owner, "e", 1.5)  # due in 0.5 s: the loop plans that wake
+    with renewer._mutex:
+        assert renewer._schedule_locked(now[0], None)[:2] == ([], 0.5)
+    woken.clear()
+    grant = renewer.add(owner, "o", 30.0, now[0], short=now[0] + 2.0)  # third: 0.667 s
+    assert woken == [], "woken although it wakes within the grant's third anyway"
+    assert grant.due == pytest.approx(now[0] + renewal.ADOPT_AFTER)
+    now[0] += 0.5
+    with renewer._mutex:
+        due, _, _ = renewer._schedule_locked(now[0], None)
+    assert grant in due and entry in due, "the grant waited past the loop's wake-up"
+    renewer.cancel(grant)
+    renewer.cancel(entry)
+    hold = renewer.add(owner, "h", 30.0, now[0])  # due in 10 s: the loop's next wake
+    with renewer._mutex:
+        renewer._schedule_locked(now[0], None)
+    woken.clear()
+    renewer.add(owner, "o", 30.0, now[0], short=now[0] + 2.0)
+    assert woken == [now[0]], "not woken, though its next wake comes after the third"
+    renewer.cancel(hold)
+
+
+def test_after_a_message_the_hub_goes_straight_back_to_its_blocking_read(
+    client: "redis.Redis[bytes]", monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's reader dialogue (I/O-free, driven here step by step): after dispatching a
+    message that woke a waiter, its next step is the blocking read, not a poll for more.
+    The woken thread needs the GIL, which the hub thread gives up only in that read."""
+    hub = wakehub.WakeHub(client, "rlocks-test")
+    hub._thread = threading.current_thread()  # a running stand-in: register() starts none
+    monkeypatch.setattr(hub, "_nudge", lambda: None)
+    mine = f"{rlocks._engine.identity.process_token()}:1:1"
+    waiter = hub.register("chan", mine)
+    steps = hub._reader_steps()
+    assert next(steps)[0] == wakehub.HubOp.OPEN
+    assert steps.send("pubsub")[0] == wakehub.HubOp.SUBSCRIBE  # the control channel
+    assert steps.send(None)[:3] == (wakehub.HubOp.SUBSCRIBE, "pubsub", ("chan",))
+    assert steps.send(None) == (wakehub.HubOp.READ, "pubsub", wakehub.TICK)
+    step = steps.send({"type": "subscribe", "channel": b"chan", "data": 2})
+    assert step == (wakehub.HubOp.READ, "pubsub", wakehub.TICK)
+    assert waiter.subscribed
+    step = steps.send({"type": "message", "channel": b"chan", "data": f"g {mine} 7".encode()})
+    assert waiter.event.is_set() and waiter.state == wakehub.GRANTED and waiter.token == 7
+    assert step == (wakehub.HubOp.READ, "pubsub", wakehub.TICK), "polled before blocking"
+    hub.unregister(waiter)
+    # End the dialogue as a lost connection does: pause, close, then a fresh start that
+    # holds no connection, where it may be closed.
+    assert steps.throw(OSError("gone"))[0] == wakehub.HubOp.PAUSE
+    assert steps.send(None) == (wakehub.HubOp.CLOSE, "pubsub", None)
+    assert steps.send(None)[0] == wakehub.HubOp.OPEN
+    steps.close()
+
+
 class _Holder:
     """Enough of a primitive for a Lease to refer to (weakly)."""

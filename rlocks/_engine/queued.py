@@ -24,7 +24,8 @@ The dialogue (docs/design/handover.md, "Client side")
    release reply) marks the waiter GRANTED. A lock's waiter records the hold with no
    round trip when the grant is surely this wait's and its short lease has most of
    ``entry_lease`` left (``_short_lease_end``): the renewer's first renewal of the hold,
-   due ``renewal.ADOPT_AFTER`` (0.1 s) later, adopts it and extends it to ``ttl``; so do
+   due ``renewal.ADOPT_AFTER`` (0.1 s) later (or at the renewer's next planned wake-up
+   within a third of the short lease), adopts it and extends it to ``ttl``; so do
    the owner's own release or re-entry, whichever comes first. Otherwise
    (a semaphore, an old wait, ``replicas=``) it adopts the grant itself before returning.
    ``w`` (``fair=False``), or no line in time, makes it ask again: that re-check renews

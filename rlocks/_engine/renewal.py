@@ -174,23 +174,31 @@ class Renewer:
 
         ``short``: the hold is a hand-over grant still on its short lease, which ends no
         sooner than this (monotonic); its first renewal (which also adopts it on the
-        server) comes ``ADOPT_AFTER`` s from now (or within a third of what is left, if
-        sooner), not a third of ``ttl`` from now."""
+        server) is due ``ADOPT_AFTER`` s from now (or within a third of what is left, if
+        sooner), not a third of ``ttl`` from now; it may come as late as that third.
+
+        No I/O. Wakes the renewer's loop only if its next planned wake-up is too late.
+        """
         lease = Lease(primitive, owner, ttl, since)
+        latest = lease.due
         if short is not None:
             now = monotonic()
             lease.expires = min(lease.expires, short)
-            delay = min(ADOPT_AFTER, max(short - now, 0.0) / 3.0)
+            third = max(short - now, 0.0) / 3.0
+            delay = min(ADOPT_AFTER, third)
             lease.due = now + delay
             # Until that first renewal its period is the delay, so it only joins a batch
             # just before it is due (EARLY is a fraction of the period); renewals reset it.
             lease.period = delay
+            # A loop that wakes within the third anyway renews it then: waking the loop
+            # now would take the GIL from the thread that was just handed the lock.
+            latest = now + third
         with self._mutex:
             self._leases[id(lease)] = lease
             self._added = monotonic()
             if stopped(self._thread):
                 self._start_locked()
-            elif lease.due < self._next_wake:
+            elif latest < self._next_wake:
                 self._notify_locked()
         return lease
 

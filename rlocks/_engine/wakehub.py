@@ -503,9 +503,12 @@ class WakeHub:
                     if unsubscribe:
                         yield HubOp.UNSUBSCRIBE, pubsub, tuple(ch.name for ch in unsubscribe)
                     message = yield HubOp.READ, pubsub, TICK
-                    while message is not None:
+                    if message is not None:
+                        # Straight back to the blocking read, with no poll for more first:
+                        # the thread just woken needs the GIL, which this one gives up
+                        # only there (a poll cost each hand-off ~50 us). A message that
+                        # is already buffered comes back from that read at once.
                         self._dispatch(message)
-                        message = yield HubOp.READ, pubsub, 0.0
                     backoff = RECONNECT_BACKOFF[0]
             except Exception:  # noqa: BLE001 - the hub must outlive any one failure
                 log.debug("wake-up hub lost its connection; reconnecting", exc_info=True)
