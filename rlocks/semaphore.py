@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import operator
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Type
 
 from redis.exceptions import ResponseError
 
 from ._engine import checks, identity, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
+from ._engine.dialogue import drive
 from ._engine.primitive import ENTRY_LEASE, Primitive
 from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued, new_op
 from ._engine.state import PrimitiveState
@@ -57,6 +58,11 @@ def _count(value: object, what: str, label: str) -> int:
     if number > _COUNT_MAX:
         raise ValueError(f"{label}: {what} must be at most 2**53 - 1, got {number}")
     return number
+
+
+#: A release's round trips (see ``_SemaphoreCore._release_steps``): yields (call, op id),
+#: is sent each reply.
+ReleaseSteps = Generator[Tuple[Call, str], Reply, None]
 
 
 class _Release:
@@ -344,6 +350,37 @@ class _SemaphoreCore(Primitive):
             if granted is not None and hold is not None:
                 hold.granted = granted
 
+    def _release_steps(self, begun: Optional["_Release"], stream: str) -> ReleaseSteps:
+        """The round trips of a release that :meth:`_begin_release` began, written once
+        for both drivers (see :mod:`._engine.dialogue`): yields each ``(call, op id)``
+        (the op id drawn on ``stream``) and is sent its reply.
+
+        Raises what the script's error reply means (the permits stay the owners', see
+        :meth:`_release_refused`) and LockLostError; after any other failure the permits
+        it was taking are left for each owner's next acquire to settle
+        (:meth:`_release_failed`), then the exception goes on.
+        """
+        step = begun
+        op = ""
+        try:
+            while step is not None and step.call is not None:
+                since = monotonic()
+                sent = serial()
+                op = new_op(stream)
+                try:
+                    reply = yield step.call, op
+                except ResponseError as exc:
+                    raise self._release_refused(step, since, exc) from None
+                # On any other error (connection...) the reserved permits stay dropped
+                # locally, as RLock's release does: renewal stops and their lease runs out.
+                step = self._finish_release(step, since, reply)
+                self._deliver(reply, sent)
+        except (RLocksError, ValueError, TypeError):
+            raise  # refused or lost: decided above, the books are as they should be
+        except BaseException as exc:
+            self._release_failed(step, op, exc)
+            raise
+
     def _ended(self, release: Optional["_Release"]) -> None:
         """The release is over (done, or failed without a refusal): the holds it ended
         locally have ended; record their durations once."""
@@ -473,27 +510,14 @@ class Semaphore(_SemaphoreCore):
         owner = self._owner()
         own, everywhere = self._books(owner)
         begun: Optional[_Release] = None
-        step: Optional[_Release] = None
-        op = ""
         try:
-            step = begun = self._begin_release(owner, n)
-            while step is not None and step.call is not None:
-                since = monotonic()
-                sent = serial()
-                op = new_op(owner)
-                try:
-                    # The callback has an interrupted read fenced (see scripts.Call).
-                    reply = step.call(self._client, _ignore, op)
-                except ResponseError as exc:
-                    raise self._release_refused(step, since, exc) from None
-                # On any other error (connection...) the reserved permits stay dropped
-                # locally, as RLock's release does: renewal stops and their lease runs out.
-                step = self._finish_release(step, since, reply)
-                self._deliver(reply, sent)
+            begun = self._begin_release(owner, n)
+            # The callback has an interrupted read fenced (see scripts.Call).
+            drive(self._release_steps(begun, owner),
+                  lambda step: step[0](self._client, _ignore, step[1]))
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
         except BaseException as exc:
-            self._release_failed(step, op, exc)
             mine = min(n, own) if isinstance(n, int) else 0
             if foreign(exc) and mine > 0:
                 # Interrupted anywhere (a signal handler's exception): finish giving back

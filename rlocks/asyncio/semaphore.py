@@ -9,11 +9,9 @@ from redis.exceptions import ResponseError
 
 from .._engine import checks
 from .._engine.aio import AsyncPrimitive
-from .._engine.clock import monotonic
-from .._engine.scripts import new_op, op_stream
+from .._engine.dialogue import adrive
+from .._engine.scripts import op_stream
 from .._engine.state import PrimitiveState
-from .._engine.wakehub import serial
-from ..errors import RLocksError
 from ..semaphore import _SemaphoreCore
 
 __all__ = ["Semaphore", "BoundedSemaphore"]
@@ -52,27 +50,13 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         Cancelling the task while the release is in flight still gives the permits back
         (the round trip is shielded); the CancelledError is raised as usual.
         """
-        step = begun = self._begin_release(self._owner(), n)
-        op = ""
+        begun = self._begin_release(self._owner(), n)
         try:
-            while step is not None and step.call is not None:
-                since = monotonic()
-                op = new_op(op_stream())
-                try:
-                    # Shielded, as RLock's release: a release cancelled half-way (opening
-                    # its connection) still reaches Redis instead of leaving the permits
-                    # there, off the local books and unrenewed, until their lease ends.
-                    sent = serial()
-                    reply = await asyncio.shield(self._arun_call(step.call, op))
-                except ResponseError as exc:
-                    raise self._release_refused(step, since, exc) from None
-                step = self._finish_release(step, since, reply)
-                self._deliver(reply, sent)
-        except (RLocksError, ValueError, TypeError):
-            raise  # refused or lost: decided above, the books are as they should be
-        except Exception as exc:
-            self._release_failed(step, op, exc)  # settled at each owner's next acquire
-            raise
+            # Shielded, as RLock's release: a release cancelled half-way (opening its
+            # connection) still reaches Redis instead of leaving the permits there, off
+            # the local books and unrenewed, until their lease ends.
+            await adrive(self._release_steps(begun, op_stream()),
+                         lambda step: asyncio.shield(self._arun_call(*step)))
         finally:
             # What a refusal restored is no longer in it: the rest did end here.
             self._ended(begun)
