@@ -362,6 +362,26 @@ Take = Callable[[Owner, str, int, Optional[float]], bool]
 AsyncTake = Callable[[Owner, str, int, Optional[float]], Awaitable[bool]]
 
 
+class _Measured:
+    """One acquire being measured, for both decorators below: ``with`` it around the
+    call and set ``granted``; the exit records the outcome (or the exception)."""
+
+    __slots__ = ("instruments", "primitive", "since", "granted")
+
+    def __init__(self, instruments: _Instruments, primitive: Any) -> None:
+        self.instruments = instruments
+        self.primitive = primitive
+        self.since = monotonic()
+        self.granted = False
+
+    def __enter__(self) -> "_Measured":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        _acquired(self.instruments, self.primitive, self.since,
+                  self.granted and exc is None, exc)
+
+
 def measure_acquire(take: Take[Owner]) -> Take[Owner]:
     """Decorate a primitive's ``_take``: its duration, outcome and wait are recorded."""
 
@@ -370,14 +390,9 @@ def measure_acquire(take: Take[Owner]) -> Take[Owner]:
         instruments = _instruments if _resolved else _resolve()
         if instruments is None:
             return take(self, owner, count, wait)
-        since = monotonic()
-        try:
-            granted = take(self, owner, count, wait)
-        except BaseException as exc:
-            _acquired(instruments, self, since, False, exc)
-            raise
-        _acquired(instruments, self, since, granted, None)
-        return granted
+        with _Measured(instruments, self) as acquire:
+            acquire.granted = take(self, owner, count, wait)
+        return acquire.granted
 
     return measured
 
@@ -390,14 +405,9 @@ def measure_async_acquire(take: AsyncTake[Owner]) -> AsyncTake[Owner]:
         instruments = _instruments if _resolved else _resolve()
         if instruments is None:
             return await take(self, owner, count, wait)
-        since = monotonic()
-        try:
-            granted = await take(self, owner, count, wait)
-        except BaseException as exc:
-            _acquired(instruments, self, since, False, exc)
-            raise
-        _acquired(instruments, self, since, granted, None)
-        return granted
+        with _Measured(instruments, self) as acquire:
+            acquire.granted = await take(self, owner, count, wait)
+        return acquire.granted
 
     return measured
 
