@@ -281,6 +281,47 @@ def alternating_worker(
     os._exit(EXIT_OK)
 
 
+def pingpong_worker(
+    spec: Dict[str, Any], kind: str, name: str, namespace: str, data: str, seconds: float
+) -> None:
+    """Two threads, for ``seconds``: acquire the mutex ``(kind, name)``, hold 5 ms,
+    release, pause 2 ms; each acquire ``rpush {data}:waits "<when it returned> <its
+    wait>"`` (monotonic s: system-wide on Linux, so comparable across processes)."""
+    client = make_client(spec)
+    extra = {"deadlock_timeout": None} if kind in ("rlock", "write", "read") else {}
+    failed: List[BaseException] = []
+    try:
+        _prim, acquire, release, _nesting = make_mutex(
+            kind, name, client, namespace, ttl=30.0, **extra
+        )
+
+        def loop() -> None:
+            try:
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    began = time.monotonic()
+                    assert acquire(timeout=30)
+                    got = time.monotonic()
+                    client.rpush(f"{data}:waits", f"{got} {got - began}")
+                    time.sleep(0.005)
+                    release()
+                    time.sleep(0.002)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                failed.append(exc)
+
+        threads = [threading.Thread(target=loop) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failed:
+            raise failed[0]
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
+        report_error(client, f"{data}:errors")
+        os._exit(EXIT_FAILED)
+    os._exit(EXIT_OK)
+
+
 def stop_after_grant_worker(
     spec: Dict[str, Any], kind: str, name: str, namespace: str, data: str, entry_lease: float
 ) -> None:

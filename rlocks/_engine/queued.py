@@ -282,7 +282,8 @@ def _take(
             if det is not None:
                 pause = det.pause(pause)
             _waits(prim, st, first)
-            yield Op(WAIT, waiter=waiter, timeout=pause)
+            if hub.rest(waiter):
+                yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
         if deadline is not None and not owed and monotonic() >= deadline:
             break

@@ -296,6 +296,17 @@ class WakeHub:
         waiters = waiter.channel.waiters
         return bool(waiters) and waiters[0] is waiter
 
+    def rest(self, waiter: Waiter) -> bool:
+        """For a waiter that is not its channel's head, before it sleeps: True after
+        clearing a wake-up that asks nothing of it (the hub woke every waiter, or passed
+        on a wake-up), so its sleep is not cut short again and again; False if it was
+        granted or became the head meanwhile (it must look again, not sleep). No I/O."""
+        with self._mutex:
+            if waiter.state == GRANTED or self.is_head(waiter):
+                return False
+            waiter.event.clear()
+            return True
+
     def has_waiters(self, channel: str) -> bool:
         """Whether threads of this process already wait on ``channel`` (no I/O)."""
         ch = self._channels.get(channel)
@@ -602,7 +613,7 @@ class WakeHub:
                 # own: wake-ups may have been lost in between, so everyone looks again.
                 if self._control_seen:
                     with self._mutex:
-                        self._echo.clear()  # lines published meanwhile are lost
+                        self._lines_lost_locked()
                     self._wake_everyone()
                 self._control_seen = True
                 return
@@ -617,10 +628,21 @@ class WakeHub:
         with self._mutex:
             self._lost_locked()
 
+    def _lines_lost_locked(self) -> None:
+        """Lines published while the subscription was down are lost (under the mutex):
+        none will be read late, so no echo is owed for them, and a waiter's grant made
+        meanwhile can be learnt only from a reply. So no waiter of this wait counts on
+        its line any more (``Waiter.counts``): a grant a reply tells of must not leave an
+        echo that would drop the thread's next real line."""
+        self._echo.clear()
+        for ch in self._channels.values():
+            for waiter in ch.waiters:
+                waiter.counts = False
+
     def _lost_locked(self) -> None:
         """The subscriber connection is gone (under the mutex): every channel is to be
         subscribed again, and every waiter looks again (messages may have been lost)."""
-        self._echo.clear()  # lines published meanwhile are lost, not read late
+        self._lines_lost_locked()
         for ch in self._channels.values():
             ch.sent = False
             ch.confirmed.clear()
