@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
-from ._engine import identity
 from ._engine.primitive import Primitive
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load_queued
@@ -31,10 +30,10 @@ class _RLockCore(Primitive):
     # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
+        self, owner: str, count: int, reentry: bool, entry: Optional[str]
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, self._entry_id(waiting), self._ttl_ms, count,
-                1 if reentry else 0, 1 if waiting else 0)
+        args = (owner, self._entry_id(entry), self._ttl_ms, count,
+                1 if reentry else 0, 0 if entry is None else 1)
         return self._keys.queued(), (*self._context(), *args)
 
     def _release_arguments(
@@ -44,11 +43,11 @@ class _RLockCore(Primitive):
         return self._keys.queued(), (*self._context(), *args)
 
     def _leave_arguments(
-        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args: Tuple[Arg, ...] = (owner, identity.process_token(), "")
+        args: Tuple[Arg, ...] = (owner, entry, "")
         if ask is not None:
-            args = (owner, identity.process_token(), ask[0], ask[2])
+            args = (owner, entry, ask[0], ask[2])
         return self._keys.queued(), (*self._context(), *args)
 
     def _renew_arguments(

@@ -28,7 +28,6 @@ from typing import (
 
 from redis.exceptions import NoScriptError
 
-from ._engine import identity
 from ._engine.clients import io_client
 from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, Primitive
@@ -89,10 +88,10 @@ class _SideCore(Primitive):
     # -- script arguments (see the headers of the rw_*.lua files) ------------------------
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
+        self, owner: str, count: int, reentry: bool, entry: Optional[str]
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, self._entry_id(waiting), self._side, self._ttl_ms, count,
-                1 if reentry else 0, 1 if waiting else 0)
+        args = (owner, self._entry_id(entry), self._side, self._ttl_ms, count,
+                1 if reentry else 0, 0 if entry is None else 1)
         return self._keys.queued(), (*self._context(), *args)
 
     def _release_arguments(
@@ -102,11 +101,11 @@ class _SideCore(Primitive):
         return self._keys.queued(), (*self._context(), *args)
 
     def _leave_arguments(
-        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args: Tuple[Arg, ...] = (owner, identity.process_token(), "")
+        args: Tuple[Arg, ...] = (owner, entry, "")
         if ask is not None:
-            args = (owner, identity.process_token(), *ask)
+            args = (owner, entry, *ask)
         return self._keys.queued(), (*self._context(), *args)
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:

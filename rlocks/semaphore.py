@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tup
 
 from redis.exceptions import ResponseError
 
-from ._engine import checks, identity, metrics
+from ._engine import checks, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.dialogue import drive
@@ -147,26 +147,26 @@ class _SemaphoreCore(Primitive):
         return (self._value, self._bounded)
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
+        self, owner: str, count: int, reentry: bool, entry: Optional[str]
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         # Permits are counted, not nested: holding some already changes nothing here.
         # The taking thread (task) owns the permits and is the waiter named in wake-ups.
-        args = (owner, owner, self._entry_id(waiting), self._ttl_ms, count,
-                1 if waiting else 0)
+        args = (owner, owner, self._entry_id(entry), self._ttl_ms, count,
+                0 if entry is None else 1)
         return self._keys.queued(), (*self._context(), *args)
 
     def _leave_arguments(
-        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         # (the next waiter is also the owner its permits go to, as in acquire)
-        args: Tuple[Arg, ...] = (owner, owner, identity.process_token(), "")
+        args: Tuple[Arg, ...] = (owner, owner, entry, "")
         if ask is not None:
-            args = (owner, owner, identity.process_token(), ask[0], ask[2])
+            args = (owner, owner, entry, ask[0], ask[2])
         return self._keys.queued(), (*self._context(), *args)
 
     def _queues_locally(self, owner: str) -> bool:
         # Permits are not re-entered: an owner holding some waits for more like anyone
-        # else, behind this process's earlier waiters (one queue entry per process);
+        # else, behind this process's earlier waiters (one queue entry per wake-up hub);
         # with fair=False it tries first, as any other barger does.
         return self._fair
 

@@ -210,7 +210,7 @@ def test_cancelled_waiter_leaves_nothing_behind(url: str, name: str) -> None:
         await lock.acquire()
         waiters = [asyncio.create_task(lock.acquire()) for _ in range(3)]
         # All three wait (a cancel before that would test nothing).
-        assert await eventually(lambda: _waiting(c, f"{key('rlock', name)}:wake:{identity.process_token()}", 3), 10)
+        assert await eventually(lambda: _waiting(c, lock._channel(), 3), 10)
         waiters[0].cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiters[0]
@@ -309,7 +309,7 @@ def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:
             return got
 
         waiters = [asyncio.create_task(worker()) for _ in range(30)]
-        channel = f"{key('rlock', name)}:wake:{identity.process_token()}"
+        channel = lock._channel()
 
         async def all_waiting_and_subscribed() -> bool:
             numsub = dict(await c.pubsub_numsub(channel))
@@ -426,7 +426,7 @@ def test_cancelled_semaphore_waiter_takes_no_permit(url: str, name: str) -> None
         sem = ra.Semaphore(name, 1, client=c, namespace=NAMESPACE)
         await sem.acquire()
         task = asyncio.create_task(sem.acquire())
-        assert await eventually(lambda: _waiting(c, f"{key('sem', name)}:wake:{identity.process_token()}", 1), 10)
+        assert await eventually(lambda: _waiting(c, sem._channel(), 1), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -503,7 +503,7 @@ def test_a_cancelled_renewer_or_hub_task_is_started_again_by_the_next_use(
         lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=1)
         other = ra.RLock(f"{name}-2", client=c, namespace=NAMESPACE, ttl=1)
         holder = ra.RLock(f"{name}-2", client=c, namespace=NAMESPACE, ttl=1)
-        wake = f"{key('rlock', f'{name}-2')}:wake:{identity.process_token()}"
+        wake = other._channel()
 
         async def in_turn() -> bool:
             got = await other.acquire(timeout=20)

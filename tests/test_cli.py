@@ -119,7 +119,7 @@ def test_a_hand_over_publishes_only_on_the_granted_process_channel(
                       "rw": lambda: rlocks.RWLock(name, namespace=ns).write_lock,
                       "sem": lambda: rlocks.Semaphore(name, 1, namespace=ns)}[kind]()
     assert primitive._kind == kind
-    channels = [keys_for(ns, kind, name).wake(identity.process_token())]
+    channels = [primitive._channel()]
     pubsub = client.pubsub()
     # Every channel that starts like the primitive's first one (a glob, its own glob
     # characters escaped), so a channel missing from the table would show up too.
@@ -413,7 +413,7 @@ def test_force_release_of_an_rwlock_hands_it_to_the_queue(
     # head in the same script (no "*" wake-all): the message names the granted waiter.
     rw = rlocks.RWLock(name, namespace=ns)
     assert rw.write_lock.acquire()
-    channel = keys_for(ns, "rw", name).wake(identity.process_token())  # the reader's
+    channel = rw.read_lock._channel()  # the reader's
     pubsub = client.pubsub()
     pubsub.subscribe(channel)
     assert wait_for(lambda: pubsub.get_message(timeout=0.1), "subscribe")["type"] == "subscribe"

@@ -185,10 +185,9 @@ def _check_renewal_adopts_once(lock: Any, proxy: ReplyDropper, retrying: Any, di
     # The scripts by hand (the engine's own KEYS and ARGV builders): holder takes the lock,
     # waiter queues, holder's release hands it to the waiter (an unadopted grant).
     acquire = lock._acquire_arguments
-    keys, args = acquire(holder, 1, False, True)
+    keys, args = acquire(holder, 1, False, "entry-1")
     assert Call(lock._acquire_script, keys, args)(direct).granted
-    keys, args = acquire(waiter, 1, False, True)
-    args = tuple("entry-2" if a == identity.process_token() else a for a in args)
+    keys, args = acquire(waiter, 1, False, "entry-2")
     assert Call(lock._acquire_script, keys, args)(direct).queued
     keys, args = lock._release_arguments(holder, 1, False)
     assert Call(lock._release_script, keys, args)(direct).wakes  # granted to the waiter
@@ -313,7 +312,7 @@ def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> No
     def op(stream: str, now: int) -> None:
         """Acquire and release by ``stream`` at server time ``now``: two recorded ops."""
         for script, (keys, args) in (
-            (lock._acquire_script, lock._acquire_arguments(stream, 1, False, False)),
+            (lock._acquire_script, lock._acquire_arguments(stream, 1, False, None)),
             (lock._release_script, lock._release_arguments(stream, 1, False)),
         ):
             args = (str(now), *args[1:])  # ARGV[1]: '' = server TIME; here a given time
@@ -336,7 +335,7 @@ def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> No
 
 def test_a_malformed_op_id_is_refused_and_changes_nothing(name: str, client: Any) -> None:
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
-    keys, args = lock._acquire_arguments("o", 1, False, False)
+    keys, args = lock._acquire_arguments("o", 1, False, None)
     args = tuple("#x:y" if a == "#" else a for a in args)
     with pytest.raises(redis.ResponseError, match="RLOCKS_BAD_ARG op"):
         run(client, lock._acquire_script, keys, args)

@@ -483,7 +483,7 @@ def test_a_head_waiter_timing_out_keeps_its_process_place(
         wait_until(lambda: client.zcard(queue) == 2, 60, "the other process to queue")
         a.join(30)
         assert results.get("a") is False, results
-        mine = identity.process_token().encode()
+        mine = hub.entry.encode()
         # Without the re-pointing, A's leave took the entry out and B queued at the tail.
         assert client.zrange(queue, 0, -1)[0] == mine, client.zrange(queue, 0, -1)
         for _ in range(nesting):
@@ -538,7 +538,7 @@ def test_two_local_waiters_timing_out_together_pass_the_place_to_the_third(
         threads["a"].join(30)
         threads["b"].join(30)
         assert results.get("a") is False and results.get("b") is False, results
-        mine = identity.process_token().encode()
+        mine = hub.entry.encode()
         wait_until(lambda: client.zrange(queue, 0, -1)[:1] == [mine], 10,
                    "C to hold the process's place")
         lock.release()
@@ -581,7 +581,7 @@ def test_an_asyncio_head_task_timing_out_keeps_its_process_place(
         await aclient.zadd(queue, {"another-process": 1e15})
         await first
         head = (await aclient.zrange(queue, 0, 0))[0]
-        order.append(head.decode())
+        order.append(head.decode() == aio.async_hub_for(aclient, NS).entry)
         await aclient.zrem(queue, "another-process")
         holder.release()  # (a sync call on the loop: this thread holds it)
         await second
@@ -589,7 +589,7 @@ def test_an_asyncio_head_task_timing_out_keeps_its_process_place(
         return order
 
     order = asyncio.run(main())
-    assert order == [("a", False), identity.process_token(), ("b", True)], order
+    assert order == [("a", False), True, ("b", True)], order
     client.close()
 
 
@@ -995,3 +995,46 @@ def test_a_process_stopped_right_after_a_hand_over_loses_the_lock_and_knows_it(
         assert client.hget(keys_for(NS, _KEY_KIND[kind], name).hash, field) == b"1"
         release()
         client.delete(f"{data}:lost", f"{data}:kept")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_two_clients_of_one_process_keep_their_own_places(
+    redis_url: str, name: str, kind: str
+) -> None:
+    """Two objects of one name on two clients in one process have two wake-up hubs, so
+    two heads: each queues as its own entry. (With one entry per process, the second
+    head's queueing call re-pointed the entry to itself, the first lost its place with
+    no word, and waited for its re-check, 1-2 s, after a hand-over of milliseconds: bug
+    hunt 9.)"""
+    def make(client: Any) -> Any:
+        if kind == "rlock":
+            return rlocks.RLock(name, client=client, namespace=NS, deadlock_timeout=None)
+        return rlocks.Semaphore(name, 1, client=client, namespace=NS)
+
+    clients = [redis.Redis.from_url(redis_url) for _ in range(3)]
+    holder, first, second = (make(c) for c in clients)
+    queue = _queue_key(kind, name)
+    got: Dict[str, float] = {}
+
+    def wait(tag: str, lock: Any) -> None:
+        assert lock.acquire(timeout=30)
+        got[tag] = time.monotonic()
+        time.sleep(0.1)
+        lock.release()
+
+    assert holder.acquire()
+    threads = [threading.Thread(target=wait, args=("first", first))]
+    threads[0].start()
+    wait_until(lambda: clients[0].zcard(queue) == 1, 15, "the first to queue")
+    threads.append(threading.Thread(target=wait, args=("second", second)))
+    threads[1].start()
+    wait_until(lambda: clients[0].zcard(queue) == 2, 15, "the second to queue as well")
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert set(got) == {"first", "second"}
+    # FIFO across the two hubs, each handed over as soon as the one before released
+    assert got["first"] < got["second"] < got["first"] + 1.0, got
+    for c in clients:
+        c.close()

@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import rlocks
 from rlocks._engine import waiting
-from rlocks._engine.identity import process_token, thread_owner
+from rlocks._engine.identity import thread_owner
 from rlocks._engine.scripts import run
 
 from .conftest import NAMESPACE
@@ -275,7 +275,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert self.owners[other].busy(), f"owner {other} returned out of turn"
         # the next one queues the process again: wait for it, so steps see a stable queue
         if self.local:
-            self.wait_for(lambda: self.client.zscore(self.keys[2], process_token()) is not None,
+            self.wait_for(lambda: self.client.zscore(self.keys[2], self.hub.entry) is not None,
                           10, "the next waiter to queue")
 
     # -- rules -------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.owners[i].start(lambda: self.ours[i].acquire(timeout=60))
         self.wait_for(lambda: self.local_waiters() == before + 1, 10, "the waiter to register")
         if not self.local:  # the head: it registers first, then queues the process
-            self.wait_for(lambda: self.client.zscore(self.keys[2], process_token()) is not None,
+            self.wait_for(lambda: self.client.zscore(self.keys[2], self.hub.entry) is not None,
                           10, "the process to queue")
         self.local.append(i)
 
@@ -311,7 +311,7 @@ class QueueMachine(RuleBasedStateMachine):
         """A thread waits and times out; ``head`` (with no thread waiting yet): it holds
         the process's entry, and a thread that comes after it takes its place."""
         i = data.draw(st.sampled_from(self.idle()))
-        entry = process_token()
+        entry = self.hub.entry
         if head and not self.local and len(self.idle()) > 1:
             j = data.draw(st.sampled_from([k for k in self.idle() if k != i]))
             self.owners[i].start(lambda: self.ours[i].acquire(timeout=0.5))
@@ -373,7 +373,7 @@ class QueueMachine(RuleBasedStateMachine):
             # only a dead waiter's grant, until its short lease ends
             assert all(field.startswith(b"ghost-") for field in state), state
         assert self.local_waiters() == len(self.local)
-        queued = self.client.zscore(self.keys[2], process_token()) is not None
+        queued = self.client.zscore(self.keys[2], self.hub.entry) is not None
         assert queued is bool(self.local), (queued, self.local)
 
     @invariant()

@@ -728,7 +728,7 @@ def test_reentry_does_not_queue_behind_local_waiters(client: Any, name: str) -> 
     got: List[Any] = []
     waiter = threading.Thread(target=lambda: (got.append(lock.acquire(timeout=30)), lock.release()))
     waiter.start()
-    channel = f"{hash_key(name)}:wake:{identity.process_token()}"
+    channel = lock._channel()
     assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
     assert lock.acquire(timeout=5)  # re-entry, with a local waiter queued
     # Granted while the waiter still waits (queued behind it, it would have had to wait
@@ -762,9 +762,9 @@ def test_while_the_channel_is_subscribed_the_first_call_queues_with_no_try_befor
     calls: List[bool] = []
     build = rlocks.RLock._acquire_call
 
-    def recorded(self: Any, owner: str, count: int, reentry: bool, queue: bool) -> Any:
-        calls.append(queue)
-        return build(self, owner, count, reentry, queue)
+    def recorded(self: Any, owner: str, count: int, reentry: bool, entry: Any) -> Any:
+        calls.append(entry is not None)  # True: the queueing call (under the hub's entry)
+        return build(self, owner, count, reentry, entry)
 
     monkeypatch.setattr(rlocks.RLock, "_acquire_call", recorded)
     assert lock.acquire(timeout=5)  # free: granted by the queueing call itself
@@ -845,7 +845,7 @@ def test_reentry_through_another_object_does_not_queue_behind_local_waiters(
     got: List[Any] = []
     waiter = threading.Thread(target=lambda: (got.append(inner.acquire(timeout=30)), inner.release()))
     waiter.start()
-    channel = f"{hash_key(name)}:wake:{identity.process_token()}"
+    channel = inner._channel()
     assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
     assert inner.acquire(timeout=5)
     assert len(hub_waiters(inner)) == 1 and got == []  # granted while the waiter waits
@@ -869,7 +869,7 @@ def test_nested_synchronized_functions_sharing_a_name_with_a_waiter(
     @rlocks.synchronized(name, client=client, namespace=NAMESPACE)
     def outer() -> None:
         gate.set()
-        channel = f"{hash_key(name)}:wake:{identity.process_token()}"
+        channel = hash_key(name) + ":wake:" + hub_for(client, NAMESPACE).entry
         assert wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1)
         inner("outer")  # re-entry through the other function's lock object
 

@@ -458,7 +458,7 @@ def test_downgrade_does_not_queue_behind_local_readers(
     assert rw.write_lock.acquire()
     reader = threading.Thread(target=lambda: (rw.read_lock.acquire(timeout=10), rw.read_lock.release()))
     reader.start()
-    channel = f"{key(name)}:wake:{identity.process_token()}"
+    channel = rw.read_lock._channel()
     wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1, 5, "a reader to wait")
     assert rw.read_lock.acquire(timeout=5)  # downgrade, with a local reader waiting
     rw.write_lock.release()

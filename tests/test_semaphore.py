@@ -187,7 +187,7 @@ def test_waiter_is_woken_by_release(client: "redis.Redis[bytes]", name: str) -> 
     got = []
     waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=10)))
     waiter.start()
-    channel = f"{key(name)}:wake:{identity.process_token()}"
+    channel = sem._channel()
     wait_for(lambda: bool(client.pubsub_numsub(channel)[0][1]), 5, "subscription")
     began = time.monotonic()
     sem.release()

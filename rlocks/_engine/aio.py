@@ -345,6 +345,10 @@ class AsyncPrimitive(Primitive):
         self._kept_hub = (weakref.ref(loop), hub)
         return hub
 
+    def _channel(self) -> str:
+        """:meth:`Primitive._channel` of the running event loop's hub."""
+        return self._keys.wake(self._ahub().entry)
+
     async def _astatistics(self) -> PrimitiveState:
         """``_statistics`` awaited (its asyncio twin): the same read-only round trips,
         on a Quorum one to each master at once and what a majority agrees on."""
@@ -443,7 +447,7 @@ class AsyncPrimitive(Primitive):
         reads every master's answer and gives back what they granted."""
         self._check_take(owner)
         reentry = self._held(owner) > 0
-        call = self._acquire_call(owner, count, reentry, False)
+        call = self._acquire_call(owner, count, reentry, None)
         undo = self._undo_call(owner, count)
         first = monotonic()
         deadline = None if wait is None else first + wait

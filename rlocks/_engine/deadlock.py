@@ -48,7 +48,7 @@ exception handler releases it, as in PostgreSQL.
 Limits: a wait through a Semaphore, or an owner whose primitive has ``deadlock_timeout=None``,
 records no edge, so a cycle through it is not seen. Of the queue, only the entry just
 ahead counts (it waits for the one ahead of it in turn), and only while its lease runs;
-threads of one process that wait behind each other locally (one entry per process) are
+threads of one process that wait behind each other locally (one entry per wake-up hub) are
 followed only through the process's entry. An edge whose deletion failed (the link broke
 as the wait ended) lives until its lease.
 """

@@ -435,13 +435,13 @@ class Primitive(Renewable):
     # -- what a subclass provides --------------------------------------------------------
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, waiting: bool
+        self, owner: str, count: int, reentry: bool, entry: Optional[str]
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         """KEYS and ARGV of the acquire script.
 
         ``reentry``: this object already has holds of ``owner`` (a script that knows the
-        owner's field should answer not-owner when it is gone). ``waiting``: the caller
-        will wait if refused (false for a single try).
+        owner's field should answer not-owner when it is gone). ``entry``: the hub entry
+        id to queue under if refused (``None``: a single try, see :meth:`_entry_id`).
         """
         raise NotImplementedError
 
@@ -523,8 +523,9 @@ class Primitive(Renewable):
         """How a wait for this primitive is recorded in a wait-for edge: ``x`` (exclusive)."""
         return "x"
 
-    def _detector(self, owner: str, since: float) -> Optional[Detector]:
-        """The deadlock detector of a wait by ``owner`` that began at ``since``, if any."""
+    def _detector(self, owner: str, since: float, entry: str) -> Optional[Detector]:
+        """The deadlock detector of a wait by ``owner`` that began at ``since``, queued
+        under the hub entry ``entry``, if any."""
         timeout = self._deadlock_timeout
         if timeout is None or not self._detects_deadlocks:
             return None
@@ -532,7 +533,7 @@ class Primitive(Renewable):
             self._namespace, owner, self._deadlock_side(), self._keys.hash, timeout, since,
             self._describe(), self._name,
             # fair: the waiter is granted only after the entry ahead of its process's
-            entry=self._entry_id(True) if self._fair else "-",
+            entry=entry if self._fair else "-",
         )
 
     def _context(self) -> Tuple[Arg, ...]:
@@ -549,34 +550,42 @@ class Primitive(Renewable):
         return ()
 
     @staticmethod
-    def _entry_id(waiting: bool) -> str:
-        """The queue entry id an acquire names: the process token when it may queue.
+    def _entry_id(entry: Optional[str]) -> str:
+        """The queue entry id an acquire names: ``entry``, its wake-up hub's
+        (``WakeHub.entry``), when it may queue; ``None``: a single try.
 
-        A single try names an id no entry has: the process's entry belongs to its head
-        waiter, and another thread's try must neither take its place nor its turn.
+        A single try names an id no entry has: a hub's entry belongs to its head waiter,
+        and another thread's try must neither take its place nor its turn.
         """
-        token = identity.process_token()
-        return token if waiting else f"{token}:try"
+        return entry if entry is not None else f"{identity.process_token()}:try"
 
-    def _acquire_call(self, owner: str, count: int, reentry: bool, waiting: bool) -> Call:
-        """The prepared acquire call (``waiting``: queue if not granted)."""
+    def _acquire_call(
+        self, owner: str, count: int, reentry: bool, entry: Optional[str]
+    ) -> Call:
+        """The prepared acquire call: queue under ``entry`` if not granted (``None``: a
+        single try, nothing queued)."""
         return self._prepared(
-            ("acquire", owner, count, reentry, waiting),
+            ("acquire", owner, count, reentry, entry),
             self._acquire_script,
-            lambda: self._acquire_arguments(owner, count, reentry, waiting),
+            lambda: self._acquire_arguments(owner, count, reentry, entry),
             self._wait,
         )
 
     def _leave_arguments(
-        self, owner: str, ask: Optional[Tuple[str, str, int]] = None
+        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        """KEYS and ARGV of the leave script for waiter ``owner``; ``ask``: the next local
-        waiter (owner, renew item kind, count) the entry is re-pointed to, or None."""
+        """KEYS and ARGV of the leave script for waiter ``owner`` of the hub entry
+        ``entry``; ``ask``: the next local waiter (owner, renew item kind, count) the entry
+        is re-pointed to, or None."""
         raise NotImplementedError
 
-    def _leave_call(self, owner: str, ask: Optional[Tuple[str, str, int]] = None) -> Call:
+    def _leave_call(
+        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
+    ) -> Call:
         return self._prepared(
-            ("leave", owner, ask), self._leave_script, lambda: self._leave_arguments(owner, ask)
+            ("leave", owner, entry, ask),
+            self._leave_script,
+            lambda: self._leave_arguments(owner, entry, ask),
         )
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:
@@ -625,9 +634,9 @@ class Primitive(Renewable):
         return bool(reply.items) and reply.items[0] == 1
 
     def _channel(self) -> str:
-        """The channel this process's waiters hear their wake-ups on (renewed at fork with
-        the process token, which is also the process's queue entry id)."""
-        return self._keys.wake(identity.process_token())
+        """The channel this object's waiters hear their wake-ups on: its hub's (named
+        after the hub's queue entry id, renewed at fork with the process token)."""
+        return self._keys.wake(self._hub().entry)
 
     def _hub(self) -> WakeHub:
         """This process's wake-up hub for the primitive's pool and namespace, made on first
@@ -650,7 +659,7 @@ class Primitive(Renewable):
         if reply.wakes:
             hub = self._local_hub()
             if hub is not None:
-                hub.deliver(self._channel(), reply.wakes, sent)
+                hub.deliver(self._keys.wake(hub.entry), reply.wakes, sent)
 
     def _drive(self, steps: Steps) -> bool:
         """The threading driver of a :mod:`.queued` dialogue: block as it asks."""
@@ -953,7 +962,7 @@ class Primitive(Renewable):
         """
         self._check_take(owner)
         reentry = self._held(owner) > 0
-        call = self._acquire_call(owner, count, reentry, False)
+        call = self._acquire_call(owner, count, reentry, None)
         first = monotonic()
         deadline = None if wait is None else first + wait
         base = 0.0

@@ -120,7 +120,7 @@ Steps = Generator[Op, Any, bool]
 class _Take:
     """The dialogue's own state, visible to its clean-up."""
 
-    __slots__ = ("op", "waiter", "queued", "entry", "detector", "basis", "began")
+    __slots__ = ("op", "waiter", "queued", "entry", "entry_id", "detector", "basis", "began")
 
     def __init__(self) -> None:
         #: (when it was sent, monotonic; the token it reported) of this waiter's last
@@ -132,6 +132,7 @@ class _Take:
         self.waiter: Optional[Waiter] = None
         self.queued = False  # an entry of this waiter may be in the queue
         self.entry: Any = None  # the renewer's lease of the queue entry
+        self.entry_id = ""  # the queue entry's id: the hub's (WakeHub.entry)
         self.began = False  # metrics count this acquire as waiting (see _waits)
 
 
@@ -217,7 +218,8 @@ def _take(
     reentry = prim._held(owner) > 0
     first = monotonic()
     deadline = None if wait is None else first + wait
-    channel = prim._channel()
+    # (a hub per process, pool and event loop: its waiters queue as its one entry)
+    channel = "" if hub is None else prim._keys.wake(hub.entry)
     direct = hub is None or not prim._queues_locally(owner)
     # While this process's channel is subscribed (its waiters used it within LINGER), the
     # first call is already the queueing one, made as a registered waiter: it grants at
@@ -231,7 +233,7 @@ def _take(
     if direct or (not confirmed and hub.try_first(channel, owner)):  # type: ignore[union-attr]
         since = monotonic()
         try:
-            reply = yield _call(st, prim._acquire_call(owner, count, reentry, False))
+            reply = yield _call(st, prim._acquire_call(owner, count, reentry, None))
         finally:
             if not direct:
                 hub.tried(channel, owner)  # type: ignore[union-attr]
@@ -246,7 +248,8 @@ def _take(
     waiter = st.waiter = hub.register(channel, owner)
     waiter.ask = (prim._renew_items(owner)[0], count)
     entry_s = prim._entry_ms / 1000.0
-    det = st.detector = prim._detector(owner, first)
+    st.entry_id = hub.entry
+    det = st.detector = prim._detector(owner, first, hub.entry)
     while True:
         if hub.claim(waiter):
             if (yield from _handed(prim, owner, count, first, st)):
@@ -309,7 +312,7 @@ def _take(
             since = monotonic()
             owed = False
             st.queued = True  # from the moment it is sent, an entry may exist
-            op = _call(st, prim._acquire_call(owner, count, reentry, True))
+            op = _call(st, prim._acquire_call(owner, count, reentry, hub.entry))
             reply = yield op
             st.op = None
         except LINK_ERRORS as exc:
@@ -327,7 +330,7 @@ def _take(
         if reply.queued:
             st.basis = (since, reply.token)
             if st.entry is None:
-                st.entry = prim._renewer().add_entry(prim, identity.process_token(), entry_s)
+                st.entry = prim._renewer().add_entry(prim, hub.entry, entry_s)
             hint = reply.aux / 1000.0 + 0.001 if reply.aux >= 0 else entry_s
             pause = min(hint, entry_s)
             if deadline is not None:
@@ -376,7 +379,7 @@ def _leave(
     while True:
         nxt = hub.successor(waiter)
         ask = None if nxt is None else (nxt.id, *nxt.ask)
-        op = _call(st, prim._leave_call(gone, ask))
+        op = _call(st, prim._leave_call(gone, hub.entry, ask))
         reply = yield op
         st.op = None
         hub.deliver(waiter.channel.name, reply.wakes, op.sent)
@@ -497,7 +500,7 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
         # could not know this owner's books. Its re-check (acquire, wait = 1) answers
         # ADOPTED with the owner's count on the server, adding nothing, and goes with
         # WAIT as a direct acquire does: ``_granted`` then applies the same refusals.
-        op = _call(st, prim._acquire_call(owner, count, False, True))
+        op = _call(st, prim._acquire_call(owner, count, False, st.entry_id))
         reply = yield op
         st.op = None
         prim._deliver(reply, op.sent)

@@ -134,7 +134,7 @@ class Lease:
     ) -> None:
         self.ref: "weakref.ReferenceType[Renewable]" = weakref.ref(primitive)
         self.owner = owner
-        #: "h": a hold; "e": a queue entry (``owner`` is then the process token)
+        #: "h": a hold; "e": a queue entry (``owner`` is then the hub's entry id)
         self.kind = kind
         self.ttl = ttl
         self.period = ttl / 3.0

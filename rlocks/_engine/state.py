@@ -133,7 +133,7 @@ class QueueEntry:
     wanted: int  # holds (permits) it asks for
     lease_left_ms: Optional[int]  # ms until the entry ends unless renewed
     age_ms: Optional[int]  # ms since it took its place
-    entry: str = ""  # the process token (host:pid:nonce): one entry per process
+    entry: str = ""  # a process's wake-up hub (host:pid:nonce/n): one entry per hub
 
     def to_dict(self) -> Dict[str, Any]:
         return _entry_dict(self)

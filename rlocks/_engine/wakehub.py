@@ -4,7 +4,8 @@ Why a hub
 ---------
 A release script publishes a wake-up in the same atomic step that frees it, on the
 channel of each process it hands the primitive to (``keys.PrimitiveKeys.wake``: the
-primitive's prefix and the process token), so no other process is woken. Waiters must
+primitive's prefix and the hub's queue entry id, ``WakeHub.entry``), so no other process is
+woken. Waiters must
 hear it without sleep-polling and without one connection per waiting thread, so each
 process keeps ONE subscriber connection per (connection pool, namespace), owned by one
 daemon thread (an asyncio task in ``aio.AsyncWakeHub``), the hub. Threads that wait
@@ -137,6 +138,10 @@ class _Channel:
 #: States of a queued waiter (docs/design/handover.md); changed under the hub mutex.
 WAITING, GRANTED, LEAVING = 0, 1, 2
 
+# Hub numbers, for the hubs' entry ids (``WakeHub.entry``): unique within a process
+# token, which a fork child renews.
+_hub_numbers = itertools.count(1)
+
 # Registration serials: a release reply's wake lines may only grant waiters registered
 # before the release was sent (see WakeHub.deliver).
 _serials = itertools.count(1)
@@ -232,6 +237,12 @@ class WakeHub:
         # learnt from a script reply before the hub read their line (see "Hand-over").
         self._echo: Dict[Tuple[str, str], int] = {}
         self._mine = identity.process_token() + ":"
+        #: This hub's queue entry id in every primitive it serves: its waiters queue as
+        #: one entry, and releases publish their grant lines on the channel named after
+        #: it. One per hub, not per process: two hubs of one process (two connection
+        #: pools, two event loops) each have their own head waiter, which must not
+        #: re-point the other's entry to itself (bug hunt 9).
+        self.entry = f"{identity.process_token()}/{next(_hub_numbers)}"
         # channel -> (owner, until when) of this process's first try (an acquire without
         # queueing) in flight; see try_first
         self._trying: Dict[str, Tuple[str, float]] = {}

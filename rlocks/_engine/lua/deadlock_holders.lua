@@ -8,7 +8,7 @@
 -- KEYS[2]  the queue, ZSET (queue_lib.lua's Q): entry id -> sequence number
 -- KEYS[3]  the entries hash (queue_lib.lua's W): 'e:<entry>' -> JSON {o = owner, s = side}
 -- KEYS[4]  entry lease ends, ZSET (queue_lib.lua's T): 'e:<entry>' -> end (ms)
--- ARGV[1]  the waiter's queue entry id (its process token), '' = do not look at the
+-- ARGV[1]  the waiter's queue entry id (its wake-up hub's), '' = do not look at the
 --          queue (a waiter of a fair = 0 primitive is not held back by those queued)
 -- "now" is the server's TIME, as the scripts that grant and expire holds use it.
 --

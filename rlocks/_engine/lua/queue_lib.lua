@@ -9,7 +9,7 @@
 --              sem: <owner> (a thread or task) -> permits, '#free', '#value', '#bounded',
 --              '#held' (permits held by live holders). Owner ids never start with '#'.
 --   KEYS[2]  L  holder lease ends, ZSET: member = H field of the hold, score = end (ms)
---   KEYS[3]  Q  the queue, ZSET: member = entry id (a process token), score = sequence
+--   KEYS[3]  Q  the queue, ZSET: member = entry id (a process's wake-up hub: '<process token>/<n>'), score = sequence
 --   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
 --              n = holds wanted, k = 1 once woken without a grant (fair = 0),
 --              p = server ms when its patience ends (fair = 0, set when woken),

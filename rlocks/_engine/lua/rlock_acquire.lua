@@ -5,7 +5,8 @@
 --
 -- ARGV[5]   owner id: the thread (or task) that takes the lock; it is also the waiter
 --           named in wake-ups
--- ARGV[6]   entry id: the caller's process token (one queue entry per process)
+-- ARGV[6]   entry id: the caller's wake-up hub's (one queue entry per hub: per process, connection
+--           pool and event loop)
 -- ARGV[7]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
 -- ARGV[8]   holds to add, count (>= 1): 1 for acquire(), n for _acquire_restore()
 -- ARGV[9]   1 = the caller believes it holds the lock already (re-entry); 0 = not

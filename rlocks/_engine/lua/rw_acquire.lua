@@ -4,7 +4,8 @@
 -- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id: the thread (or task); also the waiter named in wake-ups
--- ARGV[6]   entry id: the caller's process token (one queue entry per process)
+-- ARGV[6]   entry id: the caller's wake-up hub's (one queue entry per hub: per process, connection
+--           pool and event loop)
 -- ARGV[7]   side: 'r' (read) or 'w' (write)
 -- ARGV[8]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
 -- ARGV[9]   holds to add, count (>= 1)

@@ -5,7 +5,7 @@
 -- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id of the leaving waiter
--- ARGV[6]   entry id (process token)
+-- ARGV[6]   entry id (the process's wake-up hub's)
 -- ARGV[7]   next owner id of this process to wait in the entry's place; '' = none
 -- ARGV[8]   that owner's side: 'r' or 'w' (ignored when ARGV[7] = '')
 -- ARGV[9]   holds it wants, count (>= 1; ignored when ARGV[7] = '')

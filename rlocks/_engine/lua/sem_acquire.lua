@@ -7,7 +7,8 @@
 -- ARGV[7]   owner id: whose record the permits go to (the taking thread or task, as in
 --           lua/ since permits became the taking thread's)
 -- ARGV[8]   waiter id: the thread (or task) that waits; named in wake-ups (today = owner)
--- ARGV[9]   entry id: the process token (one queue entry per process)
+-- ARGV[9]   entry id: the caller's wake-up hub's (one queue entry per hub: per process, connection
+--           pool and event loop)
 -- ARGV[10]  ttl, ms (>= 1): the owner's lease on its permits (never shortened)
 -- ARGV[11]  permits to take, count (>= 1)
 -- ARGV[12]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once

@@ -7,7 +7,7 @@
 --
 -- ARGV[7]   owner id (whose record a hand-over grant went to)
 -- ARGV[8]   waiter id of the leaving thread (or task)
--- ARGV[9]   entry id (process token)
+-- ARGV[9]   entry id (the process's wake-up hub's)
 -- ARGV[10]  next waiter id of this process to wait in the entry's place, also the owner
 --           its permits will go to; '' = none
 -- ARGV[11]  permits that waiter wants, count (>= 1; ignored when ARGV[10] = '')
