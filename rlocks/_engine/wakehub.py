@@ -225,9 +225,6 @@ class WakeHub:
         # the str subscribed, decoded with the encoding that sent them (not always UTF-8).
         self._encoding = _encoding_of(client)
         self._io = io_client(client)  # what the hub sends and subscribes through
-        # The private control channel stays inside the namespace, so an ACL user limited
-        # to the namespace's channels may use it.
-        self._control = f"{namespace}:hub:{identity.process_token()}"
         self._mutex = threading.Lock()
         self._channels: Dict[str, _Channel] = {}
         self._thread: Optional[Any] = None  # the running reader (thread, or asyncio task)
@@ -243,6 +240,10 @@ class WakeHub:
         #: pools, two event loops) each have their own head waiter, which must not
         #: re-point the other's entry to itself (bug hunt 9).
         self.entry = f"{identity.process_token()}/{next(_hub_numbers)}"
+        # The private control channel stays inside the namespace, so an ACL user limited
+        # to the namespace's channels may use it; one per hub, so a nudge wakes only the
+        # hub it is for.
+        self._control = f"{namespace}:hub:{self.entry}"
         # channel -> (owner, until when) of this process's first try (an acquire without
         # queueing) in flight; see try_first
         self._trying: Dict[str, Tuple[str, float]] = {}
