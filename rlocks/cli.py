@@ -240,8 +240,10 @@ def _list_lines(states: Sequence[_state.PrimitiveState]) -> List[str]:
     return _table(rows)
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "es" if word.endswith("s") else "s")
+def _plural(count: int, word: str, many: str = "") -> str:
+    if count == 1:
+        return f"{count} {word}"
+    return f"{count} " + (many or word + ("es" if word.endswith("s") else "s"))
 
 
 def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
@@ -262,7 +264,8 @@ def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
             rows.append((f"    {holder.owner}", holder.side or "-", str(holder.count),
                          _duration(holder.lease_ms)))
         lines += _table(rows)
-    lines.append(f"  queue      {_plural(len(state.queue or ()), 'process')} waiting")
+    # (a process has one entry per wake-up hub: per client, and per event loop)
+    lines.append(f"  queue      {_plural(len(state.queue or ()), 'entry', 'entries')} waiting")
     if state.queue:
         queue_rows: List[Tuple[str, ...]] = [
             ("    #", "WAITER", "SIDE", "WANTS", "LEASE LEFT", "WAITING FOR")
@@ -311,8 +314,8 @@ def _not_found(name: str, settings: _Settings) -> Failure:
 def list_command(pattern: str, kind: Optional[str]) -> None:
     """List the primitives whose name matches the glob PATTERN (default: all).
 
-    WAITING counts the processes in the primitive's queue: a process has one entry
-    however many of its threads wait.
+    WAITING counts the entries in the primitive's queue: a process has one entry per
+    client (and per asyncio event loop) however many of its threads or tasks wait.
     """
     settings = _settings()
     code = _kind_code(kind)
@@ -490,7 +493,7 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
         _emit_json({"released": forced.released, "handed_to": forced.handed,
                     "primitive": state.to_dict()})
     elif forced.released:
-        handed = (f"handed to {_plural(forced.handed, 'waiting process')}"
+        handed = (f"handed to {_plural(forced.handed, 'queue entry', 'queue entries')}"
                   if forced.handed else "nobody was waiting")
         click.echo(f"released {summary}; {handed}")
     else:

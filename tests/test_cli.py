@@ -281,7 +281,7 @@ def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
     assert entry["side"] == "write" and entry["wanted"] == 1
     assert 0 < entry["lease_left_ms"] <= 2000 and entry["age_ms"] >= 0
     text = run("inspect", name).stdout
-    assert "queue      1 process waiting" in text and entry["waiter"] in text
+    assert "queue      1 entry waiting" in text and entry["waiter"] in text
     rw.read_lock.release()
     held.clear()
     thread.join(20)
@@ -398,7 +398,7 @@ def test_force_release_ends_the_hold_and_wakes_the_waiter_at_once(
     started = time.monotonic()
     result = run("release", "--force", "--yes", name)
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip().endswith(": 1 hold of 1 owner; handed to 1 waiting process")
+    assert result.stdout.strip().endswith(": 1 hold of 1 owner; handed to 1 queue entry")
     # Handed over by the forced release, not by the holder's 60 s lease running out.
     assert woke.wait(10) and time.monotonic() - started < 10
     with pytest.raises(rlocks.LockLostError):
