@@ -688,3 +688,56 @@ def test_deadlock_holders_names_the_live_entry_just_ahead(client: Any, name: str
     client.zadd(rw.keys[4], {"e:w": 1})  # the writer's entry lease has ended
     assert holders("r2") == (["r:r1.a"], [])
     client.delete(*rw.keys)
+
+
+@pytest.mark.parametrize("flavour", ["threading", "asyncio"])
+@pytest.mark.timeout(60)
+def test_waiters_past_the_deadlock_timeout_do_not_each_take_a_connection(
+    redis_url: str, name: str, flavour: str
+) -> None:
+    """Every waiter past ``deadlock_timeout`` runs its own deadlock check. Their reads go
+    one at a time per hub, so the checks of many waiters do not each hold a connection
+    of the pool at once (a probe counted 56 connections for 64 threads waiting 2 s)."""
+    admin = redis.Redis.from_url(redis_url)
+    holder = rlocks.RLock(name, client=admin, namespace="rlocks-dl-conns")
+    assert holder.acquire()
+    tag = f"dl-conns-{uuid.uuid4().hex[:8]}"
+    waiters = 32
+
+    def threads() -> None:
+        client = redis.Redis.from_url(redis_url, client_name=tag)
+        lock = rlocks.RLock(name, client=client, namespace="rlocks-dl-conns",
+                            deadlock_timeout=0.05)
+        started = [threading.Thread(target=lambda: lock.acquire(timeout=30) and lock.release())
+                   for _ in range(waiters)]
+        for thread in started:
+            thread.start()
+        for thread in started:
+            thread.join(40)
+
+    async def tasks() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url, client_name=tag)
+        lock = rlocks.asyncio.RLock(name, client=client, namespace="rlocks-dl-conns",
+                                    deadlock_timeout=0.05)
+
+        async def wait() -> None:
+            assert await lock.acquire(timeout=30)
+            await lock.release()
+
+        await asyncio.gather(*(wait() for _ in range(waiters)))
+
+    runner = threading.Thread(
+        target=threads if flavour == "threading" else lambda: asyncio.run(tasks()))
+    runner.start()
+    peak = 0
+    try:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            mine = [c for c in admin.client_list() if c.get("name") == tag]
+            peak = max(peak, len(mine))
+            time.sleep(0.01)
+    finally:
+        holder.release()
+        runner.join(60)
+    # the hub's subscriber, one read, the head's queueing call, the renewer, a nudge
+    assert peak <= 6, peak

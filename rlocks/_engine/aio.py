@@ -107,6 +107,7 @@ class AsyncWakeHub(WakeHub):
     """
 
     _event_type = asyncio.Event
+    _lock_type = asyncio.Lock
 
     def _start_locked(self) -> None:
         self._thread = _loop().create_task(self._arun(), name="rlocks-wakeup-hub")
@@ -418,17 +419,19 @@ class AsyncPrimitive(Primitive):
             assert op.waiter is not None
             return await _wait_event(op.waiter.event, op.timeout)
         if op.kind == READ:
-            # Shielded as a script call is: an edge's deletion runs to its end.
+            # Shielded as a script call is: an edge's deletion runs to its end. One read
+            # at a time per hub, as in Primitive._perform.
             client = io_client(self._aclient())  # bounded, never re-sent
-            read = asyncio.ensure_future(client.execute_command(*op.command))
-            try:
-                return await asyncio.shield(read)
-            except asyncio.CancelledError:
+            async with self._ahub().reads:
+                read = asyncio.ensure_future(client.execute_command(*op.command))
                 try:
-                    await read
-                except BaseException:  # noqa: BLE001 - the cancel is what goes on
-                    pass
-                raise
+                    return await asyncio.shield(read)
+                except asyncio.CancelledError:
+                    try:
+                        await read
+                    except BaseException:  # noqa: BLE001 - the cancel is what goes on
+                        pass
+                    raise
         assert op.waiter is not None
         return await _wait_event(op.waiter.channel.confirmed, op.timeout)
 

@@ -675,8 +675,11 @@ class Primitive(Renewable):
             assert op.waiter is not None
             return op.waiter.event.wait(op.timeout)
         if op.kind == READ:
-            # Bounded and never re-sent, as rlocks' own script calls.
-            return io_client(client).execute_command(*op.command)
+            # Bounded and never re-sent, as rlocks' own script calls. One read at a time
+            # per hub (WakeHub.reads): every waiter past deadlock_timeout checks, and 64
+            # of them took 56 connections of the pool at once.
+            with self._hub().reads:
+                return io_client(client).execute_command(*op.command)
         assert op.waiter is not None
         return op.waiter.channel.confirmed.wait(op.timeout)
 

@@ -218,6 +218,7 @@ class WakeHub:
     #: Events of waiters and channels: threading's here, asyncio's in the asyncio hub (whose
     #: table is touched only from its event loop's thread, so the same logic serves both).
     _event_type: Callable[[], Any] = threading.Event
+    _lock_type: Callable[[], Any] = threading.Lock
 
     def __init__(self, client: Any, namespace: str) -> None:
         self._client = client
@@ -244,6 +245,10 @@ class WakeHub:
         # to the namespace's channels may use it; one per hub, so a nudge wakes only the
         # hub it is for.
         self._control = f"{namespace}:hub:{self.entry}"
+        #: Held around each read of a waiter's deadlock check (see Primitive._perform):
+        #: one at a time per hub, so the waiters past ``deadlock_timeout`` (each checks)
+        #: do not each hold a connection of the pool. (An asyncio.Lock in the asyncio hub.)
+        self.reads: Any = self._lock_type()
         # channel -> (owner, until when) of this process's first try (an acquire without
         # queueing) in flight; see try_first
         self._trying: Dict[str, Tuple[str, float]] = {}
