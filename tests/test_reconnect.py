@@ -380,6 +380,41 @@ def test_writer_gives_up_within_timeout_plus_one_socket_timeout(
     far.close()
 
 
+
+@pytest.mark.timeout(60)
+def test_waiters_checking_for_deadlocks_give_up_in_time_when_the_server_freezes(
+    client: Any, link: FaultyLink, name: str
+) -> None:
+    """Waiters past ``deadlock_timeout`` take turns for their checks' reads (one read at
+    a time per hub). When the server goes silent under those reads, a waiter must not
+    wait behind every other waiter's socket timeout: it waits for its turn at most
+    READ_TURN, counts the check as failed, and still gives up within its own timeout
+    plus its own round trips' bounds."""
+    socket_timeout, t, waiters = 1.0, 1.0, 8
+    holder = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    assert holder.acquire()
+    far = no_retry_client(link.url, socket_timeout)
+    lock = rlocks.RLock(name, client=far, namespace=NAMESPACE, deadlock_timeout=0.05)
+    queue = lock._keys.queued()[2]
+    runs = [in_thread(lambda: lock.acquire(timeout=t)) for _ in range(waiters)]
+    wait_until(lambda: client.zcard(queue) == 1, 5, "the waiters' entry")
+    time.sleep(0.2)  # all of them past deadlock_timeout: checking every 50 ms
+    link.blackhole()
+    for thread, _out in runs:
+        thread.join(t + waiters * socket_timeout + 10)
+    took = sorted(out["took"] for _thread, out in runs)
+    assert all(not thread.is_alive() for thread, _out in runs)
+    assert all(out["result"] is False or isinstance(out["result"], redis.RedisError)
+               for _thread, out in runs), [out["result"] for _thread, out in runs]
+    # Each: its timeout, then its last round trips (a read, the leave), each bounded by
+    # the socket timeout; behind 7 others' frozen reads it would take 7 more.
+    assert took[-1] <= t + 2 * socket_timeout + 1.0, took
+    link.heal()
+    holder.release()
+    client.delete(*lock._keys.queued()[:5])  # the entry left to its lease
+    far.close()
+
+
 # -- a plain client: rlocks' own I/O stays bounded -----------------------------------------
 
 ENGINE_TIMEOUT = 0.5

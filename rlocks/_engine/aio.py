@@ -40,7 +40,7 @@ from .reentrant import OwnerViews
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, Script, arun, new_op, op_stream, with_op
 from .state import PrimitiveState, afind
-from .wakehub import HubOp, HubStep, Waiter, WakeHub, serial
+from .wakehub import READ_TURN, HubOp, HubStep, Waiter, WakeHub, serial
 
 __all__ = ["AsyncPrimitive", "agather", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -422,7 +422,13 @@ class AsyncPrimitive(Primitive):
             # Shielded as a script call is: an edge's deletion runs to its end. One read
             # at a time per hub, as in Primitive._perform.
             client = io_client(self._aclient())  # bounded, never re-sent
-            async with self._ahub().reads:
+            reads = self._ahub().reads
+            try:
+                await asyncio.wait_for(reads.acquire(), READ_TURN)
+            except asyncio.TimeoutError:
+                # a failed check: the wait goes on, the next check comes later
+                raise TimeoutError("another waiter's deadlock check is reading") from None
+            try:
                 read = asyncio.ensure_future(client.execute_command(*op.command))
                 try:
                     return await asyncio.shield(read)
@@ -432,6 +438,8 @@ class AsyncPrimitive(Primitive):
                     except BaseException:  # noqa: BLE001 - the cancel is what goes on
                         pass
                     raise
+            finally:
+                reads.release()
         assert op.waiter is not None
         return await _wait_event(op.waiter.channel.confirmed, op.timeout)
 

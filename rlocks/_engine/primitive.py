@@ -62,7 +62,7 @@ from .scripts import (
 )
 from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for
-from .wakehub import WakeHub, serial
+from .wakehub import READ_TURN, WakeHub, serial
 
 __all__ = ["ENTRY_LEASE", "Hold", "Primitive"]
 
@@ -678,8 +678,14 @@ class Primitive(Renewable):
             # Bounded and never re-sent, as rlocks' own script calls. One read at a time
             # per hub (WakeHub.reads): every waiter past deadlock_timeout checks, and 64
             # of them took 56 connections of the pool at once.
-            with self._hub().reads:
+            reads = self._hub().reads
+            if not reads.acquire(timeout=READ_TURN):
+                # a failed check: the wait goes on, the next check comes later
+                raise TimeoutError("another waiter's deadlock check is reading")
+            try:
                 return io_client(client).execute_command(*op.command)
+            finally:
+                reads.release()
         assert op.waiter is not None
         return op.waiter.channel.confirmed.wait(op.timeout)
 

@@ -4,9 +4,9 @@ Why a hub
 ---------
 A release script publishes a wake-up in the same atomic step that frees it, on the
 channel of each process it hands the primitive to (``keys.PrimitiveKeys.wake``: the
-primitive's prefix and the hub's queue entry id, ``WakeHub.entry``), so no other process is
-woken. Waiters must
-hear it without sleep-polling and without one connection per waiting thread, so each
+primitive's prefix and the hub's queue entry id, ``WakeHub.entry``), so no other process
+is woken. Waiters must hear it without sleep-polling and without one connection per
+waiting thread, so each
 process keeps ONE subscriber connection per (connection pool, namespace), owned by one
 daemon thread (an asyncio task in ``aio.AsyncWakeHub``), the hub. Threads that wait
 register a :class:`Waiter` (an Event) on a channel; the hub subscribes to the channels
@@ -49,6 +49,7 @@ from .dialogue import drive, stopped
 
 __all__ = [
     "DEGRADED_POLL",
+    "READ_TURN",
     "RECONNECT_BACKOFF",
     "SUBSCRIBE_WAIT",
     "HubOp",
@@ -66,6 +67,10 @@ LINGER = 5.0  # s an unused channel stays subscribed, so repeated contention re-
 TICK = 1.0  # s between the hub's housekeeping passes (unsubscribing, idle exit)
 IDLE_EXIT = 30.0  # s without any channel after which the hub thread closes and exits
 SUBSCRIBE_WAIT = 5.0  # s a waiter waits at most for its SUBSCRIBE to be confirmed
+# s a deadlock check's read waits at most for another waiter's (WakeHub.reads): a read
+# takes a round trip, and a frozen server must not add one socket timeout per waiter
+# ahead to a waiter's acquire
+READ_TURN = 0.25
 DEGRADED_POLL = 0.25  # s between re-checks while the subscription is not confirmed
 RECONNECT_BACKOFF = (0.05, 1.0)  # s, first and largest pause before reconnecting
 
