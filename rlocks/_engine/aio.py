@@ -346,9 +346,9 @@ class AsyncPrimitive(Primitive):
         self._kept_hub = (weakref.ref(loop), hub)
         return hub
 
-    def _channel(self) -> str:
-        """:meth:`Primitive._channel` of the running event loop's hub."""
-        return self._keys.wake(self._ahub().entry)
+    def _channel(self, hub: Optional[WakeHub] = None) -> str:
+        """:meth:`Primitive._channel`; by default, the running event loop's hub's."""
+        return super()._channel(hub or self._ahub())
 
     async def _astatistics(self) -> PrimitiveState:
         """``_statistics`` awaited (its asyncio twin): the same read-only round trips,

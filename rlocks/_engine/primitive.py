@@ -633,10 +633,10 @@ class Primitive(Renewable):
         left)."""
         return bool(reply.items) and reply.items[0] == 1
 
-    def _channel(self) -> str:
-        """The channel this object's waiters hear their wake-ups on: its hub's (named
-        after the hub's queue entry id, renewed at fork with the process token)."""
-        return self._keys.wake(self._hub().entry)
+    def _channel(self, hub: Optional[WakeHub] = None) -> str:
+        """The channel this primitive's waiters of ``hub`` (default: this object's) hear
+        their wake-ups on: named after the hub's queue entry id, which a fork renews."""
+        return self._keys.wake((hub or self._hub()).entry)
 
     def _hub(self) -> WakeHub:
         """This process's wake-up hub for the primitive's pool and namespace, made on first
@@ -659,7 +659,7 @@ class Primitive(Renewable):
         if reply.wakes:
             hub = self._local_hub()
             if hub is not None:
-                hub.deliver(self._keys.wake(hub.entry), reply.wakes, sent)
+                hub.deliver(self._channel(hub), reply.wakes, sent)
 
     def _drive(self, steps: Steps) -> bool:
         """The threading driver of a :mod:`.queued` dialogue: block as it asks."""

@@ -219,7 +219,7 @@ def _take(
     first = monotonic()
     deadline = None if wait is None else first + wait
     # (a hub per process, pool and event loop: its waiters queue as its one entry)
-    channel = "" if hub is None else prim._keys.wake(hub.entry)
+    channel = "" if hub is None else prim._channel(hub)
     direct = hub is None or not prim._queues_locally(owner)
     # While this process's channel is subscribed (its waiters used it within LINGER), the
     # first call is already the queueing one, made as a registered waiter: it grants at
