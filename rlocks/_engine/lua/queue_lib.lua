@@ -205,6 +205,15 @@ local function fits(ctx, cap, side, owner, want)
     return cap.writer == nil or cap.writer == owner
 end
 
+-- Whether nothing any entry may ask fits `cap` (so the queue need not be read): an
+-- rlock already held, a semaphore without a free permit (every entry wants >= 1). An
+-- RWLock is never known full without the entry (its writer may take the read side).
+local function full(ctx, cap)
+    if ctx.kind == 'rlock' then return cap.nheld > 0 end
+    if ctx.kind == 'sem' then return cap.free < 1 end
+    return false
+end
+
 local function take(ctx, cap, side, owner, want, fresh)
     if ctx.kind == 'rlock' then
         if fresh then cap.nheld = cap.nheld + 1 end
@@ -255,10 +264,11 @@ end
 
 -- Remove `n` holds (nil = all) of `side` from `owner`; returns how many were removed.
 -- sem: the permits go back to #free only when `refund` (revocation); a release adds its
--- own count to #free itself.
-local function drop(ctx, side, owner, n, refund)
+-- own count to #free itself. `count`: the owner's holds on that side if the caller has
+-- just read them (saves the read), else nil.
+local function drop(ctx, side, owner, n, refund, count)
     local field = hfield(ctx, side, owner)
-    local count = tonumber(redis.call('HGET', H, field))
+    if count == nil then count = tonumber(redis.call('HGET', H, field)) end
     if count == nil then return 0 end
     if n == nil or n > count then n = count end
     if count - n > 0 then
@@ -391,11 +401,14 @@ local function handover(ctx)
                  nheld = ctx.nheld}
     local i = 0
     while true do
+        if full(ctx, cap) then return end
         local top = redis.call('ZRANGE', Q, i, i)[1]
         if not top then return end
         local e = get_entry(top)
         if not fits(ctx, cap, e.s, e.o, e.n) then return end
-        local fresh = held_by(ctx, e.s, e.o) == nil
+        -- (only an rw reader may hold already: an rlock that fits is free, and a
+        -- semaphore's take does not ask)
+        local fresh = ctx.kind ~= 'rw' or held_by(ctx, e.s, e.o) == nil
         take(ctx, cap, e.s, e.o, e.n, fresh)
         if ctx.fair == 1 or (e.k == 1 and ctx.now >= (e.p or 0)) then
             remove_entry(ctx, top)
@@ -601,6 +614,7 @@ end
 
 -- Adopt the hand-over grants of the waiters ARGV[first..] (the caller recorded them).
 local function adopt_list(ctx, first)
+    if ctx.tn == 0 then return end -- no grant marker exists at all
     for i = first, #ARGV do clear_marker(ctx, ARGV[i]) end
 end
 
@@ -614,10 +628,11 @@ local function op_release(ctx, r, adopt_from)
         return finish(ctx, -1, 0, 0)
     end
     -- the owner releasing it knows it holds it: its own grant counts as adopted
-    clear_marker(ctx, r.owner)
+    -- (tn = 0: no grant marker exists at all)
+    if ctx.tn > 0 then clear_marker(ctx, r.owner) end
     local n = r.n
     if r.all == 1 then n = nil end
-    local left = mine - drop(ctx, r.side, r.owner, n, false)
+    local left = mine - drop(ctx, r.side, r.owner, n, false, mine)
     handover(ctx)
     return finish(ctx, 1, left, 0)
 end
