@@ -155,3 +155,44 @@ def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[b
         value: Any = client.hgetall(key) if kind == b"hash" else client.dump(key)
         state[key] = (kind, value, client.pttl(key) > 0)
     return state
+
+
+def has_functions(client: Any = None) -> bool:
+    """Whether the server runs Redis Functions (7.0+, Valkey): there rlocks sends each
+    queue script as FCALL of its library function (renewal pipelines excepted), else
+    EVALSHA. ``client``: a plain ``redis.Redis`` to ask; otherwise the suite's server
+    binary is asked (the one every server of a test run is started from)."""
+    if isinstance(client, redis.Redis):
+        found = str(client.info("server")["redis_version"])
+        version = tuple(int(part) for part in found.split(".")[:2])
+    else:
+        version = server_version()[:2]
+    return version >= (7, 0)
+
+
+def sent_as(prim: Any, script: Any) -> bytes:
+    """The bytes that name ``script`` in a call of ``prim``: its function name (FCALL)
+    where it is a queue script, the client is not a cluster client and the server has
+    functions, else its SHA1 (EVALSHA)."""
+    client = prim.client
+    if (script.function is not None and hasattr(client, "connection_pool")
+            and has_functions(client)):
+        return str(script.function).encode()
+    return str(script.sha).encode()
+
+
+def load_scripts(client: "redis.Redis[bytes]", *scripts: Any) -> None:
+    """Load ``scripts`` (and the queue library, where the server has functions) so that
+    no first call is answered NOSCRIPT or "function not found": a test that counts
+    sends then counts only the calls themselves."""
+    for script in scripts:
+        client.script_load(script.source)
+        if script.library is not None and has_functions(client):
+            client.execute_command("FUNCTION", "LOAD", "REPLACE", script.library.code)
+
+
+def script_calls(client: "redis.Redis[bytes]") -> int:
+    """Script runs the server has counted: EVALSHA and FCALL together."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+               for command in ("evalsha", "fcall"))

@@ -30,7 +30,7 @@ from rlocks.server import free_port
 
 from ._servers import LocalCluster, server_version, wait_until
 from ._threads import hub_waiters
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, load_scripts, sent_as
 
 
 class ReplyDropper:
@@ -146,14 +146,10 @@ def _holds(client: Any, lock: Any, owner: str) -> int:
     return 0 if raw is None else int(raw)
 
 
-def _sha(script: Any) -> bytes:
-    return script.sha.encode()
-
-
 def _load(direct: Any, prim: Any) -> None:
-    """Load the scripts first: a NOSCRIPT answer would be one more send to count."""
-    for script in (prim._acquire_script, prim._release_script, prim._renew_script):
-        direct.script_load(script.source)
+    """Load the scripts first: a NOSCRIPT (or "function not found") answer would be one
+    more send to count."""
+    load_scripts(direct, prim._acquire_script, prim._release_script, prim._renew_script)
 
 
 def _check_acquire_release(lock: Any, proxy: ReplyDropper, direct: Any, drop: str) -> None:
@@ -170,7 +166,7 @@ def _check_acquire_release(lock: Any, proxy: ReplyDropper, direct: Any, drop: st
     ]
     for step, script, call, holds in steps:
         if step == drop:
-            proxy.arm(_sha(script))
+            proxy.arm(sent_as(lock, script))
         assert call() in (True, None)
         if step == drop:
             assert proxy.dropped.is_set() and len(proxy.passed) == 2  # sent, re-sent once
@@ -193,7 +189,7 @@ def _check_renewal_adopts_once(lock: Any, proxy: ReplyDropper, retrying: Any, di
     assert Call(lock._release_script, keys, args)(direct).wakes  # granted to the waiter
 
     renew = lock._items_call((*lock._renew_items(waiter), "a", waiter))
-    proxy.arm(_sha(lock._renew_script), waiter.encode())
+    proxy.arm(sent_as(lock, lock._renew_script), waiter.encode())
     reply = renew(retrying)
     assert proxy.dropped.is_set() and len(proxy.passed) == 2
     assert reply.items == (1, 1)  # renewed, and the grant adopted (not "revoked")
@@ -224,11 +220,11 @@ def test_a_resent_semaphore_acquire_or_release_is_applied_once(
     sem = rlocks.BoundedSemaphore(name, 3, client=retrying, namespace=NAMESPACE)
     owner = identity.thread_owner()
     _load(client, sem)
-    proxy.arm(_sha(sem._acquire_script))
+    proxy.arm(sent_as(sem, sem._acquire_script))
     assert sem.acquire(timeout=5)
     assert proxy.dropped.is_set() and len(proxy.passed) == 2
     assert _holds(client, sem, owner) == 1
-    proxy.arm(_sha(sem._release_script))
+    proxy.arm(sent_as(sem, sem._release_script))
     sem.release()  # re-sent without op ids: OVER (a BoundedSemaphore released too often)
     assert proxy.dropped.is_set() and len(proxy.passed) == 2
     assert _holds(client, sem, owner) == 0
@@ -273,7 +269,7 @@ def test_asyncio_a_resent_acquire_or_release_is_applied_once(
             ]
             for step, script, call, holds in steps:
                 if step == drop:
-                    proxy.arm(_sha(script))
+                    proxy.arm(sent_as(lock, script))
                 await call()
                 if step == drop:
                     assert proxy.dropped.is_set() and len(proxy.passed) == 2
@@ -393,11 +389,11 @@ def test_on_the_cluster_a_resent_operation_is_applied_once(
             sem = rlocks.BoundedSemaphore(name, 2, client=via, namespace=NAMESPACE)
             owner = identity.thread_owner()
             _load(plain, sem)
-            proxy.arm(_sha(sem._acquire_script))
+            proxy.arm(sent_as(sem, sem._acquire_script))
             assert sem.acquire(timeout=5)
             assert proxy.dropped.is_set() and len(proxy.passed) == 2
             assert _holds(plain, sem, owner) == 1
-            proxy.arm(_sha(sem._release_script))
+            proxy.arm(sent_as(sem, sem._release_script))
             sem.release()
             assert proxy.dropped.is_set() and len(proxy.passed) == 2
             assert _holds(plain, sem, owner) == 0
@@ -439,7 +435,7 @@ def test_a_release_that_ran_but_lost_its_reply_is_not_settled_again(
     _load(client, x)
     owner = identity.thread_owner()
     assert x.acquire() and y.acquire()
-    proxy.arm(_sha(y._release_script))
+    proxy.arm(sent_as(y, y._release_script))
     with pytest.raises(redis.ConnectionError):
         y.release()
     assert proxy.dropped.is_set() and _holds(client, x, owner) == 1  # it ran: X's is left
@@ -505,7 +501,7 @@ def test_an_acquire_that_ran_but_lost_its_reply_is_given_back_by_the_next_acquir
     lock = rlocks.RLock(name, client=far, namespace=NAMESPACE)
     _load(client, lock)
     owner = identity.thread_owner()
-    proxy.arm(_sha(lock._acquire_script))
+    proxy.arm(sent_as(lock, lock._acquire_script))
     with pytest.raises(redis.ConnectionError):
         lock.acquire()
     assert proxy.dropped.is_set() and _holds(client, lock, owner) == 1  # it ran
@@ -541,7 +537,7 @@ def test_a_semaphore_hand_over_whose_re_check_lost_its_reply_leaks_no_permit(
             deadline = threading.Event()
             while not client.zcard(queue_key):
                 deadline.wait(0.01)
-            proxy.arm(_sha(sem._acquire_script), owner.encode())
+            proxy.arm(sent_as(sem, sem._acquire_script), owner.encode())
             other.release()
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
@@ -577,7 +573,7 @@ def test_asyncio_an_acquire_that_ran_but_lost_its_reply_is_given_back_by_the_nex
             lock = ra.RLock(name, client=c, namespace=NAMESPACE)
             owner = identity.task_owner()
             _load(client, lock)
-            proxy.arm(_sha(lock._acquire_script))
+            proxy.arm(sent_as(lock, lock._acquire_script))
             with pytest.raises(redis.ConnectionError):
                 await lock.acquire()
             assert proxy.dropped.is_set() and _holds(client, lock, owner) == 1  # it ran
@@ -603,7 +599,7 @@ def test_a_lost_re_entry_is_settled_by_the_next_acquire_after_a_release(
     _load(client, lock)
     owner = identity.thread_owner()
     assert lock.acquire()
-    proxy.arm(_sha(lock._acquire_script))
+    proxy.arm(sent_as(lock, lock._acquire_script))
     with pytest.raises(redis.ConnectionError):
         lock.acquire()
     assert proxy.dropped.is_set() and _holds(client, lock, owner) == 2
@@ -661,7 +657,7 @@ def test_a_queued_semaphore_attempt_that_granted_but_lost_its_reply_is_settled(
     b.start()
     wait_until(lambda: "owner" in out, 10, "the second thread")
     wait_until(lambda: len(hub_waiters(sem)) == 2, 10, "both threads to wait")
-    proxy.arm(_sha(sem._acquire_script), out["owner"].encode())
+    proxy.arm(sent_as(sem, sem._acquire_script), out["owner"].encode())
     holder.release(2)  # the first thread is granted; the second becomes head and asks
     assert first_in.wait(20)
     b.join(30)

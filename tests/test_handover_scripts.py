@@ -1,6 +1,7 @@
 """The queue-and-hand-over scripts (rlocks/_engine/lua): FIFO queue and hand-over.
 
-Each script is called directly (EVALSHA, queue_lib.lua prepended as the loader will do).
+Each script is called directly (EVALSHA of its EVAL form with queue_lib.lua in front, as the
+loader builds it, without op_lib.lua: these tests send no op ids).
 Most tests pass an explicit "now" (ARGV[1]) so lease expiry is driven without sleeping; a
 few use server TIME ('') with tiny leases and wait for state. The model-based tests run
 random interleavings of acquire / release / leave / renew / time passing against a plain
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rlocks
+from rlocks._engine import scripts
 from rlocks._engine.keys import fence_key
 
 from .conftest import NAMESPACE, snapshot
@@ -33,7 +35,7 @@ T0 = 1_800_000_000_000  # a fixed "now" (server ms) far from real time is fine: 
 
 
 def _source(name: str) -> str:
-    return (LUA / "queue_lib.lua").read_text() + "\n" + (LUA / f"{name}.lua").read_text()
+    return scripts.eval_form(name, ("queue_lib",))
 
 
 _scripts: Dict[str, Any] = {}

@@ -7,7 +7,7 @@ acquire must give back exactly what it was granted (never an outer level the thr
 holds) and then let the exception through.
 
 The round trip is slowed by a proxy (tests/_proxy.py) on a server of this module's own,
-and a real ``SIGALRM`` from ``signal.setitimer`` interrupts it. The server's EVALSHA count
+and a real ``SIGALRM`` from ``signal.setitimer`` interrupts it. The server's count of script runs
 says when the slowed acquire script has surely run, so the check waits for state.
 """
 
@@ -28,7 +28,7 @@ from rlocks.server import TemporaryRedisServer
 
 from ._proxy import FaultyLink
 from ._servers import wait_until
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, load_scripts, script_calls
 
 pytestmark = pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"),
@@ -70,11 +70,6 @@ def slowed(link: FaultyLink) -> Iterator["redis.Redis[bytes]"]:
     c.close()
 
 
-def evalsha_calls(client: "redis.Redis[bytes]") -> int:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stats.get("calls", 0))
-
-
 def interrupted(
     direct: "redis.Redis[bytes]", link: FaultyLink, action: Callable[[], Any], kind: str
 ) -> None:
@@ -84,7 +79,7 @@ def interrupted(
     A writer also withdraws its claim when it stops waiting: one more script, which may
     run before the slowed acquire does.
     """
-    before = evalsha_calls(direct)
+    before = script_calls(direct)
 
     def handler(signum: int, frame: Any) -> None:
         link.heal()  # what follows (the answer, a give-back) need not be slow
@@ -101,7 +96,7 @@ def interrupted(
         signal.signal(signal.SIGALRM, previous)
         link.heal()
     scripts = 2 if kind == "write" else 1
-    wait_until(lambda: evalsha_calls(direct) >= before + scripts, 10, "the acquire to run")
+    wait_until(lambda: script_calls(direct) >= before + scripts, 10, "the acquire to run")
 
 
 def make(kind: str, name: str, client: Any) -> Tuple[Any, str, Any]:
@@ -122,10 +117,8 @@ def preload(direct: "redis.Redis[bytes]", prim: Any) -> None:
     and open ``prim``'s connection while the link is fast: the signal must come during
     the script's round trip, not during the connection's handshake."""
     prim.client.ping()
-    for attr in ("_acquire_script", "_release_script", "_renew_script", "_unclaim_script"):
-        script = getattr(prim, attr, None)
-        if script is not None:
-            direct.script_load(script.source)
+    attrs = ("_acquire_script", "_release_script", "_renew_script", "_unclaim_script")
+    load_scripts(direct, *(getattr(prim, a) for a in attrs if getattr(prim, a, None)))
 
 
 @pytest.mark.timeout(60)

@@ -11,10 +11,14 @@ import threading
 from importlib import resources
 from typing import Any, List
 
+import redis
+
+import rlocks
 from rlocks._engine.keys import keys_for
 from rlocks._engine.scripts import BUSY, GRANTED, Reply, load_queued, run
+from rlocks.server import TemporaryRedisServer
 
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, has_functions
 
 ACQUIRE = load_queued("rlock_acquire")
 
@@ -73,3 +77,39 @@ def test_concurrent_acquires_grant_exactly_one(client: Any, name: str) -> None:
     assert all(r.status == BUSY for owner, r in replies if owner not in winners)
     assert client.hgetall(keys[0]) == {winners[0].encode(): b"1"}
     client.delete(*keys)
+
+
+def _runs(client: Any, command: str) -> int:
+    """Runs of ``command`` that did not fail (an FCALL of a function not loaded fails)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
+
+
+def test_queue_scripts_run_as_functions_and_a_lost_library_is_loaded_again(name: str) -> None:
+    """On a server with Redis Functions a plain client sends each queue script as FCALL
+    of the queue library (compiled once per server, not once per call); a FUNCTION FLUSH
+    (or a restart without persistence) costs one reload, not a failure. On Redis 6.2 the
+    refused FCALL is tried once per pool, then EVALSHA it is."""
+    with TemporaryRedisServer() as server:  # its own server: the counts are this test's
+        c = redis.Redis.from_url(server.url)
+        lock = rlocks.RLock(name, client=c, namespace=NAMESPACE, auto_renew=False)
+        assert lock.acquire()
+        lock.release()
+        functions = has_functions(c)
+        if functions:
+            assert _runs(c, "fcall") == 2 and _runs(c, "evalsha") == 0
+            c.execute_command("FUNCTION", "FLUSH")
+        fcalls, evalshas = _runs(c, "fcall"), _runs(c, "evalsha")
+        assert lock.acquire()
+        lock.release()
+        if functions:
+            assert (_runs(c, "fcall") - fcalls, _runs(c, "evalsha") - evalshas) == (2, 0)
+            # one flat field/value list per library (a mapping under RESP3)
+            libraries = [lib if isinstance(lib, dict) else dict(zip(lib[::2], lib[1::2]))
+                         for lib in c.function_list()]
+            names = [lib.get(b"library_name", lib.get("library_name")) for lib in libraries]
+            assert names == [lock._acquire_script.library.name.encode()]
+        else:
+            assert (_runs(c, "fcall"), _runs(c, "evalsha") - evalshas) == (0, 2)
+        assert not lock.locked()
+        c.close()

@@ -33,7 +33,7 @@ from rlocks._engine import clients
 from rlocks.server import TemporaryRedisServer, free_port
 
 from ._servers import make_tls_files, server_version, wait_until
-from .conftest import NAMESPACE, without_counters
+from .conftest import NAMESPACE, has_functions, without_counters
 
 # -- hostile names -------------------------------------------------------------------------
 
@@ -130,13 +130,29 @@ ACL_RULES = [
 ]
 
 
-@pytest.fixture
-def acl_user(client: Any) -> Iterator[Dict[str, str]]:
+#: What the user needs beyond ACL_RULES for the queue scripts to run as functions (one
+#: compile per server); without them rlocks sends EVALSHA (docs/operations.md).
+ACL_FUNCTIONS = ["+fcall", "+function|load"]
+
+
+@pytest.fixture(params=["evalsha", "functions"])
+def acl_user(client: Any, request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
+    rules = list(ACL_RULES)
+    if request.param == "functions":
+        if not has_functions(client):
+            pytest.skip("this server has no Redis Functions (6.2): ACL_RULES alone apply")
+        rules += ACL_FUNCTIONS
     user, password = f"rlocks-{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
     client.acl_setuser(user, reset=True)
-    client.execute_command("ACL", "SETUSER", user, f">{password}", *ACL_RULES)
-    yield {"username": user, "password": password}
+    client.execute_command("ACL", "SETUSER", user, f">{password}", *rules)
+    yield {"username": user, "password": password, "via": request.param}
     client.acl_deluser(user)
+
+
+def _fcalls(client: Any) -> int:
+    """FCALLs the server ran (refused and failed ones are not counted)."""
+    stats = client.info("commandstats").get("cmdstat_fcall", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
 
 
 @pytest.mark.timeout(60)
@@ -144,11 +160,16 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     client: Any, redis_url: str, acl_user: Dict[str, str]
 ) -> None:
     host_port = redis_url.split("//", 1)[1]
+    via = acl_user.pop("via")
     limited = redis.Redis.from_url(
         f"redis://{host_port}", socket_timeout=10, **acl_user
     )
-    # Scripts must be loaded by this user (NOSCRIPT recovery) on a fresh script cache.
+    # Scripts must be loaded by this user (NOSCRIPT recovery) on a fresh script cache, and
+    # the queue library too where the user may (its first FCALL finds no function).
     client.script_flush()
+    if has_functions(client):
+        client.execute_command("FUNCTION", "FLUSH")
+    fcalls = _fcalls(client)
     lost: List[Any] = []
     prims = {
         "rlock": rlocks.RLock("r", client=limited, namespace=ACL_NAMESPACE, ttl=1.5, on_lost=lost.append),
@@ -200,6 +221,11 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     assert results["rlock"] is True and results["write"] is True, results
     assert results["rlock-took"] < 5 and results["write-took"] < 5  # woken, not timed out
     assert not lost
+    # A user without +fcall got EVALSHA after one refused FCALL; the other, functions.
+    if via == "functions":
+        assert _fcalls(client) > fcalls
+    else:
+        assert _fcalls(client) == fcalls
     # Nothing left but counters kept by design (fencing tokens, the deadlock detector's
     # wait numbers): see conftest.without_counters.
     assert without_counters(client.keys(f"{ACL_NAMESPACE}:*")) == []

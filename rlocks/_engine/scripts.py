@@ -1,7 +1,8 @@
-"""Lua scripts: loading, running with EVALSHA, and the one place replies are decoded.
+"""Lua scripts: loading, running (FCALL or EVALSHA), and the one place replies are decoded.
 
-Every change to a primitive's state is one Lua script run with EVALSHA, so each operation
-is atomic on the server and costs one round trip. Scripts live as ``.lua`` files in
+Every change to a primitive's state is one Lua script, run as a function of the queue
+library (:class:`Library`, Redis 7.0+) or with EVALSHA, so each operation is atomic on the
+server and costs one round trip. Scripts live as ``.lua`` files in
 ``rlocks/_engine/lua/``; each starts with a header listing its KEYS, ARGV (with units) and
 return values. Names and owner ids only ever travel as KEYS/ARGV: no user string is pasted
 into script text, so no name can change what a script does.
@@ -63,6 +64,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import weakref
 from collections.abc import Generator
 from functools import cache
 from importlib import resources
@@ -225,14 +227,19 @@ def decode(raw: Any, script_name: str = "script") -> Reply:
 
 
 class Script:
-    """One Lua file, read and hashed once per process."""
+    """One Lua script, read and hashed once per process. A queue script also runs as a
+    function of the queue library (:class:`Library`): ``function`` is its FCALL name."""
 
-    __slots__ = ("name", "source", "sha")
+    __slots__ = ("name", "source", "sha", "function", "library")
 
-    def __init__(self, name: str, source: str) -> None:
+    def __init__(
+        self, name: str, source: str, library: Optional["Library"] = None
+    ) -> None:
         self.name = name
         self.source = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        self.library = library
+        self.function = None if library is None else f"{library.name}_{name}"
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:12]}>"
@@ -246,7 +253,7 @@ def _read(name: str) -> str:
 def load(name: str, prelude: str = "") -> Script:
     """The script in ``lua/<name>.lua``, read and hashed once per process.
 
-    ``prelude`` names library files (``queue_lib``, or several joined by ``+``) whose
+    ``prelude`` names library files (``cond_lib``, or several joined by ``+``) whose
     functions the script uses; they are put in front, in that order, so each operation
     still is one script and one round trip.
     """
@@ -256,12 +263,73 @@ def load(name: str, prelude: str = "") -> Script:
     return Script(name, source)
 
 
+#: The operation files that run on ``queue_lib.lua`` and ``op_lib.lua`` (see
+#: :func:`load_queued`): every one of them is a function of the queue library.
+QUEUED = tuple(
+    f"{kind}_{op}" for kind in ("rlock", "rw", "sem") for op in ("acquire", "release",
+                                                                "leave", "renew")
+) + ("force_release",)
+
+# The EVAL form's head: Redis 6.2 must be told to replicate effects before a write that
+# follows TIME (7.0 always does; the name does not exist in a function library, so it
+# stays out of the shared text), and the call's KEYS/ARGV globals are kept before the
+# library's locals of those names hide them.
+_EVAL_HEAD = """if redis.replicate_commands then
+    redis.replicate_commands()
+end
+local call_keys, call_argv = KEYS, ARGV
+"""
+
+
+class Library:
+    """The queue scripts as one Redis Functions library (Redis 7.0+, Valkey).
+
+    ``queue_lib.lua`` and ``op_lib.lua`` are compiled once per server instead of once per
+    call: an EVAL script defines their few dozen functions again at every run, about a
+    sixth of a queue script's server time (docs/operations.md). The name carries a hash of
+    the text, so two rlocks versions on one server never replace each other's library.
+    The same text, with :data:`_EVAL_HEAD`, is each queue script's EVAL form: the
+    fallback for a server or user without functions (see :class:`Call`).
+    """
+
+    __slots__ = ("name", "code")
+
+    def __init__(self) -> None:
+        lib = _read("queue_lib") + "\n" + _read("op_lib") + "\n"
+        digest = hashlib.sha1(
+            (lib + "".join(_read(op) for op in QUEUED)).encode("utf-8")
+        ).hexdigest()[:16]
+        self.name = f"rlocks_{digest}"
+        parts = [f"#!lua name={self.name}\n", lib]
+        for op in QUEUED:
+            parts.append(
+                f"redis.register_function('{self.name}_{op}', function(keys, argv)\n"
+                f"bind(keys, argv)\n{_read(op)}\nend)\n"
+            )
+        self.code = "".join(parts)
+
+
+def eval_form(name: str, libs: Sequence[str] = ("queue_lib", "op_lib")) -> str:
+    """Queue operation ``name`` as one EVAL script on the library files ``libs`` (the
+    engine's: both; tests of the queue alone leave out ``op_lib``)."""
+    front = "".join(_read(lib) + "\n" for lib in libs)
+    return _EVAL_HEAD + front + "bind(call_keys, call_argv)\n" + _read(name)
+
+
+@cache
+def library() -> Library:
+    """The queue library, built once per process."""
+    return Library()
+
+
 @cache
 def load_queued(name: str) -> Script:
     """The queue-and-hand-over script ``lua/<name>.lua`` with ``queue_lib.lua`` (its KEYS,
     context ARGV and reply contract) and ``op_lib.lua`` (the op id, see :data:`OP`) in
-    front, read and hashed once per process."""
-    return load(name, prelude="queue_lib+op_lib")
+    front, read and hashed once per process; also a function of :func:`library`."""
+    if name not in QUEUED:
+        raise ValueError(f"{name} is not a queue script")
+    return Script(name, eval_form(name), library())
 
 
 #: ``(replicas, ms)``: after the script, WAIT until that many replicas have its writes, or
@@ -286,22 +354,27 @@ def _login_refused(exc: ResponseError) -> Optional[redis.exceptions.Authenticati
 def run(
     client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
 ) -> Reply:
-    """Run ``script`` with EVALSHA on ``client`` (a ``Redis`` or ``RedisCluster``).
+    """Run ``script`` on ``client`` (a ``Redis`` or ``RedisCluster``): a queue script as
+    its library function (FCALL) where the server and user allow it, else EVALSHA.
 
     One round trip normally. The first call on a server that does not know the script yet
-    (new server, restart, SCRIPT FLUSH) gets NOSCRIPT, loads the script and runs it again.
-    With ``wait``, the reply also says how many replicas acknowledged. A refusal of a
+    (new server, restart, SCRIPT FLUSH or FUNCTION FLUSH) gets NOSCRIPT or "function not
+    found", loads it and runs it again; a server or user without functions is
+    remembered (per connection pool) and gets EVALSHA, as a cluster client always does. With
+    ``wait``, the reply also says how many replicas acknowledged. A refusal of a
     connection that is not logged in raises ``AuthenticationError``; other Redis errors
-    than NOSCRIPT propagate unchanged.
+    propagate unchanged.
     """
     # A fresh op id (its NOSCRIPT re-run is the same operation: the first did not run).
     args = stamped(args, identity.thread_owner())
 
     def perform(op: Any) -> Any:
-        if op is _EVAL:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
         if op is _LOAD:
             return client.script_load(script.source)
+        if op is _LOAD_LIBRARY:
+            return client.function_load(_library_code(script), replace=True)
+        if isinstance(op, str):
+            return client.execute_command(*_command(op, script, keys, args))
         return op.execute(raise_on_error=False)
 
     return drive(_run_steps(client, script, keys, args, wait), perform)
@@ -314,10 +387,12 @@ async def arun(
     args = stamped(args, op_stream())
 
     async def perform(op: Any) -> Any:
-        if op is _EVAL:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
         if op is _LOAD:
             return await client.script_load(script.source)
+        if op is _LOAD_LIBRARY:
+            return await client.function_load(_library_code(script), replace=True)
+        if isinstance(op, str):
+            return await client.execute_command(*_command(op, script, keys, args))
         return await op.execute(raise_on_error=False)
 
     return await adrive(_run_steps(client, script, keys, args, wait), perform)
@@ -326,17 +401,66 @@ async def arun(
 #: What :func:`_run_steps` asks its driver for, besides a pipeline to execute.
 _EVAL = "EVALSHA the script"
 _LOAD = "SCRIPT LOAD the script"
+_FCALL = "FCALL the script's library function"
+_LOAD_LIBRARY = "FUNCTION LOAD the queue library"
+
+
+def _command(op: str, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Tuple[Any, ...]:
+    """The script call of a :func:`_run_steps` step (``_EVAL`` or ``_FCALL``). (A plain
+    command, not the evalsha or fcall methods: redis-py's cluster client routes it by its
+    keys, and its cluster pipeline refuses the evalsha method.)"""
+    if op is _FCALL:
+        return ("FCALL", script.function, len(keys), *keys, *args)
+    assert op is _EVAL
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def _library_code(script: Script) -> str:
+    assert script.library is not None
+    return script.library.code
+
+
+def _functions_key(client: Any) -> Any:
+    """What a server's answer about functions is remembered by: the client's connection
+    pool; None for a client that never sends FCALL, a cluster client (it has no pool of
+    its own): redis-py's cluster client asks a node for an FCALL's keys (COMMAND GETKEYS)
+    before each one, a round trip more than the EVALSHA it routes by itself."""
+    return getattr(client, "connection_pool", None)
 
 
 def _run_steps(
     client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait
 ) -> Generator[Any, Any, Reply]:
     """The dialogue of :func:`run` and :func:`arun`, written once without I/O: yields
-    ``_EVAL``, ``_LOAD`` or a pipeline to execute and receives its answer, or has the
-    exception it raised thrown in (NOSCRIPT is recovered, a login refusal becomes
-    ``AuthenticationError``, anything else propagates unchanged); returns the decoded
-    reply. Driven by :mod:`.dialogue`."""
+    ``_FCALL``, ``_LOAD_LIBRARY``, ``_EVAL``, ``_LOAD`` or a pipeline to execute and
+    receives its answer, or has the exception it raised thrown in (a missing script or
+    function is loaded, a server or user without functions falls back to EVALSHA, a
+    login refusal becomes ``AuthenticationError``, anything else propagates unchanged);
+    returns the decoded reply. Driven by :mod:`.dialogue`."""
+    key = _functions_key(client)
     try:
+        fcall = script.function is not None and key is not None and _functions.get(key, True)
+        loaded = False
+        while fcall:
+            try:
+                if wait is not None:
+                    results = yield _queue_with_wait(client, script, keys, args, wait, True)
+                    return _decode_with_wait(results, script)
+                return decode((yield _FCALL), script.name)
+            except ResponseError as exc:
+                if not _function_refused(exc):
+                    raise
+            # The FCALL did not run: load the library once and send it again; a refused
+            # load, or a second refusal, means EVALSHA from now on.
+            fcall = not loaded
+            if fcall:
+                try:
+                    yield _LOAD_LIBRARY
+                    loaded = True
+                except ResponseError:
+                    fcall = False
+            if not fcall:
+                _functions[key] = False
         if wait is not None:
             results = yield _queue_with_wait(client, script, keys, args, wait)
             if isinstance(results[0], NoScriptError):
@@ -357,10 +481,15 @@ def _run_steps(
 
 
 def _queue_with_wait(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Tuple[int, int]
+    client: Any,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    wait: Tuple[int, int],
+    fcall: bool = False,
 ) -> Any:
     pipe = client.pipeline(transaction=False)
-    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    pipe.execute_command(*_command(_FCALL if fcall else _EVAL, script, keys, args))
     pipe.execute_command("WAIT", *wait)
     return pipe
 
@@ -421,6 +550,25 @@ def unsent(error: BaseException) -> bool:
     return bool(getattr(error, _UNSENT, False))
 
 
+#: Where the queue scripts may not run as functions (:class:`Library`), by connection
+#: pool (see ``_functions_key``): absent until known (FCALL is tried first), False once
+#: the server (Redis 6.2) or the ACL user (no ``+fcall`` or ``+function|load``) refused
+#: them: EVALSHA from then on.
+_functions: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _function_refused(exc: ResponseError) -> bool:
+    """Whether ``exc`` answered an FCALL that did not run: the function is not loaded
+    (new server, restart, FUNCTION FLUSH), or the server or user has no FCALL. An error
+    of the script itself (a malformed argument, a refused inner command) is not."""
+    text = str(exc).lower()
+    return (
+        text.startswith("function not found")
+        or text.startswith("unknown command")
+        or (isinstance(exc, redis.exceptions.NoPermissionError) and "'fcall'" in text)
+    )
+
+
 class Call:
     """One script invocation with fixed KEYS/ARGV, packed into RESP once and re-sent as is.
 
@@ -431,7 +579,7 @@ class Call:
     (a re-send would be safe: the script answers a repeat from its op record).
     """
 
-    __slots__ = ("script", "keys", "args", "wait", "_packed", "_route")
+    __slots__ = ("script", "keys", "args", "wait", "_packed", "_fpacked", "_route")
 
     def __init__(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
@@ -440,8 +588,10 @@ class Call:
         self.keys = tuple(keys)
         self.args = tuple(args)
         self.wait = wait
-        # RESP bytes sent as is, or (before, after) the op id; None until the first send
+        # RESP bytes sent as is, or (before, after) the op id; None until the first send:
+        # the EVALSHA form, and the FCALL form of a queue script (see _functions)
         self._packed: Any = None
+        self._fpacked: Any = None
         # (client given, client to send through, its pool or None): a primitive passes
         # one client, so the lookups are made once per Call, not once per round trip.
         self._route: Tuple[Any, Any, Any] = (None, None, None)
@@ -453,6 +603,12 @@ class Call:
         op: Optional[str] = None,
     ) -> Reply:
         """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run().
+
+        A queue script is sent as its queue library function (FCALL) where the server and
+        user allow it: its server time is then that of the operation alone. The first call
+        on a server without the library loads it (FUNCTION LOAD, then the call again); a
+        server or user without functions is remembered per pool, and its calls use
+        EVALSHA (both as in :func:`run`).
 
         ``interrupted``: for a round trip cut short, once the command was sent, by an
         exception that is not Redis's (raised by a signal handler: KeyboardInterrupt, an
@@ -488,10 +644,16 @@ class Call:
             raise
         read: List[Any] = []  # the replies read so far: the script's, then WAIT's
         sent = False
+        fcall = self.script.function is not None and _functions.get(pool, True)
+        assert pool is _functions_key(client)
         try:
-            packed = self._packed
+            packed = self._fpacked if fcall else self._packed
             if packed is None:
-                packed = self._packed = self._pack(connection)
+                packed = self._pack(connection, fcall)
+                if fcall:
+                    self._fpacked = packed
+                else:
+                    self._packed = packed
             if isinstance(packed, tuple):
                 # A fresh op id between the parts packed once (see _pack).
                 sent_op = (op or new_op(identity.thread_owner())).encode()
@@ -515,6 +677,10 @@ class Call:
                 raise refused from exc
             # An error reply, read whole: the connection is clean and goes back to the pool.
             pool.release(connection)
+            if fcall and _function_refused(exc):
+                # The FCALL did not run: run() loads the library and sends it again, or
+                # marks the pool for EVALSHA (no functions on this server or user).
+                return run(client, self.script, self.keys, args, self.wait)
             raise
         except BaseException as exc:
             if sent and interrupted is not None and connection._sock is not None and foreign(exc):
@@ -526,15 +692,17 @@ class Call:
         pool.release(connection)
         return reply
 
-    def _pack(self, connection: Any) -> Any:
+    def _pack(self, connection: Any, fcall: bool) -> Any:
         """The command(s) in RESP, once: as redis-py packs them, or with an :data:`OP`
-        argument the bytes before and after it (each send puts a fresh op id there)."""
+        argument the bytes before and after it (each send puts a fresh op id there).
+        ``fcall``: the script as its queue library function, else EVALSHA."""
         args = self.args
         marker = "#\x00rlocks-op\x00"  # never a real argument: ids and counts have no NUL
         stamp = any(arg == OP and isinstance(arg, str) for arg in args)
         if stamp:
             args = tuple(marker if arg == OP and isinstance(arg, str) else arg for arg in args)
-        evalsha = ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *args)
+        head = ("FCALL", self.script.function) if fcall else ("EVALSHA", self.script.sha)
+        evalsha = (*head, len(self.keys), *self.keys, *args)
         if self.wait is None:
             packed = connection.pack_command(*evalsha)
         else:

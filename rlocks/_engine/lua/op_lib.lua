@@ -34,7 +34,14 @@
 -- older than half of it (an expiry only moves later, so every record outlives its
 -- OP_RECORD_MS): the keys disappear at most 2 x OP_RECORD_MS after the last operation.
 
-local O, OE = KEYS[8], KEYS[9]
+local O, OE
+
+local queue_bind = bind
+
+local function bind(keys, argv)
+    queue_bind(keys, argv)
+    O, OE = keys[8], keys[9]
+end
 local OP_RECORD_MS = 60000
 local OP_SWEEP = 8
 

@@ -1,6 +1,8 @@
 -- queue_lib: the server-side FIFO queue and hand-over shared by every script in this
--- folder. The loader prepends this file to each operation file (rlock_*, rw_*, sem_*), so
--- every operation still runs as one script; on its own it does nothing.
+-- folder. The loader (scripts.py) puts this file and op_lib.lua in front of each operation
+-- file (rlock_*, rw_*, sem_*, force_release), so every operation still runs as one script:
+-- a Redis Functions library whose functions run the operation files (Redis 7.0+), or one
+-- EVAL script per operation; on its own it does nothing.
 -- docs/design/handover.md explains the design; this header is the contract.
 --
 -- KEYS (the same seven, in this order, for every script; all in one cluster slot):
@@ -82,17 +84,23 @@
 --   Errors: 'RLOCKS_BAD_ARG <name>' (a malformed ARGV; nothing changed),
 --   'RLOCKS_SEM_MISMATCH <value> <bounded>' (sem made with another value or kind).
 
-if redis.replicate_commands then
-    -- Redis 6.2: allow writes after TIME (effects replication; 7.0 always does this).
-    redis.replicate_commands()
-end
-
-local H, L, Q, W, T, CHANNEL, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-    KEYS[7]
+-- Loaded two ways (scripts.py composes both from this same text): as the front of each
+-- EVAL script, or once per server as a Redis Functions library whose functions run the
+-- operation files. Either way nothing below reads KEYS or ARGV until bind() has set them
+-- for the call, and no state outlives a call: bind() resets all of it.
+local KEYS, ARGV
+local H, L, Q, W, T, CHANNEL, F
 local MAXINT = 9007199254740991
 
 -- First malformed ARGV, as an error message; checked before anything is written.
 local bad = nil
+
+-- The call's KEYS and ARGV (the EVAL globals, or a function's two arguments).
+local function bind(keys, argv)
+    KEYS, ARGV = keys, argv
+    H, L, Q, W, T, CHANNEL, F = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+    bad = nil
+end
 
 local function int_arg(i, name, min, max)
     local v = tonumber(ARGV[i])
