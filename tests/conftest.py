@@ -157,6 +157,10 @@ def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[b
     return state
 
 
+#: The commands that run a script: EVALSHA, and FCALL of a queue library function.
+SCRIPT_CALLS = ("EVALSHA", "FCALL")
+
+
 def has_functions(client: Any = None) -> bool:
     """Whether the server runs Redis Functions (7.0+, Valkey): there rlocks sends each
     queue script as FCALL of its library function (renewal pipelines excepted), else

@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import uuid
 from typing import Any, Callable, Iterator, Tuple
 
 import pytest
@@ -117,6 +118,11 @@ def preload(direct: "redis.Redis[bytes]", prim: Any) -> None:
     and open ``prim``'s connection while the link is fast: the signal must come during
     the script's round trip, not during the connection's handshake."""
     prim.client.ping()
+    # Its pool learns whether the server runs functions (Redis 6.2: one refused FCALL).
+    warm = rlocks.RLock(f"warm-{uuid.uuid4().hex}", client=prim.client, namespace=NAMESPACE,
+                        auto_renew=False)
+    assert warm.acquire()
+    warm.release()
     attrs = ("_acquire_script", "_release_script", "_renew_script", "_unclaim_script")
     load_scripts(direct, *(getattr(prim, a) for a in attrs if getattr(prim, a, None)))
 

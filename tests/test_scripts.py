@@ -1,4 +1,4 @@
-"""Script loading and running (EVALSHA, NOSCRIPT, the reply decoder) against a real Redis.
+"""Script loading and running (FCALL and EVALSHA, NOSCRIPT, the reply decoder) against a real Redis.
 
 The scripts' own semantics, edge-case ARGV included, are tested one call at a time and
 against a model in tests/test_handover_scripts.py (issue 12 replaced the old script set

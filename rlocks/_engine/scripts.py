@@ -352,7 +352,12 @@ def _login_refused(exc: ResponseError) -> Optional[redis.exceptions.Authenticati
 
 
 def run(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+    client: Any,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    wait: Wait = None,
+    refused: Optional[ResponseError] = None,
 ) -> Reply:
     """Run ``script`` on ``client`` (a ``Redis`` or ``RedisCluster``): a queue script as
     its library function (FCALL) where the server and user allow it, else EVALSHA.
@@ -363,7 +368,7 @@ def run(
     remembered (per connection pool) and gets EVALSHA, as a cluster client always does. With
     ``wait``, the reply also says how many replicas acknowledged. A refusal of a
     connection that is not logged in raises ``AuthenticationError``; other Redis errors
-    propagate unchanged.
+    propagate unchanged. ``refused``: see :func:`_run_steps`.
     """
     # A fresh op id (its NOSCRIPT re-run is the same operation: the first did not run).
     args = stamped(args, identity.thread_owner())
@@ -377,7 +382,7 @@ def run(
             return client.execute_command(*_command(op, script, keys, args))
         return op.execute(raise_on_error=False)
 
-    return drive(_run_steps(client, script, keys, args, wait), perform)
+    return drive(_run_steps(client, script, keys, args, wait, refused), perform)
 
 
 async def arun(
@@ -429,30 +434,40 @@ def _functions_key(client: Any) -> Any:
 
 
 def _run_steps(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait
+    client: Any,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    wait: Wait,
+    refused: Optional[ResponseError] = None,
 ) -> Generator[Any, Any, Reply]:
     """The dialogue of :func:`run` and :func:`arun`, written once without I/O: yields
     ``_FCALL``, ``_LOAD_LIBRARY``, ``_EVAL``, ``_LOAD`` or a pipeline to execute and
     receives its answer, or has the exception it raised thrown in (a missing script or
     function is loaded, a server or user without functions falls back to EVALSHA, a
     login refusal becomes ``AuthenticationError``, anything else propagates unchanged);
-    returns the decoded reply. Driven by :mod:`.dialogue`."""
+    returns the decoded reply. Driven by :mod:`.dialogue`. ``refused``: the answer to an
+    FCALL of this call that the caller made itself (:class:`Call`), as if made here."""
     key = _functions_key(client)
     try:
         fcall = script.function is not None and key is not None and _functions.get(key, True)
         loaded = False
         while fcall:
-            try:
-                if wait is not None:
-                    results = yield _queue_with_wait(client, script, keys, args, wait, True)
-                    return _decode_with_wait(results, script)
-                return decode((yield _FCALL), script.name)
-            except ResponseError as exc:
-                if not _function_refused(exc):
-                    raise
-            # The FCALL did not run: load the library once and send it again; a refused
-            # load, or a second refusal, means EVALSHA from now on.
-            fcall = not loaded
+            if refused is None:
+                try:
+                    if wait is not None:
+                        results = yield _queue_with_wait(client, script, keys, args, wait, True)
+                        return _decode_with_wait(results, script)
+                    return decode((yield _FCALL), script.name)
+                except ResponseError as exc:
+                    if not _function_refused(exc):
+                        raise
+                    refused = exc
+            # The FCALL did not run. A missing function: the library is loaded once and
+            # the call sent again. No FCALL for this server or user, a refused load or a
+            # second refusal: EVALSHA from now on.
+            fcall = _function_missing(refused) and not loaded
+            refused = None
             if fcall:
                 try:
                     yield _LOAD_LIBRARY
@@ -473,10 +488,10 @@ def _run_steps(
             yield _LOAD
             raw = yield _EVAL
     except ResponseError as exc:
-        refused = _login_refused(exc)
-        if refused is None:
+        login = _login_refused(exc)
+        if login is None:
             raise
-        raise refused from exc
+        raise login from exc
     return decode(raw, script.name)
 
 
@@ -557,13 +572,19 @@ def unsent(error: BaseException) -> bool:
 _functions: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
+def _function_missing(exc: ResponseError) -> bool:
+    """Whether ``exc`` answered an FCALL whose function is not loaded (a new server, a
+    restart without persistence, FUNCTION FLUSH): loading the library helps."""
+    return str(exc).lower().startswith("function not found")
+
+
 def _function_refused(exc: ResponseError) -> bool:
-    """Whether ``exc`` answered an FCALL that did not run: the function is not loaded
-    (new server, restart, FUNCTION FLUSH), or the server or user has no FCALL. An error
-    of the script itself (a malformed argument, a refused inner command) is not."""
+    """Whether ``exc`` answered an FCALL that did not run: the function is missing, or
+    the server (Redis 6.2) or the ACL user has no FCALL. An error of the script itself (a
+    malformed argument, a refused inner command or key) is not."""
     text = str(exc).lower()
     return (
-        text.startswith("function not found")
+        _function_missing(exc)
         or text.startswith("unknown command")
         or (isinstance(exc, redis.exceptions.NoPermissionError) and "'fcall'" in text)
     )
@@ -680,7 +701,7 @@ class Call:
             if fcall and _function_refused(exc):
                 # The FCALL did not run: run() loads the library and sends it again, or
                 # marks the pool for EVALSHA (no functions on this server or user).
-                return run(client, self.script, self.keys, args, self.wait)
+                return run(client, self.script, self.keys, args, self.wait, refused=exc)
             raise
         except BaseException as exc:
             if sent and interrupted is not None and connection._sock is not None and foreign(exc):
