@@ -36,11 +36,8 @@ class _RLockCore(Primitive):
                 1 if reentry else 0, 0 if entry is None else 1)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _release_arguments(
-        self, owner: str, count: int, everything: bool
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, count, 1 if everything else 0)
-        return self._keys.queued(), (*self._context(), *args)
+    def _release_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return self._keys.queued(), (*self._context(), owner, count)
 
     def _leave_arguments(
         self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None

@@ -94,11 +94,8 @@ class _SideCore(Primitive):
                 1 if reentry else 0, 0 if entry is None else 1)
         return self._keys.queued(), (*self._context(), *args)
 
-    def _release_arguments(
-        self, owner: str, count: int, everything: bool
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, self._side, count, 1 if everything else 0)
-        return self._keys.queued(), (*self._context(), *args)
+    def _release_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
+        return self._keys.queued(), (*self._context(), owner, self._side, count)
 
     def _leave_arguments(
         self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None

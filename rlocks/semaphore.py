@@ -171,7 +171,7 @@ class _SemaphoreCore(Primitive):
         return self._fair
 
     def _release_arguments(
-        self, owner: str, count: int, everything: bool
+        self, owner: str, count: int
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         raise NotImplementedError("Semaphore.release builds its own call")
 

@@ -185,7 +185,7 @@ def _check_renewal_adopts_once(lock: Any, proxy: ReplyDropper, retrying: Any, di
     assert Call(lock._acquire_script, keys, args)(direct).granted
     keys, args = acquire(waiter, 1, False, "entry-2")
     assert Call(lock._acquire_script, keys, args)(direct).queued
-    keys, args = lock._release_arguments(holder, 1, False)
+    keys, args = lock._release_arguments(holder, 1)
     assert Call(lock._release_script, keys, args)(direct).wakes  # granted to the waiter
 
     renew = lock._items_call((*lock._renew_items(waiter), "a", waiter))
@@ -194,7 +194,7 @@ def _check_renewal_adopts_once(lock: Any, proxy: ReplyDropper, retrying: Any, di
     assert proxy.dropped.is_set() and len(proxy.passed) == 2
     assert reply.items == (1, 1)  # renewed, and the grant adopted (not "revoked")
     assert _holds(direct, lock, waiter) == 1
-    keys, args = lock._release_arguments(waiter, 1, False)
+    keys, args = lock._release_arguments(waiter, 1)
     assert Call(lock._release_script, keys, args)(direct).status == 1
 
 
@@ -309,7 +309,7 @@ def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> No
         """Acquire and release by ``stream`` at server time ``now``: two recorded ops."""
         for script, (keys, args) in (
             (lock._acquire_script, lock._acquire_arguments(stream, 1, False, None)),
-            (lock._release_script, lock._release_arguments(stream, 1, False)),
+            (lock._release_script, lock._release_arguments(stream, 1)),
         ):
             args = (str(now), *args[1:])  # ARGV[1]: '' = server TIME; here a given time
             args = tuple(f"#{next(seq)}:{stream}" if a == "#" else a for a in args)

@@ -154,7 +154,7 @@ def test_rlock_fifo_handover_names_the_granted_waiter(
     assert _racq(rl, T0, "p2.a") == [3, 1, 30000, []]
     assert _racq(rl, T0 + 1, "p3.a") == [3, 2, 29999, []]
     # p1 releases: the lock goes to p2 in the same script, with the short entry lease.
-    assert rl.call("release", T0 + 2, "p1.a", 1, 0) == [1, 0, 0, ["g p2.a"]]
+    assert rl.call("release", T0 + 2, "p1.a", 1) == [1, 0, 0, ["g p2.a"]]
     assert rl.holds() == {"p2.a": 1}
     assert rl.lease_end("p2.a") == T0 + 2 + ELEASE
     assert rl.queue() == ["p3"]
@@ -182,7 +182,7 @@ def test_rlock_reentry_is_granted_at_once_and_refused_when_the_hold_is_gone(
     # re-entry while another process waits: granted, never queued
     assert _racq(rl, T0, "p1.a", add=2, reentry=1) == [1, 3, 30000, []]
     # exact-count release keeps the lock
-    assert rl.call("release", T0, "p1.a", 2, 0) == [1, 1, 0, []]
+    assert rl.call("release", T0, "p1.a", 2) == [1, 1, 0, []]
     assert rl.holds() == {"p1.a": 1}
     # re-entry by an owner that does not hold: refused, nothing changed
     before = snapshot(rl.client)
@@ -194,10 +194,10 @@ def test_rlock_reentry_is_granted_at_once_and_refused_when_the_hold_is_gone(
     assert rl.holds() == {"p2.a": 1}
 
 
-def test_rlock_release_everything_and_not_owner(rl: _Prim) -> None:
+def test_rlock_release_of_more_than_held_and_not_owner(rl: _Prim) -> None:
     assert _racq(rl, T0, "p1.a", add=5)[:2] == [1, 5]
-    assert rl.call("release", T0, "p2.a", 1, 0) == [-1, 0, 0, []]
-    assert rl.call("release", T0, "p1.a", 1, 1) == [1, 0, 0, []]
+    assert rl.call("release", T0, "p2.a", 1) == [-1, 0, 0, []]
+    assert rl.call("release", T0, "p1.a", 9) == [1, 0, 0, []]  # more than held: all
     assert rl.holds() == {}
     assert rl.client.exists(*rl.keys[:5]) == 0
 
@@ -222,7 +222,7 @@ def test_rlock_expired_entries_are_skipped(rl: _Prim) -> None:
     assert _racq(rl, T0 + 1000, "p3.a")[0] == 3
     # p2 dies while queued: its entry is not renewed; p3 renews its own.
     assert rl.call("renew", T0 + 1900, 30000, "e", "p3")[4] == [1]
-    assert rl.call("release", T0 + 2500, "p1.a", 1, 0) == [1, 0, 0, ["g p3.a"]]
+    assert rl.call("release", T0 + 2500, "p1.a", 1) == [1, 0, 0, ["g p3.a"]]
     assert rl.queue() == []
 
 
@@ -230,7 +230,7 @@ def test_rlock_grant_to_a_dead_process_is_revoked_after_the_short_lease(rl: _Pri
     assert _racq(rl, T0, "p1.a")[0] == 1
     assert _racq(rl, T0, "p2.a")[0] == 3
     assert _racq(rl, T0, "p3.a")[0] == 3
-    assert rl.call("release", T0, "p1.a", 1, 0)[3] == ["g p2.a"]
+    assert rl.call("release", T0, "p1.a", 1)[3] == ["g p2.a"]
     # p2 died before it noticed: nothing adopts the grant. Just before the short lease
     # ends p3 still waits; at its end p3 is handed the lock by whatever runs next.
     assert rl.call("renew", T0 + ELEASE - 1, 30000, "e", "p3") == [1, 1, 0, [], [1]]
@@ -241,7 +241,7 @@ def test_rlock_grant_to_a_dead_process_is_revoked_after_the_short_lease(rl: _Pri
 def test_rlock_lost_wakeup_recheck_adopts_without_counting_twice(rl: _Prim) -> None:
     assert _racq(rl, T0, "p1.a")[0] == 1
     assert _racq(rl, T0, "p2.a")[0] == 3
-    assert rl.call("release", T0, "p1.a", 1, 0)[3] == ["g p2.a"]
+    assert rl.call("release", T0, "p1.a", 1)[3] == ["g p2.a"]
     # p2's waiter missed the wake-up and asks again: it is told it holds the lock.
     assert _racq(rl, T0 + 10, "p2.a") == [2, 1, 30000, []]
     assert rl.holds() == {"p2.a": 1}
@@ -261,7 +261,7 @@ def test_rlock_leave(rl: _Prim) -> None:
     assert rl.call("leave", T0, "p2.a", "p2", "") == [1, 0, 0, []]
     assert rl.queue() == ["p3"]
     # the hand-over raced p3.b's time-out: its leave passes the lock on (here: freed)
-    assert rl.call("release", T0, "p1.a", 1, 0)[3] == ["g p3.b"]
+    assert rl.call("release", T0, "p1.a", 1)[3] == ["g p3.b"]
     assert _racq(rl, T0, "p4.a")[0] == 3
     assert rl.call("leave", T0, "p3.b", "p3", "") == [4, 1, 0, ["g p4.a"]]
     assert rl.holds() == {"p4.a": 1}
@@ -273,11 +273,11 @@ def test_rlock_unfair_barges_but_wakes_then_hands_over(client: "redis.Redis[byte
     assert _racq(p, T0, "p1.a")[0] == 1
     assert _racq(p, T0, "p2.a")[0] == 3
     # release wakes p2 without granting; a barging p3 takes the free lock
-    assert p.call("release", T0, "p1.a", 1, 0) == [1, 0, 0, ["w p2.a"]]
+    assert p.call("release", T0, "p1.a", 1) == [1, 0, 0, ["w p2.a"]]
     assert _racq(p, T0, "p3.a") == [1, 1, 30000, []]
     # p2 lost once: it is re-queued in its place and the next release hands over to it
     assert _racq(p, T0, "p2.a") == [3, 1, 30000, []]
-    assert p.call("release", T0, "p3.a", 1, 0) == [1, 0, 0, ["g p2.a"]]
+    assert p.call("release", T0, "p3.a", 1) == [1, 0, 0, ["g p2.a"]]
     assert p.holds() == {"p2.a": 1}
 
 
@@ -295,7 +295,7 @@ def test_unfair_waiter_is_passed_over_within_its_patience_then_handed_over(
     def rel(now: int, who: str) -> Any:
         if kind == "sem":
             return p.call("release", now, 1, who, 1)[3]
-        return p.call("release", now, who, 1, 0)[3]
+        return p.call("release", now, who, 1)[3]
 
     assert acq(T0, "p1.a")[0] == 1
     assert acq(T0, "p2.a")[0] == 3
@@ -340,7 +340,7 @@ def test_spublish_is_used_when_asked(client: "redis.Redis[bytes]", name: str) ->
     p = _Prim(client, "rlock", name, command="SPUBLISH")
     assert _racq(p, T0, "p1.a")[0] == 1
     assert _racq(p, T0, "p2.a")[0] == 3
-    assert p.call("release", T0, "p1.a", 1, 0)[3] == ["g p2.a"]
+    assert p.call("release", T0, "p1.a", 1)[3] == ["g p2.a"]
 
 
 # --- RWLock --------------------------------------------------------------------------
@@ -358,13 +358,13 @@ def test_rw_fifo_groups_readers_and_never_starves_a_side(rw: _Prim) -> None:
     assert _wacq(rw, T0, "p4.a", "w")[:2] == [3, 3]
     assert _wacq(rw, T0, "p5.a", "r")[:2] == [3, 4]
     # writer out: both readers queued before the next writer go, together
-    assert rw.call("release", T0, "p1.a", "w", 1, 0) == [1, 0, 0, ["g p2.a", "g p3.a"]]
+    assert rw.call("release", T0, "p1.a", "w", 1) == [1, 0, 0, ["g p2.a", "g p3.a"]]
     # a new reader queues behind the waiting writer (no writer starvation)
     assert _wacq(rw, T0, "p6.a", "r")[:2] == [3, 3]
-    assert rw.call("release", T0, "p2.a", "r", 1, 0) == [1, 0, 0, []]
-    assert rw.call("release", T0, "p3.a", "r", 1, 0) == [1, 0, 0, ["g p4.a"]]
+    assert rw.call("release", T0, "p2.a", "r", 1) == [1, 0, 0, []]
+    assert rw.call("release", T0, "p3.a", "r", 1) == [1, 0, 0, ["g p4.a"]]
     # writer out: the readers behind it go (no reader starvation)
-    assert rw.call("release", T0, "p4.a", "w", 1, 0) == [1, 0, 0, ["g p5.a", "g p6.a"]]
+    assert rw.call("release", T0, "p4.a", "w", 1) == [1, 0, 0, ["g p5.a", "g p6.a"]]
     assert rw.holds() == {"r:p5.a": 1, "r:p6.a": 1}
     assert rw.meta("#nr") == "2" and rw.meta("#w") is None
 
@@ -379,14 +379,14 @@ def test_rw_reentry_downgrade_and_upgrade(rw: _Prim) -> None:
     assert _wacq(rw, T0, "p1.a", "w") == [-2, 0, 0, []]
     assert snapshot(rw.client) == before
     assert _wacq(rw, T0, "p1.a", "w", reentry=1) == [-1, 0, 0, []]
-    assert rw.call("release", T0, "p1.a", "r", 1, 1) == [1, 0, 0, ["g p2.a"]]
+    assert rw.call("release", T0, "p1.a", "r", 2) == [1, 0, 0, ["g p2.a"]]
     # downgrade: the writer takes the read side at once, though a reader is queued
     assert _wacq(rw, T0, "p3.a", "r")[0] == 3
     # p2 has not adopted its write grant yet: asking for the read side adopts it too
     assert rw.markers() == ["p2.a"]
     assert _wacq(rw, T0, "p2.a", "r")[:2] == [1, 1]
     assert rw.markers() == []
-    assert rw.call("release", T0, "p2.a", "w", 1, 0) == [1, 0, 0, ["g p3.a"]]
+    assert rw.call("release", T0, "p2.a", "w", 1) == [1, 0, 0, ["g p3.a"]]
     assert rw.holds() == {"r:p2.a": 1, "r:p3.a": 1}
 
 
@@ -534,13 +534,12 @@ _BAD = [
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 0, 0, 1], "add"),
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 2, 1], "reentry"),
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 0], "wait"),
-    ("rlock", "release", ["", PUB, 1, ELEASE, "o", -1, 0], "holds"),
-    ("rlock", "release", ["", PUB, 1, ELEASE, "o", 1, 0, "bad id"], "adopt"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "o", -1], "holds"),
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "h"], "items"),
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "r", "o"], "item kind"),
     ("rlock", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", 0], "next want"),
     ("rw", "acquire", ["", PUB, 1, ELEASE, "o", "p", "x", 1, 1, 0, 1], "side"),
-    ("rw", "release", ["", PUB, 1, ELEASE, "o", "rw", 1, 0], "side"),
+    ("rw", "release", ["", PUB, 1, ELEASE, "o", "rw", 1], "side"),
     ("rw", "renew", ["", PUB, 1, ELEASE, 1000, "h", "o"], "item kind"),
     ("rw", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", "q", 1], "next side"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, -1, 1, "p", "p.a", "p", 1, 1, 1], "value"),
@@ -764,14 +763,14 @@ class Model:
             hint = e["p"] - self.now  # ask again when the patience ends
         return [3, self.queue.index(entry) + 1, hint, self.wakes]
 
-    def release(self, owner: str, side: str, n: int, everything: int) -> List[Any]:
+    def release(self, owner: str, side: str, n: int) -> List[Any]:
         self.wakes = []
         self.purge()
         mine = self.holds.get(self.field(side, owner), [None])[0]
         if mine is None:
             return self.done(-1, 0, 0)
         self.markers.pop(owner, None)
-        left = mine - self.drop(side, owner, None if everything else n, False)
+        left = mine - self.drop(side, owner, n, False)
         return self.done(1, left, 0)
 
     def sem_release(self, give: int, pairs: List[Tuple[str, int]]) -> List[Any]:
@@ -909,9 +908,9 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
                 want = m.sem_release(op[4], pairs)
             else:
                 side = op[3] if kind == "rw" else "x"
-                args: List[Any] = [owner] + ([side] if kind == "rw" else []) + [op[4], op[5]]
+                args: List[Any] = [owner] + ([side] if kind == "rw" else []) + [op[4]]
                 got = p.call("release", now, *args)
-                want = m.release(owner, side, op[4], op[5])
+                want = m.release(owner, side, op[4])
         elif op[0] == "leave":
             if kind == "sem":
                 got = p.call("leave", now, owner, waiter, proc, "")

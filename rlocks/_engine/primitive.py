@@ -446,11 +446,10 @@ class Primitive(Renewable):
         raise NotImplementedError
 
     def _release_arguments(
-        self, owner: str, count: int, everything: bool
+        self, owner: str, count: int
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        """KEYS and ARGV of the release script: ``count`` levels of ``owner``, or every
-        level it has in Redis with ``everything`` (the scripts' flag; the engine gives
-        back exact counts, see ``ReentrantLock._release_save``)."""
+        """KEYS and ARGV of the release script: ``count`` levels of ``owner`` (the engine
+        gives back exact counts, see ``ReentrantLock._release_save``)."""
         raise NotImplementedError
 
     def _renew_arguments(
@@ -711,10 +710,10 @@ class Primitive(Renewable):
     def _undo_call(self, owner: str, count: int) -> Call:
         """Give back exactly ``count`` holds granted but not kept (cancelled, unreplicated).
 
-        Exclusive primitives: the ordinary release of those levels, never "everything":
-        the owner may hold outer levels of the same lock.
+        Exclusive primitives: the ordinary release of those levels, never more: the owner
+        may hold outer levels of the same lock.
         """
-        return Call(self._release_script, *self._release_arguments(owner, count, False))
+        return Call(self._release_script, *self._release_arguments(owner, count))
 
     def _grant_refusal(self, owner: str, count: int, reply: Reply) -> Optional[BaseException]:
         """Why a grant must be given back instead of kept (the error to raise), or None.
@@ -1308,7 +1307,7 @@ class Primitive(Renewable):
         return self._prepared(
             ("release", owner, count),
             self._release_script,
-            lambda: self._release_arguments(owner, count, False),
+            lambda: self._release_arguments(owner, count),
         )
 
     def _finish_give_back(self, owner: str, count: int, reply: Reply) -> None:

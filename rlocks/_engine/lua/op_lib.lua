@@ -130,8 +130,6 @@ local function finish(ctx, status, value, aux)
 end
 
 local function op_acquire(ctx, a) return record(ctx, queue_op_acquire(ctx, a)) end
-local function op_release(ctx, r, adopt_from)
-    return record(ctx, queue_op_release(ctx, r, adopt_from))
-end
+local function op_release(ctx, r) return record(ctx, queue_op_release(ctx, r)) end
 local function op_leave(ctx, l) return record(ctx, queue_op_leave(ctx, l)) end
 local function op_renew(ctx, ttl, first) return record(ctx, queue_op_renew(ctx, ttl, first)) end

@@ -620,16 +620,9 @@ local function op_acquire(ctx, a)
     return finish(ctx, 3, redis.call('ZRANK', Q, a.entry) + 1, hint)
 end
 
--- Adopt the hand-over grants of the waiters ARGV[first..] (the caller recorded them).
-local function adopt_list(ctx, first)
-    if ctx.tn == 0 then return end -- no grant marker exists at all
-    for i = first, #ARGV do clear_marker(ctx, ARGV[i]) end
-end
-
--- release for rlock and rw: r = {owner, side, n, all}.
-local function op_release(ctx, r, adopt_from)
+-- release for rlock and rw: r = {owner, side, n}.
+local function op_release(ctx, r)
     purge(ctx)
-    adopt_list(ctx, adopt_from)
     local mine = held_by(ctx, r.side, r.owner)
     if mine == nil then
         handover(ctx)
@@ -638,9 +631,7 @@ local function op_release(ctx, r, adopt_from)
     -- the owner releasing it knows it holds it: its own grant counts as adopted
     -- (tn = 0: no grant marker exists at all)
     if ctx.tn > 0 then clear_marker(ctx, r.owner) end
-    local n = r.n
-    if r.all == 1 then n = nil end
-    local left = mine - drop(ctx, r.side, r.owner, n, false, mine)
+    local left = mine - drop(ctx, r.side, r.owner, r.n, false, mine)
     handover(ctx)
     return finish(ctx, 1, left, 0)
 end

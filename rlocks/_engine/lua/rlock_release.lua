@@ -5,20 +5,15 @@
 -- context, so every ARGV below is one further on; a re-send is answered from the record.)
 --
 -- ARGV[5]   owner id
--- ARGV[6]   holds to give back, count (>= 1)
--- ARGV[7]   1 = give back every hold of this owner (the engine sends 0); 0 = ARGV[6] holds
--- ARGV[8..] waiter ids of this process whose hand-over grants the caller recorded
---           locally and has not adopted yet (adopted now; usually none)
+-- ARGV[6]   holds to give back, count (>= 1; more than the owner has: all of them)
 --
 -- Replies: 1 released (value = the owner's holds left; at 0 the lock went to the head
 -- waiter, named in wakes with its fencing token); -1 this owner holds nothing (no hold
 -- changed; expired state recovered as by every call). The owner's own unadopted
 -- hand-over grant counts as adopted by its release.
 local ctx, i = context('rlock')
-local r = {owner = str_arg(i, 'owner'), side = 'x', n = int_arg(i + 1, 'holds', 1),
-           all = int_arg(i + 2, 'all', 0, 1)}
-for j = i + 3, #ARGV do str_arg(j, 'adopt') end
+local r = {owner = str_arg(i, 'owner'), side = 'x', n = int_arg(i + 1, 'holds', 1)}
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end
-return op_release(ctx, r, i + 3)
+return op_release(ctx, r)

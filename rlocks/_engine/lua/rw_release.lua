@@ -6,19 +6,15 @@
 --
 -- ARGV[5]   owner id
 -- ARGV[6]   side: 'r' or 'w'
--- ARGV[7]   holds to give back, count (>= 1)
--- ARGV[8]   1 = give back every hold of this owner on that side (the engine sends 0); 0 = not
--- ARGV[9..] waiter ids of this process whose hand-over grants the caller recorded and has
---           not adopted yet (adopted now; usually none)
+-- ARGV[7]   holds to give back, count (>= 1; more than the owner has on that side: all)
 --
 -- Replies: 1 released (value = holds left on that side; grants in wakes, each with its
 -- fencing token); -1 this owner
 -- holds nothing on that side (no hold changed; expired state recovered as by every call).
 local ctx, i = context('rw')
 local r = {owner = str_arg(i, 'owner'), side = side_arg(i + 1, 'side', 'rw'),
-           n = int_arg(i + 2, 'holds', 1), all = int_arg(i + 3, 'all', 0, 1)}
-for j = i + 4, #ARGV do str_arg(j, 'adopt') end
+           n = int_arg(i + 2, 'holds', 1)}
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end
-return op_release(ctx, r, i + 4)
+return op_release(ctx, r)
