@@ -81,10 +81,11 @@ class _Prim:
         value: int = 3,
         bounded: int = 1,
         command: str = PUB,
+        namespace: str = NAMESPACE,
     ) -> None:
         self.client, self.kind, self.fair, self.elease = client, kind, fair, elease
         self.value, self.bounded, self.command = value, bounded, command
-        tag = f"{NAMESPACE}:{{{name}}}"
+        tag = f"{namespace}:{{{name}}}"
         self.keys = [f"{tag}:{part}" for part in ("holds", "leases", "queue", "entries",
                                                    "times", "wake")]
         self.keys.append(fence_key(self.keys[0]))
