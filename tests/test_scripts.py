@@ -11,9 +11,11 @@ import threading
 from importlib import resources
 from typing import Any, List
 
+import pytest
 import redis
 
 import rlocks
+from rlocks._engine import scripts
 from rlocks._engine.keys import keys_for
 from rlocks._engine.scripts import BUSY, GRANTED, Reply, load_queued, run
 from rlocks.server import TemporaryRedisServer
@@ -113,3 +115,21 @@ def test_queue_scripts_run_as_functions_and_a_lost_library_is_loaded_again(name:
             assert (_runs(c, "fcall"), _runs(c, "evalsha") - evalshas) == (0, 2)
         assert not lock.locked()
         c.close()
+
+
+@pytest.mark.parametrize("error, refused, missing", [
+    (redis.ResponseError("Function not found"), True, True),
+    (redis.ResponseError("unknown command 'FCALL', with args beginning with: 'x'"), True, False),
+    (redis.ResponseError("unsupported command 'fcall'"), True, False),  # a proxy's words
+    (redis.exceptions.NoPermissionError(
+        "User u has no permissions to run the 'fcall' command"), True, False),
+    # the script's own errors, and a refused key: no fallback would change them
+    (redis.exceptions.NoPermissionError("No permissions to access a key"), False, False),
+    (redis.ResponseError("RLOCKS_BAD_ARG owner"), False, False),
+    (redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."), False, False),
+])
+def test_which_fcall_errors_fall_back(error: Any, refused: bool, missing: bool) -> None:
+    """An FCALL answer that says the call did not run for want of the function (load it)
+    or of FCALL itself (EVALSHA from then on); every other error goes to the caller."""
+    assert (scripts._function_refused(error), scripts._function_missing(error)) == (
+        refused, missing)

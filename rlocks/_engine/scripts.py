@@ -580,12 +580,14 @@ def _function_missing(exc: ResponseError) -> bool:
 
 def _function_refused(exc: ResponseError) -> bool:
     """Whether ``exc`` answered an FCALL that did not run: the function is missing, or
-    the server (Redis 6.2) or the ACL user has no FCALL. An error of the script itself (a
-    malformed argument, a refused inner command or key) is not."""
+    the server (Redis 6.2, a fork without functions), a proxy in front of it ("unsupported
+    command") or the ACL user has no FCALL. An error of the script itself (a malformed
+    argument, a refused inner command or key) is not."""
     text = str(exc).lower()
     return (
         _function_missing(exc)
         or text.startswith("unknown command")
+        or ("fcall" in text and ("unsupported" in text or "not supported" in text))
         or (isinstance(exc, redis.exceptions.NoPermissionError) and "'fcall'" in text)
     )
 
