@@ -196,7 +196,9 @@ def load_scripts(client: "redis.Redis[bytes]", *scripts: Any) -> None:
 
 
 def script_calls(client: "redis.Redis[bytes]") -> int:
-    """Script runs the server has counted: EVALSHA and FCALL together."""
+    """Script runs the server has counted, EVALSHA and FCALL together, but for those that
+    failed (an FCALL of a function not loaded, a NOSCRIPT answer: nothing ran)."""
     stats = client.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+               - int(stats.get(f"cmdstat_{command}", {}).get("failed_calls", 0))
                for command in ("evalsha", "fcall"))

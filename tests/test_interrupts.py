@@ -29,7 +29,7 @@ from rlocks.server import TemporaryRedisServer
 
 from ._proxy import FaultyLink
 from ._servers import wait_until
-from .conftest import NAMESPACE, load_scripts, script_calls
+from .conftest import NAMESPACE, has_functions, load_scripts, script_calls
 
 pytestmark = pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"),
@@ -151,6 +151,76 @@ def test_interrupted_acquire_leaves_nothing_in_redis(
         assert not direct.exists(key)
     finally:
         direct.delete(key)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "sem"])
+def test_an_interrupt_in_the_call_sent_again_after_a_refusal_leaves_nothing(
+    direct: "redis.Redis[bytes]", link: FaultyLink, name: str, kind: str
+) -> None:
+    """A server that lost the queue library (restart, FUNCTION FLUSH), or a pool that has
+    not learnt yet that its server has no FCALL (Redis 6.2), refuses the first call; the
+    library is loaded, or EVALSHA chosen, and the call sent again. An interrupt in that
+    second round trip must leave nothing held, as one in a first round trip does (before,
+    the second send went through a path that gave nothing back)."""
+    client = redis.Redis.from_url(link.url, socket_timeout=10, socket_connect_timeout=5)
+    prim, key, _field = make(kind, name, client)
+    client.ping()  # connected while the link is fast
+    functions = has_functions(direct)
+    direct.script_load(prim._acquire_script.source)  # no NOSCRIPT round trip on 6.2
+    if functions:
+        direct.function_flush()
+    errors = int(direct.info("stats")["total_error_replies"])
+    runs = script_calls(direct)
+
+    def refused() -> bool:
+        """The server has done what comes before the second send."""
+        if functions:
+            return bool(direct.function_list())  # the refused FCALL, then the load
+        return int(direct.info("stats")["total_error_replies"]) > errors
+
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        wait_until(refused, 20, "the refusal before the second send")
+        # The load's answer (or the refusal) takes DELAY back; the second send is then
+        # held DELAY on its way there: the signal comes half-way, before the server runs
+        # it. (A give-back that only reads the hold after the signal, on another
+        # connection, reads it before the script has run: it must be fenced.)
+        time.sleep(1.5 * DELAY)
+        signal.pthread_kill(main, signal.SIGALRM)
+
+    armed = threading.Event()  # the handler raises only inside the acquire
+
+    def handler(signum: int, frame: Any) -> None:
+        link.heal()
+        if armed.is_set():
+            armed.clear()
+            raise Interrupted()
+
+    refused()  # (its client connected and its code warm before the clock matters)
+    previous = signal.signal(signal.SIGALRM, handler)
+    trigger = threading.Thread(target=interrupt)
+    try:
+        trigger.start()
+        link.slow(DELAY)
+        armed.set()
+        with pytest.raises(Interrupted):
+            prim.acquire()
+    finally:
+        armed.clear()
+        trigger.join(30)
+        signal.signal(signal.SIGALRM, previous)
+        link.heal()
+    try:
+        wait_until(lambda: script_calls(direct) > runs, 10, "the second send to run")
+        assert not direct.exists(key), direct.hgetall(key)
+        assert prim.acquire(timeout=10)
+        prim.release()
+        assert not direct.exists(key)
+    finally:
+        direct.delete(key)
+        client.close()
 
 
 @pytest.mark.timeout(60)

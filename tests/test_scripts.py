@@ -133,3 +133,27 @@ def test_which_fcall_errors_fall_back(error: Any, refused: bool, missing: bool) 
     or of FCALL itself (EVALSHA from then on); every other error goes to the caller."""
     assert (scripts._function_refused(error), scripts._function_missing(error)) == (
         refused, missing)
+
+
+def test_a_release_runs_when_the_server_is_out_of_memory(name: str) -> None:
+    """At maxmemory (noeviction) a release, which frees memory, must still run; an
+    acquire is refused and leaves nothing. As FCALL the functions say so by their flags
+    (an unflagged function is refused whole under OOM)."""
+    with TemporaryRedisServer() as server:  # its own server: it is filled to the brim
+        c = redis.Redis.from_url(server.url)
+        held = rlocks.RLock(name, client=c, namespace=NAMESPACE, auto_renew=False)
+        other = rlocks.RLock(f"{name}-other", client=c, namespace=NAMESPACE, auto_renew=False)
+        assert held.acquire()
+        c.config_set("maxmemory-policy", "noeviction")
+        c.config_set("maxmemory", int(c.info("memory")["used_memory"]) + 200_000)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(10_000):
+                c.set(f"fill:{i}", "x" * 1000)
+        # (OutOfMemoryError from a function; an EVAL script's refused write says the same
+        # inside a ResponseError, before the script changed anything)
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            other.acquire(blocking=False)
+        assert not c.exists(other._keys.hash)
+        held.release()
+        assert not c.exists(held._keys.hash)
+        c.close()

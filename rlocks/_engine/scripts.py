@@ -302,9 +302,16 @@ class Library:
         self.name = f"rlocks_{digest}"
         parts = [f"#!lua name={self.name}\n", lib]
         for op in QUEUED:
+            # A function without flags is refused whole when the server is out of memory
+            # (maxmemory, noeviction), where an EVAL script is refused only at its first
+            # write that could grow memory: a release, a leave or a forced release (they
+            # free memory) and a renewal (it rewrites what exists; refused, a hold would
+            # be lost) must still run then. An acquire is refused before it changes
+            # anything.
+            flags = "" if op.endswith("_acquire") else "'allow-oom'"
             parts.append(
-                f"redis.register_function('{self.name}_{op}', function(keys, argv)\n"
-                f"bind(keys, argv)\n{_read(op)}\nend)\n"
+                f"redis.register_function{{function_name='{self.name}_{op}', flags={{{flags}}},"
+                f" callback=function(keys, argv)\nbind(keys, argv)\n{_read(op)}\nend}}\n"
             )
         self.code = "".join(parts)
 
@@ -352,12 +359,7 @@ def _login_refused(exc: ResponseError) -> Optional[redis.exceptions.Authenticati
 
 
 def run(
-    client: Any,
-    script: Script,
-    keys: Sequence[str],
-    args: Sequence[Arg],
-    wait: Wait = None,
-    refused: Optional[ResponseError] = None,
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
 ) -> Reply:
     """Run ``script`` on ``client`` (a ``Redis`` or ``RedisCluster``): a queue script as
     its library function (FCALL) where the server and user allow it, else EVALSHA.
@@ -368,7 +370,7 @@ def run(
     remembered (per connection pool) and gets EVALSHA, as a cluster client always does. With
     ``wait``, the reply also says how many replicas acknowledged. A refusal of a
     connection that is not logged in raises ``AuthenticationError``; other Redis errors
-    propagate unchanged. ``refused``: see :func:`_run_steps`.
+    propagate unchanged.
     """
     # A fresh op id (its NOSCRIPT re-run is the same operation: the first did not run).
     args = stamped(args, identity.thread_owner())
@@ -382,7 +384,7 @@ def run(
             return client.execute_command(*_command(op, script, keys, args))
         return op.execute(raise_on_error=False)
 
-    return drive(_run_steps(client, script, keys, args, wait, refused), perform)
+    return drive(_run_steps(client, script, keys, args, wait), perform)
 
 
 async def arun(
@@ -434,40 +436,32 @@ def _functions_key(client: Any) -> Any:
 
 
 def _run_steps(
-    client: Any,
-    script: Script,
-    keys: Sequence[str],
-    args: Sequence[Arg],
-    wait: Wait,
-    refused: Optional[ResponseError] = None,
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait
 ) -> Generator[Any, Any, Reply]:
     """The dialogue of :func:`run` and :func:`arun`, written once without I/O: yields
     ``_FCALL``, ``_LOAD_LIBRARY``, ``_EVAL``, ``_LOAD`` or a pipeline to execute and
     receives its answer, or has the exception it raised thrown in (a missing script or
     function is loaded, a server or user without functions falls back to EVALSHA, a
     login refusal becomes ``AuthenticationError``, anything else propagates unchanged);
-    returns the decoded reply. Driven by :mod:`.dialogue`. ``refused``: the answer to an
-    FCALL of this call that the caller made itself (:class:`Call`), as if made here."""
+    returns the decoded reply. Driven by :mod:`.dialogue`."""
     key = _functions_key(client)
     try:
         fcall = script.function is not None and key is not None and _functions.get(key, True)
         loaded = False
         while fcall:
-            if refused is None:
-                try:
-                    if wait is not None:
-                        results = yield _queue_with_wait(client, script, keys, args, wait, True)
-                        return _decode_with_wait(results, script)
-                    return decode((yield _FCALL), script.name)
-                except ResponseError as exc:
-                    if not _function_refused(exc):
-                        raise
-                    refused = exc
+            try:
+                if wait is not None:
+                    results = yield _queue_with_wait(client, script, keys, args, wait, True)
+                    return _decode_with_wait(results, script)
+                return decode((yield _FCALL), script.name)
+            except ResponseError as exc:
+                if not _function_refused(exc):
+                    raise
+                missing = _function_missing(exc)
             # The FCALL did not run. A missing function: the library is loaded once and
             # the call sent again. No FCALL for this server or user, a refused load or a
             # second refusal: EVALSHA from now on.
-            fcall = _function_missing(refused) and not loaded
-            refused = None
+            fcall = missing and not loaded
             if fcall:
                 try:
                     yield _LOAD_LIBRARY
@@ -592,6 +586,31 @@ def _function_refused(exc: ResponseError) -> bool:
     )
 
 
+#: Re-sends of one :class:`Call` after a refusal that loading can cure (NOSCRIPT, a missing
+#: function) or a switch to EVALSHA: the most a cold server needs is two (no FCALL, then
+#: NOSCRIPT); more means the server keeps losing what was loaded.
+_RESENDS = 2
+
+
+def _send_on(pool: Any, command: Tuple[Any, ...]) -> bool:
+    """Send ``command`` (a script or library load) on a connection of ``pool`` and read
+    its answer: True if done, False if Redis refused it. Connection errors (and any
+    exception raised meanwhile) propagate, with that connection closed."""
+    connection = pool.get_connection()
+    try:
+        connection.send_command(*command, check_health=False)
+        connection.read_response()
+    except ResponseError:
+        pool.release(connection)
+        return False
+    except BaseException:
+        connection.disconnect()
+        pool.release(connection)
+        raise
+    pool.release(connection)
+    return True
+
+
 class Call:
     """One script invocation with fixed KEYS/ARGV, packed into RESP once and re-sent as is.
 
@@ -624,6 +643,8 @@ class Call:
         client: Any,
         interrupted: Optional[Callable[[Reply], None]] = None,
         op: Optional[str] = None,
+        *,
+        again: int = 0,
     ) -> Reply:
         """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run().
 
@@ -631,7 +652,9 @@ class Call:
         user allow it: its server time is then that of the operation alone. The first call
         on a server without the library loads it (FUNCTION LOAD, then the call again); a
         server or user without functions is remembered per pool, and its calls use
-        EVALSHA (both as in :func:`run`).
+        EVALSHA (both as in :func:`run`). The call is sent again on this path, so what is
+        said above of interrupts holds for it (``again``: internal, the sends so far after
+        such a refusal; past :data:`_RESENDS` the call goes to :func:`run`).
 
         ``interrupted``: for a round trip cut short, once the command was sent, by an
         exception that is not Redis's (raised by a signal handler: KeyboardInterrupt, an
@@ -690,7 +713,12 @@ class Call:
             reply = decode(raw, self.script.name)._replace(replicas=int(acks))
         except NoScriptError:
             pool.release(connection)
-            return run(client, self.script, self.keys, args, self.wait)
+            if again >= _RESENDS:
+                return run(client, self.script, self.keys, args, self.wait)
+            # Loaded, then sent again by this path: its interrupt handling holds for the
+            # call that runs (the first one did not).
+            _send_on(pool, ("SCRIPT", "LOAD", self.script.source))
+            return self(client, interrupted, op, again=again + 1)
         except ResponseError as exc:
             refused = _login_refused(exc)
             if refused is not None:
@@ -701,9 +729,14 @@ class Call:
             # An error reply, read whole: the connection is clean and goes back to the pool.
             pool.release(connection)
             if fcall and _function_refused(exc):
-                # The FCALL did not run: run() loads the library and sends it again, or
-                # marks the pool for EVALSHA (no functions on this server or user).
-                return run(client, self.script, self.keys, args, self.wait, refused=exc)
+                # The FCALL did not run. A missing function: load the library and send it
+                # again here (as for NOSCRIPT); no FCALL for this server or user, a refused
+                # load or a second refusal: EVALSHA from now on, sent again here.
+                library = self.script.library
+                if (again >= _RESENDS or not _function_missing(exc) or library is None
+                        or not _send_on(pool, ("FUNCTION", "LOAD", "REPLACE", library.code))):
+                    _functions[pool] = False
+                return self(client, interrupted, op, again=again + 1)
             raise
         except BaseException as exc:
             if sent and interrupted is not None and connection._sock is not None and foreign(exc):
