@@ -547,6 +547,8 @@ _BAD = [
     ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 5, "p", "p.a", "p", 1, 1, 1], "bounded"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 1, "p", "p.a", "p", 1, 0, 1], "permits"),
     ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 1, "p", 2], "pairs"),
+    # a repeated owner (p0.a holds one permit: each pair alone would pass)
+    ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 2, "p0.a", 1, "p0.a", 1], "pairs"),
     ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 1, "p"], "pairs"),
     ("sem", "release", ["", PUB, 1, ELEASE, 3, 1, 0], "permits"),
     ("sem", "leave", ["", PUB, 1, ELEASE, 3, 1, "p", "p.a", "p", "p.b", "z"], "next want"),

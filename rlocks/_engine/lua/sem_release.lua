@@ -8,7 +8,8 @@
 -- ARGV[8], ARGV[9], ...  pairs (owner id, count >= 1): permits taken off each owner's own
 --            record (the releasing thread's first, then other threads of its process, as
 --            the engine chose from its local books; the same rule as lua/sem_release.lua);
---            counts sum to at most ARGV[7]. The rest is a release by nobody's permit.
+--            each owner at most once; counts sum to at most ARGV[7]. The rest is a release
+--            by nobody's permit.
 --            An owner's unadopted hand-over grant ('g:<owner>') is NOT adopted by a
 --            release: the releasing thread may be another one, whose books do not have
 --            that grant yet (its owner adopts it when it records it). The grant only
@@ -41,9 +42,15 @@ local ctx, i = context('sem')
 local give = int_arg(i, 'permits', 1)
 local takes, owned = {}, 0
 if (#ARGV - i) % 2 ~= 0 then bad = bad or 'RLOCKS_BAD_ARG pairs' end
+local seen = {}
 for j = i + 1, #ARGV - 1, 2 do
     local n = int_arg(j + 1, 'pair count', 1)
-    takes[#takes + 1] = {str_arg(j, 'pair owner'), n}
+    local owner = str_arg(j, 'pair owner')
+    -- each pair is checked against the owner's count alone: a repeated owner could
+    -- take off more than it holds, and #free would grow by permits nobody gave back
+    if seen[owner] then bad = bad or 'RLOCKS_BAD_ARG pairs' end
+    seen[owner] = true
+    takes[#takes + 1] = {owner, n}
     owned = owned + n
 end
 if owned > give then bad = bad or 'RLOCKS_BAD_ARG pairs' end
