@@ -281,13 +281,18 @@ local call_keys, call_argv = KEYS, ARGV
 """
 
 
+# Stands for the library's name in its text until the text's hash names it.
+_NAME = "<rlocks-library>"
+
+
 class Library:
     """The queue scripts as one Redis Functions library (Redis 7.0+, Valkey).
 
     ``queue_lib.lua`` and ``op_lib.lua`` are compiled once per server instead of once per
     call: an EVAL script defines their few dozen functions again at every run, about a
     sixth of a queue script's server time (docs/operations.md). The name carries a hash of
-    the text, so two rlocks versions on one server never replace each other's library.
+    the whole text (flags included), so two rlocks versions on one server never replace
+    each other's library.
     The same text, with :data:`_EVAL_HEAD`, is each queue script's EVAL form: the
     fallback for a server or user without functions (see :class:`Call`).
     """
@@ -295,12 +300,9 @@ class Library:
     __slots__ = ("name", "code")
 
     def __init__(self) -> None:
-        lib = _read("queue_lib") + "\n" + _read("op_lib") + "\n"
-        digest = hashlib.sha1(
-            (lib + "".join(_read(op) for op in QUEUED)).encode("utf-8")
-        ).hexdigest()[:16]
-        self.name = f"rlocks_{digest}"
-        parts = [f"#!lua name={self.name}\n", lib]
+        # The text is composed with a placeholder for the name, then named by its hash:
+        # the Lua and the functions' flags both decide the name.
+        parts = [_read("queue_lib") + "\n" + _read("op_lib") + "\n"]
         for op in QUEUED:
             # A function without flags is refused whole when the server is out of memory
             # (maxmemory, noeviction), where an EVAL script is refused only at its first
@@ -310,10 +312,12 @@ class Library:
             # anything.
             flags = "" if op.endswith("_acquire") else "'allow-oom'"
             parts.append(
-                f"redis.register_function{{function_name='{self.name}_{op}', flags={{{flags}}},"
+                f"redis.register_function{{function_name='{_NAME}_{op}', flags={{{flags}}},"
                 f" callback=function(keys, argv)\nbind(keys, argv)\n{_read(op)}\nend}}\n"
             )
-        self.code = "".join(parts)
+        body = "".join(parts)
+        self.name = f"rlocks_{hashlib.sha1(body.encode('utf-8')).hexdigest()[:16]}"
+        self.code = f"#!lua name={self.name}\n" + body.replace(_NAME, self.name)
 
 
 def eval_form(name: str, libs: Sequence[str] = ("queue_lib", "op_lib")) -> str:
