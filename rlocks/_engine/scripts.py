@@ -245,7 +245,10 @@ class Script:
         return f"<Script {self.name} {self.sha[:12]}>"
 
 
+@cache
 def _read(name: str) -> str:
+    """The text of ``lua/<name>.lua``, read once per process (the library files go in
+    front of every queue script and into the library)."""
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
