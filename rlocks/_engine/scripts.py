@@ -452,48 +452,35 @@ def _run_steps(
     login refusal becomes ``AuthenticationError``, anything else propagates unchanged);
     returns the decoded reply. Driven by :mod:`.dialogue`."""
     key = _functions_key(client)
+    tries = 0  # loads and switches made for this call
     try:
-        fcall = script.function is not None and key is not None and _functions.get(key, True)
-        loaded = False
-        while fcall:
+        while True:
+            fcall = bool(script.function is not None and key is not None
+                         and _functions.get(key, True))
             try:
                 if wait is not None:
-                    results = yield _queue_with_wait(client, script, keys, args, wait, True)
+                    results = yield _queue_with_wait(client, script, keys, args, wait, fcall)
                     return _decode_with_wait(results, script)
-                return decode((yield _FCALL), script.name)
+                return decode((yield _FCALL if fcall else _EVAL), script.name)
             except ResponseError as exc:
-                if not _function_refused(exc):
+                step = _recovery(exc, fcall, tries)
+                if step is None:
                     raise
-                missing = _function_missing(exc)
-            # The FCALL did not run. A missing function: the library is loaded once and
-            # the call sent again. No FCALL for this server or user, a refused load or a
-            # second refusal: EVALSHA from now on.
-            fcall = missing and not loaded
-            if fcall:
-                try:
-                    yield _LOAD_LIBRARY
-                    loaded = True
-                except ResponseError:
-                    fcall = False
-            if not fcall:
+            tries += 1
+            if step is _EVAL:
                 _functions[key] = False
-        if wait is not None:
-            results = yield _queue_with_wait(client, script, keys, args, wait)
-            if isinstance(results[0], NoScriptError):
-                yield _LOAD
-                results = yield _queue_with_wait(client, script, keys, args, wait)
-            return _decode_with_wait(results, script)
-        try:
-            raw = yield _EVAL
-        except NoScriptError:
-            yield _LOAD
-            raw = yield _EVAL
+                continue
+            try:
+                yield step
+            except ResponseError:
+                if step is _LOAD:
+                    raise
+                _functions[key] = False  # a refused FUNCTION LOAD: EVALSHA from now on
     except ResponseError as exc:
         login = _login_refused(exc)
         if login is None:
             raise
         raise login from exc
-    return decode(raw, script.name)
 
 
 def _queue_with_wait(
@@ -597,6 +584,22 @@ def _function_refused(exc: ResponseError) -> bool:
 #: function) or a switch to EVALSHA: the most a cold server needs is two (no FCALL, then
 #: NOSCRIPT); more means the server keeps losing what was loaded.
 _RESENDS = 2
+
+
+def _recovery(exc: ResponseError, fcall: bool, tries: int) -> Optional[str]:
+    """What a script call that Redis refused unrun does next, decided once for
+    :func:`run`'s dialogue and :class:`Call` (no I/O): ``_LOAD`` (NOSCRIPT: load the
+    script, send the call again), ``_LOAD_LIBRARY`` (an FCALL of a function not loaded:
+    load the library, send it again), ``_EVAL`` (no FCALL for this server or user:
+    EVALSHA from now on, sent again), or None: the error goes to the caller (the script
+    ran and failed, or it cannot run here). ``fcall``: the call was an FCALL. ``tries``:
+    the steps taken for this call so far; past :data:`_RESENDS` nothing is loaded again
+    (the server keeps losing what was loaded), and an FCALL falls back to EVALSHA."""
+    if isinstance(exc, NoScriptError):
+        return _LOAD if tries < _RESENDS else None
+    if fcall and _function_refused(exc):
+        return _LOAD_LIBRARY if _function_missing(exc) and tries < _RESENDS else _EVAL
+    return None
 
 
 def _send_on(pool: Any, command: Tuple[Any, ...]) -> bool:
@@ -718,14 +721,6 @@ class Call:
             self._read_replies(connection, read)
             raw, acks = read if self.wait is not None else (read[0], -1)
             reply = decode(raw, self.script.name)._replace(replicas=int(acks))
-        except NoScriptError:
-            pool.release(connection)
-            if again >= _RESENDS:
-                return run(client, self.script, self.keys, args, self.wait)
-            # Loaded, then sent again by this path: its interrupt handling holds for the
-            # call that runs (the first one did not).
-            _send_on(pool, ("SCRIPT", "LOAD", self.script.source))
-            return self(client, interrupted, op, again=again + 1)
         except ResponseError as exc:
             refused = _login_refused(exc)
             if refused is not None:
@@ -735,16 +730,22 @@ class Call:
                 raise refused from exc
             # An error reply, read whole: the connection is clean and goes back to the pool.
             pool.release(connection)
-            if fcall and _function_refused(exc):
-                # The FCALL did not run. A missing function: load the library and send it
-                # again here (as for NOSCRIPT); no FCALL for this server or user, a refused
-                # load or a second refusal: EVALSHA from now on, sent again here.
-                library = self.script.library
-                if (again >= _RESENDS or not _function_missing(exc) or library is None
-                        or not _send_on(pool, ("FUNCTION", "LOAD", "REPLACE", library.code))):
+            step = _recovery(exc, fcall, again)
+            if step is None:
+                if isinstance(exc, NoScriptError):
+                    # Loaded and lost again and again: the generic path has the last word.
+                    return run(client, self.script, self.keys, args, self.wait)
+                raise
+            # The call did not run: load what it lacks (or switch to EVALSHA), then send it
+            # again on this path, so its interrupt handling holds for the call that runs.
+            if step is _LOAD:
+                _send_on(pool, ("SCRIPT", "LOAD", self.script.source))
+            elif step is _LOAD_LIBRARY:
+                if not _send_on(pool, ("FUNCTION", "LOAD", "REPLACE", _library_code(self.script))):
                     _functions[pool] = False
-                return self(client, interrupted, op, again=again + 1)
-            raise
+            else:
+                _functions[pool] = False
+            return self(client, interrupted, op, again=again + 1)
         except BaseException as exc:
             if sent and interrupted is not None and connection._sock is not None and foreign(exc):
                 self._finish_interrupted(connection, read, interrupted)
