@@ -28,8 +28,7 @@ process's permit and let a third caller in while the holder still works.
 from __future__ import annotations
 
 import operator
-from types import TracebackType
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple
 
 from redis.exceptions import ResponseError
 
@@ -37,7 +36,7 @@ from ._engine import checks, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.dialogue import drive
-from ._engine.primitive import ENTRY_LEASE, Primitive
+from ._engine.primitive import ENTRY_LEASE, Primitive, SyncPrimitive
 from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued, new_op
 from ._engine.state import PrimitiveState
 from ._engine.wakehub import serial
@@ -421,7 +420,7 @@ def _ignore(reply: Reply) -> None:
     """An interrupted release's answer: nothing to do with it (see Semaphore.release)."""
 
 
-class Semaphore(_SemaphoreCore):
+class Semaphore(_SemaphoreCore, SyncPrimitive):
     """A counting semaphore shared by every process that uses the same name and Redis.
 
     ``Semaphore(name, value=1, *, client=None, ttl=30.0, auto_renew=True,
@@ -530,15 +529,6 @@ class Semaphore(_SemaphoreCore):
         finally:
             # What a refusal restored is no longer in it: the rest did end here.
             self._ended(begun)
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        if not self._unwound_quietly(exc, self._owner()):
-            self.release()
 
     def owned(self) -> bool:
         """Whether the calling thread holds a permit, as far as it knows (local state, no

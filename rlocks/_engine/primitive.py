@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 from dataclasses import replace
+from types import TracebackType
 from typing import (
     Any,
     Callable,
@@ -32,6 +33,7 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    Type,
     cast,
 )
 
@@ -64,7 +66,7 @@ from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for
 from .wakehub import READ_TURN, WakeHub, serial
 
-__all__ = ["ENTRY_LEASE", "Hold", "Primitive"]
+__all__ = ["ENTRY_LEASE", "Hold", "Primitive", "SyncPrimitive"]
 
 log = logging.getLogger(__name__)
 
@@ -1433,3 +1435,24 @@ def _is_async_client(client: Any) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster))
+
+
+class SyncPrimitive(Primitive):
+    """A threading primitive: ``with`` gives back the level its block acquired, the way
+    every rlocks primitive unwinds a hold an inner block already reported lost. (The
+    asyncio twins refuse ``with``: ``aio.AsyncPrimitive``.)"""
+
+    __slots__ = ()
+
+    def release(self) -> None:
+        """Give back one level (a permit) of the calling thread; see the primitive's own."""
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if not self._unwound_quietly(exc, self._owner()):
+            self.release()

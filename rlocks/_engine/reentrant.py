@@ -9,12 +9,11 @@ Condition support) the same.
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Optional, Tuple, Type
+from typing import Optional, Tuple
 
 from ..errors import NotOwnedError
 from . import checks
-from .primitive import Primitive
+from .primitive import Primitive, SyncPrimitive
 from .state import PrimitiveState
 
 __all__ = ["OwnerViews", "ReentrantLock"]
@@ -83,7 +82,7 @@ class OwnerViews(Primitive):
         return self._held(self._owner())
 
 
-class ReentrantLock(OwnerViews):
+class ReentrantLock(OwnerViews, SyncPrimitive):
     """Engine base of a thread-owned reentrant lock; subclasses add scripts and ``locked``."""
 
     __slots__ = ()
@@ -118,15 +117,6 @@ class ReentrantLock(OwnerViews):
         self._give_back(self._owner(), 1)
 
     __enter__ = acquire
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        if not self._unwound_quietly(exc, self._owner()):
-            self.release()
 
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""
