@@ -172,7 +172,10 @@ class _SemaphoreCore(Primitive):
     def _release_arguments(
         self, owner: str, count: int
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        raise NotImplementedError("Semaphore.release builds its own call")
+        # The owner's own permits, as the owner's: what the engine gives back of a grant
+        # it does not keep. (release() may also give back other threads' permits, or
+        # nobody's: it builds those calls itself, see _release_step.)
+        return self._keys.queued(), (*self._context(), count, owner, count)
 
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
@@ -242,11 +245,6 @@ class _SemaphoreCore(Primitive):
             ),
         )
         return release
-
-    def _undo_call(self, owner: str, count: int) -> Call:
-        # Permits granted but not kept go back as this owner's own.
-        args = (*self._context(), count, owner, count)
-        return Call(self._release_script, self._keys.queued(), args)
 
     def _grant_refusal(self, owner: str, count: int, reply: Reply) -> Optional[BaseException]:
         """Also refuse a grant that landed after this owner's earlier permits were lost.

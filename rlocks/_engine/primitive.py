@@ -450,8 +450,10 @@ class Primitive(Renewable):
     def _release_arguments(
         self, owner: str, count: int
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        """KEYS and ARGV of the release script: ``count`` levels of ``owner`` (the engine
-        gives back exact counts, see ``ReentrantLock._release_save``)."""
+        """KEYS and ARGV of the release script giving back ``count`` of ``owner``'s own
+        holds, never more (the engine gives back exact counts, see
+        ``ReentrantLock._release_save``): the locks' release, and what every primitive
+        gives back of a grant it does not keep (:meth:`_undo_call`)."""
         raise NotImplementedError
 
     def _renew_arguments(
@@ -710,11 +712,9 @@ class Primitive(Renewable):
         return call
 
     def _undo_call(self, owner: str, count: int) -> Call:
-        """Give back exactly ``count`` holds granted but not kept (cancelled, unreplicated).
-
-        Exclusive primitives: the ordinary release of those levels, never more: the owner
-        may hold outer levels of the same lock.
-        """
+        """Give back exactly ``count`` holds granted but not kept (cancelled, unreplicated):
+        the release of those levels, never more (the owner may hold outer levels of a
+        lock, or earlier permits of a semaphore)."""
         return Call(self._release_script, *self._release_arguments(owner, count))
 
     def _grant_refusal(self, owner: str, count: int, reply: Reply) -> Optional[BaseException]:
