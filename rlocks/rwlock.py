@@ -12,11 +12,11 @@ The I/O-free definitions (``_ReadCore``, ``_WriteCore``) are shared with
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import (
     Any,
     Callable,
     ClassVar,
-    Dict,
     Generic,
     List,
     Optional,
@@ -30,7 +30,7 @@ from redis.exceptions import NoScriptError
 
 from ._engine.clients import io_client
 from ._engine.constructors import public_init
-from ._engine.primitive import ENTRY_LEASE, Primitive
+from ._engine.primitive import ENTRY_LEASE, Options, Primitive
 from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
 from ._engine.scripts import Arg, load_queued
@@ -59,8 +59,8 @@ class _SideCore(Primitive):
     _side_name = ""  # 'read_lock' or 'write_lock'
     _quorum_refusal = None
 
-    def __init__(self, name: str, **options: Any) -> None:
-        super().__init__(name, **options)
+    def __init__(self, name: str, options: Options) -> None:
+        self._configure(name, options)
         self._side = self._side_code
 
     def _describe(self) -> str:
@@ -150,8 +150,8 @@ class _WriteCore(_SideCore):
     _side_code = "w"
     _side_name = "write_lock"
 
-    def __init__(self, name: str, read: _ReadCore, **options: Any) -> None:
-        super().__init__(name, **options)
+    def __init__(self, name: str, read: _ReadCore, options: Options) -> None:
+        super().__init__(name, options)
         self._read = read
 
     def _check_take(self, owner: str) -> None:
@@ -255,23 +255,11 @@ class _RWPair(Generic[R, W]):
         deadlock_timeout: Optional[float] = 1.0,
         entry_lease: float = ENTRY_LEASE,
     ) -> None:
-        options: Dict[str, Any] = dict(
-            fair=fair,
-            deadlock_timeout=deadlock_timeout,
-            entry_lease=entry_lease,
-            client=client,
-            ttl=ttl,
-            auto_renew=auto_renew,
-            namespace=namespace,
-            on_lost=on_lost,
-            replicas=replicas,
-            replica_wait=replica_wait,
-        )
-        read = self._read_type(name, **options)
-        # The read side validated everything and picked the client; the write side shares it.
-        options["client"] = read.client
+        options = Options.of(locals())
+        read = self._read_type(name, options)
+        # The read side checked everything and picked the client; the write side shares it.
         self._read: R = read
-        self._write: W = self._write_type(name, read, **options)
+        self._write: W = self._write_type(name, read, replace(options, client=read.client))
 
     @property
     def read_lock(self) -> R:

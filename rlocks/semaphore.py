@@ -36,7 +36,7 @@ from ._engine import checks, metrics
 from ._engine.clock import monotonic
 from ._engine.constructors import public_init
 from ._engine.dialogue import drive
-from ._engine.primitive import ENTRY_LEASE, Primitive, SyncPrimitive
+from ._engine.primitive import ENTRY_LEASE, Options, Primitive, SyncPrimitive
 from ._engine.scripts import OVER, Arg, Call, Reply, foreign, load_queued, new_op
 from ._engine.state import PrimitiveState
 from ._engine.wakehub import serial
@@ -121,18 +121,7 @@ class _SemaphoreCore(Primitive):
         value = _count(value, "value", label)
         if value < 0:
             raise ValueError(f"{label}: semaphore initial value must be >= 0, got {value}")
-        super().__init__(
-            name,
-            client=client,
-            ttl=ttl,
-            auto_renew=auto_renew,
-            namespace=namespace,
-            on_lost=on_lost,
-            replicas=replicas,
-            replica_wait=replica_wait,
-            fair=fair,
-            entry_lease=entry_lease,
-        )
+        self._configure(name, Options.of(locals()))
         self._value = value
 
     @property

@@ -20,7 +20,7 @@ import inspect
 import logging
 import os
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from types import TracebackType
 from typing import (
     Any,
@@ -30,6 +30,7 @@ from typing import (
     Dict,
     Hashable,
     List,
+    Mapping,
     Optional,
     Sequence,
     Tuple,
@@ -66,7 +67,7 @@ from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for
 from .wakehub import READ_TURN, WakeHub, serial
 
-__all__ = ["ENTRY_LEASE", "Hold", "Primitive", "SyncPrimitive"]
+__all__ = ["ENTRY_LEASE", "Hold", "Options", "Primitive", "SyncPrimitive"]
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,32 @@ class Hold:
         self.tokens: Optional[Tuple[Optional[int], ...]] = None
 
 
+@dataclass(frozen=True)
+class Options:
+    """The constructor keywords every primitive shares, as one object (their meaning is
+    in ``rlocks.RLock``'s docstring). A public ``__init__`` names them explicitly, for its
+    signature and its docs, and hands them on as one of these (:meth:`of`); only
+    :meth:`Primitive._configure` reads and checks them. No defaults here but one: the
+    signatures own them."""
+
+    client: Any
+    ttl: float
+    auto_renew: bool
+    namespace: str
+    on_lost: Optional[Callable[[Any], object]]
+    replicas: int
+    replica_wait: float
+    fair: bool
+    entry_lease: float
+    #: (Semaphores take no deadlock_timeout: they never check for deadlocks.)
+    deadlock_timeout: Optional[float] = 1.0
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> "Options":
+        """The options among a constructor's ``locals()`` (its own parameters)."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
+
+
 class Primitive(Renewable):
     """Engine base class. Subclasses set the class attributes and the ``_*_arguments``.
 
@@ -235,7 +262,13 @@ class Primitive(Renewable):
         deadlock_timeout: Optional[float] = 1.0,
         entry_lease: float = ENTRY_LEASE,
     ) -> None:
+        self._configure(name, Options.of(locals()))
+
+    def _configure(self, name: str, options: Options) -> None:
+        """Check ``name`` and ``options`` and set this object up (no I/O): where every
+        constructor ends. Raises TypeError/ValueError naming the public class."""
         label = self._label
+        ttl, namespace, on_lost = options.ttl, options.namespace, options.on_lost
         self._name = checks.check_name(name, label)
         self._namespace = checks.check_namespace(namespace, label, name)
         self._ttl_ms = checks.check_ttl(ttl, label, name)
@@ -250,9 +283,9 @@ class Primitive(Renewable):
                 f"{label}({name!r}): on_lost is a coroutine function, which a threading "
                 "primitive cannot await; pass a plain function, or use rlocks.asyncio"
             )
-        client = self._resolve_client(client)
+        client = self._resolve_client(options.client)
         self._client = client
-        self._wait = checks.replication(replicas, replica_wait, label, name)
+        self._wait = checks.replication(options.replicas, options.replica_wait, label, name)
         if self._wait is not None and isinstance(client, Quorum):
             raise ValueError(
                 f"{label}({name!r}): replicas= is not supported with a Quorum: the masters "
@@ -263,15 +296,16 @@ class Primitive(Renewable):
                 f"{label}({name!r}): replicas= is not supported on Redis Cluster clients "
                 "(WAIT has no key to be routed by); see docs/operations.md"
             )
-        self._auto_renew = bool(auto_renew)
+        self._auto_renew = bool(options.auto_renew)
+        fair = options.fair
         if not isinstance(fair, bool):
             raise TypeError(f"{label}({name!r}): fair must be a bool, not {type(fair).__name__}")
         self._fair = fair
-        self._deadlock_timeout = checks.deadlock_timeout(deadlock_timeout, label, name)
+        self._deadlock_timeout = checks.deadlock_timeout(options.deadlock_timeout, label, name)
         #: ms a queue entry, and a hand-over grant not adopted yet, lives without
         #: renewal: the most a dead waiter (or a process dead just after being handed
         #: the primitive) delays the next hand-over.
-        self._entry_ms = checks.entry_lease(entry_lease, label, name)
+        self._entry_ms = checks.entry_lease(options.entry_lease, label, name)
         self._on_lost = on_lost
         self._keys: PrimitiveKeys = keys_for(namespace, self._kind, name)
         self._holds: Dict[str, Hold] = {}
