@@ -13,13 +13,8 @@
 --   { 0, ms }  still waiting; its lease was renewed to ms
 --   {-1, 0 }   gone: the lease ended before this look (the waiter stalled); a
 --              notification it had was passed on to the oldest live waiter
-local entry = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-local prefix = ARGV[3]
-local publish = ARGV[4]
-
-local now = server_ms()
-prune(KEYS[1], KEYS[2], now, prefix, publish)
+local entry, lease_ms, prefix, publish = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now = pruned(prefix, publish)
 if redis.call('ZSCORE', KEYS[1], entry) then
     redis.call('ZADD', KEYS[2], now + lease_ms, entry)
     keep_alive(KEYS[1], KEYS[2])

@@ -10,13 +10,8 @@
 --
 -- Returns {status, value}:
 --   { 1, n }  queued; n = entries waiting now, this one included (it is the newest)
-local entry = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-local prefix = ARGV[3]
-local publish = ARGV[4]
-
-local now = server_ms()
-prune(KEYS[1], KEYS[2], now, prefix, publish)
+local entry, lease_ms, prefix, publish = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now = pruned(prefix, publish)
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local number = 1
 if #newest > 0 then

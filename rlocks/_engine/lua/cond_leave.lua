@@ -20,7 +20,7 @@ local pass_on = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local publish = ARGV[4]
 
-prune(KEYS[1], KEYS[2], server_ms(), prefix, publish)
+pruned(prefix, publish)
 if redis.call('ZREM', KEYS[1], entry) == 1 then
     redis.call('ZREM', KEYS[2], entry)
     return {0, 0}

@@ -55,6 +55,14 @@ local function prune(queue, leases, now, prefix, publish)
     end
 end
 
+-- What every cond_* script does first: prune the condition's KEYS (see prune); returns
+-- the server time it pruned at (ms).
+local function pruned(prefix, publish)
+    local now = server_ms()
+    prune(KEYS[1], KEYS[2], now, prefix, publish)
+    return now
+end
+
 -- Both keys expire with the latest lease, so a condition whose waiters all died vanishes.
 local function keep_alive(queue, leases)
     local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')

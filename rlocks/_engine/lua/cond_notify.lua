@@ -14,7 +14,7 @@ local n = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local publish = ARGV[3]
 
-prune(KEYS[1], KEYS[2], server_ms(), prefix, publish)
+pruned(prefix, publish)
 local notified = notify(KEYS[1], n, prefix, publish)
 keep_alive(KEYS[1], KEYS[2])
 return {1, notified}

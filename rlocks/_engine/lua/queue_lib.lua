@@ -396,6 +396,13 @@ local function purge(ctx)
     end
 end
 
+-- purge, then `waiter`'s hand-over grant not adopted yet, or nil (tn = 0: none exists).
+local function purged_marker(ctx, waiter)
+    purge(ctx)
+    if ctx.tn > 0 then return get_marker(waiter) end
+    return nil
+end
+
 -- Grant queued entries, head first, while the head fits (strict FIFO: a head that does
 -- not fit blocks those behind it, so a large request or a writer never starves).
 -- fair = 0: an entry not woken yet is woken ('w'), its share reserved instead of granted
@@ -528,9 +535,7 @@ end
 -- acquire, shared by every primitive. a = {owner, waiter, entry, side, ttl, add, reentry,
 -- wait}. rlock/rw: waiter == owner. See the per-script headers for the replies.
 local function op_acquire(ctx, a)
-    purge(ctx)
-    local m = nil
-    if ctx.tn > 0 then m = get_marker(a.waiter) end
+    local m = purged_marker(ctx, a.waiter)
     if m ~= nil then
         -- The waiter holds a hand-over grant: the caller has it now, so it is adopted.
         -- Asking for the same thing without re-entry is the re-check after a missed
@@ -638,9 +643,7 @@ end
 
 -- leave: l = {owner, waiter, entry, next_waiter, next_owner, next_side, next_want}.
 local function op_leave(ctx, l)
-    purge(ctx)
-    local m = nil
-    if ctx.tn > 0 then m = get_marker(l.waiter) end
+    local m = purged_marker(ctx, l.waiter)
     if m ~= nil then
         -- The hand-over raced the time-out: pass the grant on now, never leaving the
         -- primitive held by somebody who does not know it.
