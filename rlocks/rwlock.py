@@ -154,8 +154,8 @@ class _WriteCore(_SideCore):
         super().__init__(name, options)
         self._read = read
 
-    def _check_take(self, owner: str) -> None:
-        super()._check_take(owner)
+    def _check_acquire(self, owner: str) -> None:
+        super()._check_acquire(owner)
         if self._read._held(owner) > 0 and self._held(owner) == 0:
             raise UpgradeError(
                 f"{self._describe()}: this owner holds the read side; upgrading to the "

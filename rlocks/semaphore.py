@@ -179,7 +179,7 @@ class _SemaphoreCore(Primitive):
         # does not retry after a lost reply (see docs/operations.md).
         return None
 
-    def _begin_release(self, owner: str, n: int) -> Optional["_Release"]:
+    def _begin_permit_release(self, owner: str, n: int) -> Optional["_Release"]:
         """The I/O-free start of a release by ``owner``: the first call to make, or None
         when nothing needs to be sent (every permit it gives back was lost already).
 
@@ -194,7 +194,7 @@ class _SemaphoreCore(Primitive):
         # Permits come off the local books before the I/O, so the local count never
         # exceeds Redis's and the renewer never sees a permit Redis lacks unless it
         # really was lost.
-        own, lost = self._drop(owner, n, release.ended)
+        own, lost = self._release_locally(owner, n, release.ended)
         if lost:
             raise self._lost_error()
         if own:
@@ -209,7 +209,7 @@ class _SemaphoreCore(Primitive):
             others = [o for o, h in holds if o != owner and not h.lost]
             others += [o for o, h in holds if o != owner and h.lost]
             for other in others:
-                taken, was_lost = self._drop(other, left, release.ended)
+                taken, was_lost = self._release_locally(other, left, release.ended)
                 left -= taken
                 if was_lost:
                     release.give -= taken
@@ -288,7 +288,7 @@ class _SemaphoreCore(Primitive):
         self._unreserve(release, since)
         return self._translate(exc)
 
-    def _finish_release(
+    def _finish_permit_release(
         self, release: "_Release", since: float, reply: Reply
     ) -> Optional["_Release"]:
         """The I/O-free end of one release call: None when done, or the release to send
@@ -337,7 +337,7 @@ class _SemaphoreCore(Primitive):
                 hold.granted = granted
 
     def _release_steps(self, begun: Optional["_Release"], stream: str) -> ReleaseSteps:
-        """The round trips of a release that :meth:`_begin_release` began, written once
+        """The round trips of a release that :meth:`_begin_permit_release` began, written once
         for both drivers (see :mod:`._engine.dialogue`): yields each ``(call, op id)``
         (the op id drawn on ``stream``) and is sent its reply.
 
@@ -359,7 +359,7 @@ class _SemaphoreCore(Primitive):
                     raise self._release_refused(step, since, exc) from None
                 # On any other error (connection...) the reserved permits stay dropped
                 # locally, as RLock's release does: renewal stops and their lease runs out.
-                step = self._finish_release(step, since, reply)
+                step = self._finish_permit_release(step, since, reply)
                 self._deliver(reply, sent)
         except (RLocksError, ValueError, TypeError):
             raise  # refused or lost: decided above, the books are as they should be
@@ -470,7 +470,7 @@ class Semaphore(_SemaphoreCore, SyncPrimitive):
         """
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         try:
-            return self._take(self._owner(), 1, wait)
+            return self._acquire(self._owner(), 1, wait)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
@@ -497,7 +497,7 @@ class Semaphore(_SemaphoreCore, SyncPrimitive):
         own, everywhere = self._books(owner)
         begun: Optional[_Release] = None
         try:
-            begun = self._begin_release(owner, n)
+            begun = self._begin_permit_release(owner, n)
             # The callback has an interrupted read fenced (see scripts.Call).
             drive(self._release_steps(begun, owner),
                   lambda step: step[0](self._client, _ignore, step[1]))

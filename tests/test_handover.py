@@ -872,10 +872,10 @@ def test_a_grant_is_kept_unadopted_only_when_it_is_surely_this_waits_and_young(
     waiter's last QUEUED reply reported (an older line, read late, is of a grant made
     before, maybe revoked since), most of the entry lease must be left, something must
     renew it, and a semaphore (whose hold does not prove its grant) always adopts."""
-    from rlocks._engine.queued import RENEW_SLACK, _short_lease_end, _Take
+    from rlocks._engine.queued import RENEW_SLACK, _AcquireState, _short_lease_end
 
     lock = rlocks.RLock(name, client=client, namespace=NS, entry_lease=3.0)
-    st = _Take()
+    st = _AcquireState()
     assert _short_lease_end(lock, st, 5) is None  # never queued: no basis
     now = time.monotonic()
     st.basis = (now, 100)

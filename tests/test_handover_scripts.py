@@ -136,10 +136,10 @@ def sem(client: "redis.Redis[bytes]", name: str) -> _Prim:
     return _Prim(client, "sem", name)
 
 
-# rlock acquire: owner, entry, ttl, add, reentry, wait
+# rlock acquire: owner, entry, ttl, add, reentry, queue
 def _racq(p: _Prim, now: Optional[int], owner: str, add: int = 1, reentry: int = 0,
-          wait: int = 1, ttl: int = 30000) -> Any:
-    return p.call("acquire", now, owner, owner.split(".")[0], ttl, add, reentry, wait)
+          queue: int = 1, ttl: int = 30000) -> Any:
+    return p.call("acquire", now, owner, owner.split(".")[0], ttl, add, reentry, queue)
 
 
 # --- RLock ---------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_rlock_try_does_not_queue_and_fair_acquirer_does_not_barge(
 ) -> None:
     rl = _Prim(client, "rlock", name, elease=60000)
     assert _racq(rl, T0, "p1.a")[0] == 1
-    assert _racq(rl, T0, "p2.a", wait=0) == [0, 30000, 0, []]
+    assert _racq(rl, T0, "p2.a", queue=0) == [0, 30000, 0, []]
     assert rl.queue() == []
     assert _racq(rl, T0, "p2.a")[0] == 3
     # p1's hold expires; nobody released. A fair newcomer still queues behind p2, and
@@ -348,8 +348,8 @@ def test_spublish_is_used_when_asked(client: "redis.Redis[bytes]", name: str) ->
 
 
 def _wacq(p: _Prim, now: int, owner: str, side: str, add: int = 1, reentry: int = 0,
-          wait: int = 1, ttl: int = 30000) -> Any:
-    return p.call("acquire", now, owner, owner.split(".")[0], side, ttl, add, reentry, wait)
+          queue: int = 1, ttl: int = 30000) -> Any:
+    return p.call("acquire", now, owner, owner.split(".")[0], side, ttl, add, reentry, queue)
 
 
 def test_rw_fifo_groups_readers_and_never_starves_a_side(rw: _Prim) -> None:
@@ -404,10 +404,10 @@ def test_rw_leaving_writer_lets_readers_behind_it_in(rw: _Prim) -> None:
 # --- Semaphore -----------------------------------------------------------------------
 
 
-def _sacq(p: _Prim, now: int, waiter: str, take: int = 1, wait: int = 1,
+def _sacq(p: _Prim, now: int, waiter: str, take: int = 1, queue: int = 1,
           ttl: int = 30000) -> Any:
     """Permits are the taking thread's: owner = waiter."""
-    return p.call("acquire", now, waiter, waiter, waiter.split(".")[0], ttl, take, wait)
+    return p.call("acquire", now, waiter, waiter, waiter.split(".")[0], ttl, take, queue)
 
 
 def test_sem_strict_fifo_and_batch_handover(sem: _Prim) -> None:
@@ -534,7 +534,7 @@ _BAD = [
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1.5, 1, 0, 1], "ttl"),
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 0, 0, 1], "add"),
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 2, 1], "reentry"),
-    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 0], "wait"),
+    ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 0], "queue"),
     ("rlock", "release", ["", PUB, 1, ELEASE, "o", -1], "holds"),
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "h"], "items"),
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "r", "o"], "item kind"),
@@ -720,7 +720,7 @@ class Model:
         return [status, value, aux, self.wakes]
 
     def acquire(self, owner: str, waiter: str, entry: str, side: str, ttl: int, add: int,
-                reentry: int, wait: int) -> List[Any]:
+                reentry: int, queue: int) -> List[Any]:
         self.wakes = []
         self.purge()
         m = self.markers.pop(waiter, None)
@@ -751,7 +751,7 @@ class Model:
                 self.remove_entry(entry)
             count, end = self.grant(side, owner, add, self.now + ttl)
             return self.done(1, count, end - self.now)
-        if not wait:
+        if not queue:
             self.handover()
             return [0, self.earliest(), len(self.queue), self.wakes]
         old = self.entries.get(entry, {"k": 0, "p": 0})
@@ -895,15 +895,15 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
         owner = waiter
         if op[0] == "acq":
             side = op[3] if kind == "rw" else ("s" if kind == "sem" else "x")
-            add, wait, reentry, ttl = op[4], op[5], op[6], op[7] * UNIT
+            add, queue, reentry, ttl = op[4], op[5], op[6], op[7] * UNIT
             if kind == "sem":
-                got = p.call("acquire", now, owner, waiter, proc, ttl, add, wait)
+                got = p.call("acquire", now, owner, waiter, proc, ttl, add, queue)
                 reentry = 0
             elif kind == "rw":
-                got = p.call("acquire", now, owner, proc, side, ttl, add, reentry, wait)
+                got = p.call("acquire", now, owner, proc, side, ttl, add, reentry, queue)
             else:
-                got = p.call("acquire", now, owner, proc, ttl, add, reentry, wait)
-            want = m.acquire(owner, waiter, proc, side, ttl, add, reentry, wait)
+                got = p.call("acquire", now, owner, proc, ttl, add, reentry, queue)
+            want = m.acquire(owner, waiter, proc, side, ttl, add, reentry, queue)
         elif op[0] == "rel":
             if kind == "sem":
                 pairs = [(owner, op[4])] if op[5] else []  # none: by nobody's permit

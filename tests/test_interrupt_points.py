@@ -162,7 +162,7 @@ def state(direct: "redis.Redis[bytes]", prim: Any, key: str, field: str) -> Tupl
 def reset(direct: "redis.Redis[bytes]", prim: Any, key: str) -> None:
     """Start again from nothing after a failed point (so later points are judged alone)."""
     for owner in list(prim._holds):
-        prim._drop(owner, 10**6)
+        prim._release_locally(owner, 10**6)
     renewer = prim._renewer()
     for lease in list(renewer._leases.values()):
         if lease.ref() is prim:
@@ -258,7 +258,7 @@ def test_interrupt_at_every_point_of_acquire_leaves_no_hold(
 
     try:
         points, failures = visit_every_point(
-            direct, prim, key, field, prim.acquire, setup, expect, (inspect.unwrap(Primitive._take).__code__,)
+            direct, prim, key, field, prim.acquire, setup, expect, (inspect.unwrap(Primitive._acquire).__code__,)
         )
         assert not failures, f"{len(failures)} bad points:\n" + "\n".join(failures)
         assert points > 30, f"only {points} points: is the tracer seeing the acquire?"
@@ -286,7 +286,7 @@ def test_interrupt_at_every_point_of_release_leaves_books_and_redis_agreeing(
     prim, key, field = make(kind, name, direct)
     for script in (prim._acquire_script, prim._release_script, prim._renew_script):
         direct.script_load(script.source)
-    stop = (inspect.unwrap(Primitive._give_back).__code__, Semaphore.release.__code__)
+    stop = (inspect.unwrap(Primitive._release).__code__, Semaphore.release.__code__)
 
     def setup() -> None:
         while prim._held(thread_owner()) > outer + 1:

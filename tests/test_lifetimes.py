@@ -170,7 +170,7 @@ def test_a_lease_added_and_cancelled_while_the_renewer_slept_restarts_its_idle_t
     renewer = renewal.Renewer()
     now = [1000.0]
     monkeypatch.setattr(renewal, "monotonic", lambda: now[0])
-    renewer._thread = threading.current_thread()  # a running stand-in: add() starts none
+    renewer._runner = threading.current_thread()  # a running stand-in: add() starts none
     idle_since = now[0] - 2 * renewal.IDLE_EXIT  # idle for long, asleep
     owner = _Holder()
     lease = renewer.add(owner, "o", 30.0, now[0])
@@ -179,12 +179,12 @@ def test_a_lease_added_and_cancelled_while_the_renewer_slept_restarts_its_idle_t
     with renewer._mutex:
         due, pause, _ = renewer._schedule_locked(now[0], idle_since)
     assert due == [] and pause is not None, "the renewer exited right after being used"
-    assert renewer._thread is not None
+    assert renewer._runner is not None
     # With no further use it does exit, IDLE_EXIT after that last use.
     now[0] += renewal.IDLE_EXIT
     with renewer._mutex:
         assert renewer._schedule_locked(now[0], idle_since)[1] is None
-    assert renewer._thread is None
+    assert renewer._runner is None
 
 
 def test_a_hand_over_grant_wakes_the_renewer_only_if_its_next_wake_is_too_late(
@@ -197,7 +197,7 @@ def test_a_hand_over_grant_wakes_the_renewer_only_if_its_next_wake_is_too_late(
     renewer = renewal.Renewer()
     now = [1000.0]
     monkeypatch.setattr(renewal, "monotonic", lambda: now[0])
-    renewer._thread = threading.current_thread()  # a running stand-in: add() starts none
+    renewer._runner = threading.current_thread()  # a running stand-in: add() starts none
     woken = []
     monkeypatch.setattr(renewer, "_notify_locked", lambda: woken.append(now[0]))
     owner = _Holder()
@@ -230,7 +230,7 @@ def test_after_a_message_the_hub_goes_straight_back_to_its_blocking_read(
     message that woke a waiter, its next step is the blocking read, not a poll for more.
     The woken thread needs the GIL, which the hub thread gives up only in that read."""
     hub = wakehub.WakeHub(client, "rlocks-test")
-    hub._thread = threading.current_thread()  # a running stand-in: register() starts none
+    hub._runner = threading.current_thread()  # a running stand-in: register() starts none
     monkeypatch.setattr(hub, "_nudge", lambda: None)
     mine = f"{rlocks._engine.identity.process_token()}:1:1"
     waiter = hub.register("chan", mine)

@@ -81,8 +81,8 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     # This client's own hub and renewer, with the contender parked in the hub: threads of
     # other pools bear the same names, so names alone proved nothing.
     hub, renewer = hub_for(client, NAMESPACE), renewer_for(client)
-    wait_until(lambda: len(hub_waiters(lock)) == 1 and not stopped(hub._thread)
-               and not stopped(renewer._thread), 60, "this client's renewer and wake-up hub")
+    wait_until(lambda: len(hub_waiters(lock)) == 1 and not stopped(hub._runner)
+               and not stopped(renewer._runner), 60, "this client's renewer and wake-up hub")
     lock.release()
     contender.join(60)
     assert not contender.is_alive()

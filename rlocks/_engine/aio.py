@@ -34,7 +34,7 @@ from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, po
 from .clock import monotonic
 from .dialogue import adrive
 from .primitive import Primitive
-from .queued import CALL, READ, WAIT, Op, Steps, take_steps
+from .queued import CALL, READ, WAIT, Op, Steps, acquire_steps
 from .quorum import Quorum
 from .reentrant import OwnerViews
 from .renewal import Item, Renewer
@@ -110,7 +110,7 @@ class AsyncWakeHub(WakeHub):
     _lock_type = asyncio.Lock
 
     def _start_locked(self) -> None:
-        self._thread = _loop().create_task(self._arun(), name="rlocks-wakeup-hub")
+        self._runner = _loop().create_task(self._arun(), name="rlocks-wakeup-hub")
 
     def _nudge(self) -> None:
         _background(self._anudge())
@@ -179,7 +179,7 @@ class AsyncRenewer(Renewer):
 
     def _start_locked(self) -> None:
         self._event = asyncio.Event()
-        self._thread = _loop().create_task(self._arun(), name="rlocks-renewer")
+        self._runner = _loop().create_task(self._arun(), name="rlocks-renewer")
 
     def _notify_locked(self) -> None:
         if self._event is not None:
@@ -280,7 +280,7 @@ class AsyncPrimitive(Primitive):
 
     Combined with a primitive's I/O-free definition (its kind, scripts and arguments), it
     swaps the client check and the renewer and provides awaited versions of the engine's
-    operations (``_atake``, ``_agive_back``, ``_arun_call``); the asyncio twins' public
+    operations (``_aacquire``, ``_arelease``, ``_arun_call``); the asyncio twins' public
     methods are thin ``async def`` wrappers around them. It is *not* a subclass of the
     synchronous primitives: an asyncio lock is never mistaken for a threading one.
     """
@@ -385,7 +385,7 @@ class AsyncPrimitive(Primitive):
         # Through clients.io_client: bounded, never re-sent by redis-py.
         client = io_client(self._aclient())
         args = call.args if op is None else with_op(call.args, op)
-        return await arun(client, call.script, call.keys, args, call.wait)
+        return await arun(client, call.script, call.keys, args, call.replication)
 
     def _local_hub(self) -> Any:
         per_loop = _hubs.get(_loop())
@@ -444,22 +444,22 @@ class AsyncPrimitive(Primitive):
         return await _wait_event(op.waiter.channel.confirmed, op.timeout)
 
     @metrics.measure_async_acquire
-    async def _atake(self, owner: str, count: int, wait: Optional[float]) -> bool:
-        """:meth:`Primitive._take`, awaited; cancellation-safe (see the module doc)."""
+    async def _aacquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        """:meth:`Primitive._acquire`, awaited; cancellation-safe (see the module doc)."""
         if isinstance(self._client, Quorum):
-            return await self._aquorum_take(self._client, owner, count, wait)
+            return await self._aquorum_acquire(self._client, owner, count, wait)
         hub = self._ahub() if wait != 0.0 else None
-        return await self._adrive(take_steps(self, owner, count, wait, hub))
+        return await self._adrive(acquire_steps(self, owner, count, wait, hub))
 
-    async def _aquorum_take(
+    async def _aquorum_acquire(
         self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
     ) -> bool:
-        """:meth:`Primitive._quorum_take`, awaited. A try cancelled in flight still
+        """:meth:`Primitive._quorum_acquire`, awaited. A try cancelled in flight still
         reads every master's answer and gives back what they granted."""
-        self._check_take(owner)
+        self._check_acquire(owner)
         reentry = self._held(owner) > 0
         call = self._acquire_call(owner, count, reentry, None)
-        undo = self._undo_call(owner, count)
+        undo = self._release_call(owner, count)
         first = monotonic()
         deadline = None if wait is None else first + wait
         base = 0.0
@@ -496,7 +496,7 @@ class AsyncPrimitive(Primitive):
                     return True
                 if give_back:
                     gave = await asyncio.shield(agather(quorum, self._on(undo), give_back))
-                    self._quorum_gave_back(owner, gave)
+                    self._log_failed_releases(owner, gave)
                 if refusal is not None:
                     raise refusal
                 pause = self._quorum_pause(quorum, results, wait, deadline, base)
@@ -513,7 +513,9 @@ class AsyncPrimitive(Primitive):
         """``call`` as a function of one master's client (bounded, never re-sent)."""
 
         async def run_on(client: Any) -> Reply:
-            return await arun(io_client(client), call.script, call.keys, call.args, call.wait)
+            return await arun(
+                io_client(client), call.script, call.keys, call.args, call.replication
+            )
 
         return run_on
 
@@ -534,9 +536,9 @@ class AsyncPrimitive(Primitive):
             if call.script is self._release_script:
                 quorum.released()
 
-    async def _agive_back(self, owner: str, count: int) -> int:
-        """:meth:`Primitive._give_back`, awaited; returns the holds left in Redis."""
-        call = self._begin_give_back(owner, count)
+    async def _arelease(self, owner: str, count: int) -> int:
+        """:meth:`Primitive._release`, awaited; returns the holds left in Redis."""
+        call = self._begin_release(owner, count)
         sent = serial()
         op = new_op(op_stream())
         try:
@@ -548,7 +550,7 @@ class AsyncPrimitive(Primitive):
             if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
                 self._unsettle(owner, count, op)
             raise
-        self._finish_give_back(owner, count, reply)
+        self._finish_release(owner, count, reply)
         self._deliver(reply, sent)
         return reply.holds
 
@@ -578,7 +580,7 @@ class AsyncReentrantLock(AsyncPrimitive, OwnerViews):
         """
         seconds = -1 if timeout is None else timeout
         wait = checks.lock_wait(blocking, seconds, self._label, self._name)
-        return await self._atake(self._owner(), 1, wait)
+        return await self._aacquire(self._owner(), 1, wait)
 
     async def release(self) -> None:
         """Release one level of the running task's hold (awaited: it is a round trip).
@@ -586,13 +588,13 @@ class AsyncReentrantLock(AsyncPrimitive, OwnerViews):
         Raises RuntimeError (NotOwnedError) when the task does not hold the lock, without
         I/O; LockLostError when its hold had already ended in Redis.
         """
-        await self._agive_back(self._owner(), 1)
+        await self._arelease(self._owner(), 1)
 
     async def __aenter__(self) -> None:
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if not self._unwound_quietly(exc, self._owner()):
+        if not self._exit_reported_loss(exc, self._owner()):
             await self.release()
 
     async def extend(self, ttl: Optional[float] = None) -> None:

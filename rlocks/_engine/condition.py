@@ -432,17 +432,17 @@ async def _arelease_save(lock: Any, owner: str) -> Tuple[int, int]:
     tokens = lock._tokens_held(owner)  # put back after a refusal (see _release_save)
     inner_tokens = inner._tokens_held(owner) if inner is not None else (None, None)
     if inner is not None and inner_count:
-        left = await inner._agive_back(owner, inner_count)
+        left = await inner._arelease(owner, inner_count)
         if left:
-            await inner._atake(owner, inner_count, None)  # still held: a re-entry, at once
+            await inner._aacquire(owner, inner_count, None)  # still held: a re-entry, at once
             inner._put_tokens(owner, inner_tokens)
             raise inner._foreign_levels(owner, left)
-    left = await lock._agive_back(owner, count)
+    left = await lock._arelease(owner, count)
     if left:
-        await lock._atake(owner, count, None)
+        await lock._aacquire(owner, count, None)
         lock._put_tokens(owner, tokens)
         if inner is not None and inner_count:
-            await inner._atake(owner, inner_count, None)  # the writer's read: at once
+            await inner._aacquire(owner, inner_count, None)  # the writer's read: at once
             inner._put_tokens(owner, inner_tokens)
         raise lock._foreign_levels(owner, left)
     return count, inner_count
@@ -462,7 +462,7 @@ async def _aacquire_restore(lock: Any, owner: str, saved: Tuple[int, int]) -> No
             continue
         while True:
             try:
-                await target._atake(owner, levels, None)
+                await target._aacquire(owner, levels, None)
                 break
             except asyncio.CancelledError as exc:
                 cancelled = exc

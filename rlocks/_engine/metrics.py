@@ -358,8 +358,8 @@ def _acquired(
 
 
 Owner = TypeVar("Owner")
-Take = Callable[[Owner, str, int, Optional[float]], bool]
-AsyncTake = Callable[[Owner, str, int, Optional[float]], Awaitable[bool]]
+AcquireFn = Callable[[Owner, str, int, Optional[float]], bool]
+AsyncAcquireFn = Callable[[Owner, str, int, Optional[float]], Awaitable[bool]]
 
 
 class _Measured:
@@ -382,31 +382,31 @@ class _Measured:
                   self.granted and exc is None, exc)
 
 
-def measure_acquire(take: Take[Owner]) -> Take[Owner]:
-    """Decorate a primitive's ``_take``: its duration, outcome and wait are recorded."""
+def measure_acquire(inner: AcquireFn[Owner]) -> AcquireFn[Owner]:
+    """Decorate a primitive's ``_acquire``: its duration, outcome and wait are recorded."""
 
-    @functools.wraps(take)
+    @functools.wraps(inner)
     def measured(self: Owner, owner: str, count: int, wait: Optional[float]) -> bool:
         instruments = _instruments if _resolved else _resolve()
         if instruments is None:
-            return take(self, owner, count, wait)
+            return inner(self, owner, count, wait)
         with _Measured(instruments, self) as acquire:
-            acquire.granted = take(self, owner, count, wait)
+            acquire.granted = inner(self, owner, count, wait)
         return acquire.granted
 
     return measured
 
 
-def measure_async_acquire(take: AsyncTake[Owner]) -> AsyncTake[Owner]:
-    """:func:`measure_acquire` for an asyncio primitive's ``_atake``."""
+def measure_async_acquire(inner: AsyncAcquireFn[Owner]) -> AsyncAcquireFn[Owner]:
+    """:func:`measure_acquire` for an asyncio primitive's ``_aacquire``."""
 
-    @functools.wraps(take)
+    @functools.wraps(inner)
     async def measured(self: Owner, owner: str, count: int, wait: Optional[float]) -> bool:
         instruments = _instruments if _resolved else _resolve()
         if instruments is None:
-            return await take(self, owner, count, wait)
+            return await inner(self, owner, count, wait)
         with _Measured(instruments, self) as acquire:
-            acquire.granted = await take(self, owner, count, wait)
+            acquire.granted = await inner(self, owner, count, wait)
         return acquire.granted
 
     return measured

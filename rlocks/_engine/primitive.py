@@ -46,7 +46,7 @@ from .constructors import public_init
 from .deadlock import Detector
 from .dialogue import drive
 from .keys import PrimitiveKeys, keys_for
-from .queued import CALL, READ, WAIT, Op, Steps, take_steps
+from .queued import CALL, READ, WAIT, Op, Steps, acquire_steps
 from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewable, Renewer, renewer_for
 from .scripts import (
@@ -56,9 +56,9 @@ from .scripts import (
     UPGRADE,
     Arg,
     Call,
+    Replication,
     Reply,
     Script,
-    Wait,
     foreign,
     new_op,
     stamped,
@@ -103,7 +103,7 @@ _MAX_UNSETTLED = 1024
 # Hand-over grants this process recorded without adopting them on the server (the fast
 # path of queued._handed): (hash key, owner) -> when (monotonic) the grant's short lease
 # ends at the earliest; the renewer adopts it before. Another object of the name that
-# acquires for that owner meanwhile adopts first (queued._take): its plain acquire would
+# acquires for that owner meanwhile adopts first (queued._acquire): its plain acquire would
 # otherwise be answered as a waiter's re-check, ADOPTED with nothing added. Not keyed by
 # pool: that object may be on another client (an adoption where there is no grant is
 # harmless, so a same-named key on another server costs one call at most). Past
@@ -211,7 +211,7 @@ class Primitive(Renewable):
         "_holds",
         "_publish",
         "_calls",
-        "_wait",
+        "_replication",
         "_fair",
         "_deadlock_timeout",
         "_entry_ms",
@@ -285,13 +285,15 @@ class Primitive(Renewable):
             )
         client = self._resolve_client(options.client)
         self._client = client
-        self._wait = checks.replication(options.replicas, options.replica_wait, label, name)
-        if self._wait is not None and isinstance(client, Quorum):
+        self._replication = checks.replication(
+            options.replicas, options.replica_wait, label, name
+        )
+        if self._replication is not None and isinstance(client, Quorum):
             raise ValueError(
                 f"{label}({name!r}): replicas= is not supported with a Quorum: the masters "
                 "are meant to be independent (no replicas to wait for)"
             )
-        if self._wait is not None and is_cluster(client):
+        if self._replication is not None and is_cluster(client):
             raise ValueError(
                 f"{label}({name!r}): replicas= is not supported on Redis Cluster clients "
                 "(WAIT has no key to be routed by); see docs/operations.md"
@@ -487,7 +489,7 @@ class Primitive(Renewable):
         """KEYS and ARGV of the release script giving back ``count`` of ``owner``'s own
         holds, never more (the engine gives back exact counts, see
         ``ReentrantLock._release_save``): the locks' release, and what every primitive
-        gives back of a grant it does not keep (:meth:`_undo_call`)."""
+        gives back of a grant it does not keep (:meth:`_release_call`)."""
         raise NotImplementedError
 
     def _renew_arguments(
@@ -496,7 +498,7 @@ class Primitive(Renewable):
         """KEYS and ARGV of the renew script, for a lease of ``lease_ms`` (default ``ttl``)."""
         raise NotImplementedError
 
-    def _check_take(self, owner: str) -> None:
+    def _check_acquire(self, owner: str) -> None:
         """Refuse an acquire before any I/O (raise); by default, re-entering a lost hold."""
         hold = self._holds.get(owner)
         if hold is not None and hold.lost:
@@ -605,7 +607,7 @@ class Primitive(Renewable):
             ("acquire", owner, count, reentry, entry),
             self._acquire_script,
             lambda: self._acquire_arguments(owner, count, reentry, entry),
-            self._wait,
+            self._replication,
         )
 
     def _leave_arguments(
@@ -638,7 +640,7 @@ class Primitive(Renewable):
     def _items_call(self, items: Sequence[str], lease_ms: Optional[int] = None) -> Call:
         """A renew script call for ``items`` (pairs kind, id) with a lease of ``lease_ms``."""
         args = (*self._context(), lease_ms or self._ttl_ms, *items)
-        return Call(self._renew_script, self._keys.queued(), args, self._wait)
+        return Call(self._renew_script, self._keys.queued(), args, self._replication)
 
     def _acquire_check(self, owner: str) -> Optional[Call]:
         """After a lost acquire reply: whether ``owner`` holds (item 1 = yes), adopting a
@@ -733,7 +735,7 @@ class Primitive(Renewable):
         key: Hashable,
         script: Script,
         build: Callable[[], Tuple[Sequence[str], Sequence[Arg]]],
-        wait: Wait = None,
+        replication: Replication = None,
     ) -> Call:
         """The cached :class:`Call` for ``key`` (``build`` gives its KEYS and ARGV once)."""
         call = self._calls.get(key)
@@ -742,10 +744,10 @@ class Primitive(Renewable):
             if len(self._calls) >= _MAX_CALLS:
                 # Owners are threads, and threads come and go: keep the cache bounded.
                 self._calls.clear()
-            call = self._calls[key] = Call(script, keys, args, wait)
+            call = self._calls[key] = Call(script, keys, args, replication)
         return call
 
-    def _undo_call(self, owner: str, count: int) -> Call:
+    def _release_call(self, owner: str, count: int) -> Call:
         """Give back exactly ``count`` holds granted but not kept (cancelled, unreplicated):
         the release of those levels, never more (the owner may hold outer levels of a
         lock, or earlier permits of a semaphore)."""
@@ -765,20 +767,21 @@ class Primitive(Renewable):
         """Whether a hand-over grant to ``owner`` needs a round trip before it is kept, to
         run the checks of ``_grant_refusal`` (no I/O): with ``replicas=``, whose WAIT the
         releaser's script did not run."""
-        return self._wait is not None
+        return self._replication is not None
 
     def _short_of_replicas(self, reply: Reply) -> bool:
         """Whether a grant was acknowledged by fewer replicas than ``replicas=`` asks."""
-        return reply.granted and self._wait is not None and reply.replicas < self._wait[0]
+        wanted = self._replication
+        return reply.granted and wanted is not None and reply.replicas < wanted[0]
 
     def _replication_error(self, reply: Reply) -> ReplicationError:
-        assert self._wait is not None
+        assert self._replication is not None
         return ReplicationError(
-            f"{self._describe()} was granted, but only {reply.replicas} of {self._wait[0]} "
-            f"replicas acknowledged it within {self._wait[1]} ms; it was given back",
+            f"{self._describe()} was granted, but only {reply.replicas} of {self._replication[0]} "
+            f"replicas acknowledged it within {self._replication[1]} ms; it was given back",
             name=self._name,
             acknowledged=reply.replicas,
-            required=self._wait[0],
+            required=self._replication[0],
         )
 
     # -- local bookkeeping (no I/O) ------------------------------------------------------
@@ -888,10 +891,10 @@ class Primitive(Renewable):
 
     def _record_release(self, owner: str, count: int) -> int:
         """Drop ``count`` local holds of ``owner``; returns how many are left."""
-        self._drop(owner, count)
+        self._release_locally(owner, count)
         return self._held(owner)
 
-    def _drop(
+    def _release_locally(
         self, owner: str, most: int, ended: Optional[Dict[str, float]] = None
     ) -> Tuple[int, bool]:
         """Drop up to ``most`` local holds of ``owner``, before or after the Redis call.
@@ -967,21 +970,21 @@ class Primitive(Renewable):
     # -- the shared operations -----------------------------------------------------------
 
     @metrics.measure_acquire
-    def _take(self, owner: str, count: int, wait: Optional[float]) -> bool:
+    def _acquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
         """Acquire ``count`` holds for ``owner``; wait ``wait`` s (``None``: forever, 0: no).
 
-        Returns whether it was granted. Raises what ``_check_take`` raises before any I/O
+        Returns whether it was granted. Raises what ``_check_acquire`` raises before any I/O
         (LockLostError when the owner's earlier hold is known lost and not yet released),
         what ``_refused`` returns when the script answers not-owner (LockLostError for a
         re-entry whose hold ended unnoticed: re-entering a critical section that is no
         longer protected would hide the loss), and Redis errors.
         """
         if isinstance(self._client, Quorum):
-            return self._quorum_take(self._client, owner, count, wait)
+            return self._quorum_acquire(self._client, owner, count, wait)
         hub = self._hub() if wait != 0.0 else None
         mark = self._books(owner)  # what the local books say before this acquire
         try:
-            return self._drive(take_steps(self, owner, count, wait, hub))
+            return self._drive(acquire_steps(self, owner, count, wait, hub))
         except RLocksError:
             raise  # a refusal: nothing granted is kept
         except BaseException as exc:
@@ -995,16 +998,18 @@ class Primitive(Renewable):
 
     # -- a quorum of masters (see :mod:`.quorum`) ----------------------------------------
 
-    def _quorum_take(self, quorum: Quorum, owner: str, count: int, wait: Optional[float]) -> bool:
-        """``_take`` on a quorum: single tries on every master at once, until a majority
+    def _quorum_acquire(
+        self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
+    ) -> bool:
+        """``_acquire`` on a quorum: single tries on every master at once, until a majority
         grants within the validity window (or the wait ends); see :mod:`.quorum`.
 
         Each try's minority grants are given back at once, on those masters only (a
-        failure there leaves them to their lease). Raises what ``_take`` raises: a
+        failure there leaves them to their lease). Raises what ``_acquire`` raises: a
         re-entry that a majority refuses is a lost hold; when too few masters answered
         at the last try, the first of their errors.
         """
-        self._check_take(owner)
+        self._check_acquire(owner)
         reentry = self._held(owner) > 0
         call = self._acquire_call(owner, count, reentry, None)
         first = monotonic()
@@ -1022,7 +1027,8 @@ class Primitive(Renewable):
                 self._record_grant(owner, count, since, tokens=self._quorum_tokens(results))
                 return True
             if give_back:
-                self._quorum_gave_back(owner, quorum.map(self._undo_call(owner, count), give_back))
+                undo = quorum.map(self._release_call(owner, count), give_back)
+                self._log_failed_releases(owner, undo)
             if refusal is not None:
                 raise refusal
             pause = self._quorum_pause(quorum, results, wait, deadline, base)
@@ -1069,7 +1075,7 @@ class Primitive(Renewable):
     ) -> None:
         """The answers of a try whose caller was interrupted (a signal handler raised):
         give back, one master after another, what they granted; nobody records it."""
-        undo = self._undo_call(owner, count)
+        undo = self._release_call(owner, count)
         for master, result in zip(quorum.masters, results):
             if isinstance(result, Reply) and result.granted:
                 try:
@@ -1078,7 +1084,7 @@ class Primitive(Renewable):
                     log.warning("%s: interrupted grant of %s left to its lease",
                                 self._describe(), owner)
 
-    def _quorum_gave_back(self, owner: str, results: Sequence[Any]) -> None:
+    def _log_failed_releases(self, owner: str, results: Sequence[Any]) -> None:
         for result in results:
             if isinstance(result, Exception):
                 log.warning("%s: a minority grant of %s left to its lease: %s",
@@ -1138,7 +1144,7 @@ class Primitive(Renewable):
                 "%s: %s waited %.3f s, %s", self._describe(), owner, monotonic() - since, outcome
             )
 
-    def _finish_take(self, owner: str, count: int, reply: Reply, since: float) -> bool:
+    def _finish_acquire(self, owner: str, count: int, reply: Reply, since: float) -> bool:
         """The I/O-free end of an acquire: record a grant, or raise a refusal."""
         if reply.not_owner:
             raise self._refused(owner, self._held(owner) > 0)
@@ -1221,7 +1227,7 @@ class Primitive(Renewable):
             while len(_unsettled) > _MAX_UNSETTLED:
                 _unsettled.popitem(last=False)
 
-    def _take_unsettled(self, owner: str) -> List[Tuple[int, str, bool]]:
+    def _pop_unsettled(self, owner: str) -> List[Tuple[int, str, bool]]:
         """The failed calls of ``owner`` to settle before its acquire, as (levels, op id,
         grant) (forgotten here: a failed settlement puts them back). No I/O."""
         with _bookkeeping:
@@ -1275,14 +1281,14 @@ class Primitive(Renewable):
                 return  # the owner holds nothing here: nothing to give back
             excess = min(most, int(held) - self._held_by_all_objects(owner))
             if excess > 0:
-                self._undo_call(owner, excess)(self._client)
+                self._release_call(owner, excess)(self._client)
                 log.debug("%s: %d interrupted level(s) of %s given back",
                           self._describe(), excess, owner)
         except BaseException:  # noqa: BLE001 - the first exception is what propagates
             log.warning("%s: interrupted operation of %s left to its lease",
                         self._describe(), owner)
 
-    def _give_back(self, owner: str, count: int) -> int:
+    def _release(self, owner: str, count: int) -> int:
         """Release ``count`` of ``owner``'s holds (the exclusive-owner release); returns
         the holds ``owner`` has left in Redis (through any object of this name).
 
@@ -1295,7 +1301,7 @@ class Primitive(Renewable):
         server-side hold ends with its lease at the latest; the error propagates.
         """
         own, everywhere = self._books(owner)
-        call = self._begin_give_back(owner, count)
+        call = self._begin_release(owner, count)
         sent = serial()
         client = self._client
         op = new_op(identity.thread_owner())
@@ -1309,7 +1315,7 @@ class Primitive(Renewable):
                 # The no-op callback has an interrupted read fenced (see Call): the script
                 # has then surely run when _reconcile looks.
                 reply = call(client, _ignore, op)
-            self._finish_give_back(owner, count, reply)
+            self._finish_release(owner, count, reply)
         except RLocksError:
             raise  # the hold was lost: reported, and dropped from the books
         except BaseException as exc:
@@ -1330,7 +1336,7 @@ class Primitive(Renewable):
         self._deliver(reply, sent)
         return reply.holds
 
-    def _begin_give_back(self, owner: str, count: int) -> Call:
+    def _begin_release(self, owner: str, count: int) -> Call:
         """The I/O-free start of a release: refuse what is not held or known lost."""
         hold = self._holds.get(owner)
         if hold is None or hold.count < count:
@@ -1346,7 +1352,7 @@ class Primitive(Renewable):
             lambda: self._release_arguments(owner, count),
         )
 
-    def _finish_give_back(self, owner: str, count: int, reply: Reply) -> None:
+    def _finish_release(self, owner: str, count: int, reply: Reply) -> None:
         """The I/O-free end of a release: drop the local holds, report a loss."""
         if reply.not_owner:
             self._hold_lost(owner, "its hold was gone at release")
@@ -1372,17 +1378,17 @@ class Primitive(Renewable):
             raise self._lost_error()
         # The renew script with an explicit lease: it never shortens a live lease, so a
         # short extend cannot cut a longer one another object of this owner relies on.
-        return Call(self._renew_script, *self._renew_arguments(owner, lease_ms), self._wait)
+        return Call(self._renew_script, *self._renew_arguments(owner, lease_ms), self._replication)
 
     def _finish_extend(self, owner: str, reply: Reply) -> None:
         """The I/O-free end of ``extend``: a hold found gone is reported lost and raised."""
         if reply.not_owner or not reply.items or reply.items[0] != 1:
             self._hold_lost(owner, "its hold was gone at extend")
             raise self._lost_error()
-        if self._wait is not None and reply.replicas < self._wait[0]:
+        if self._replication is not None and reply.replicas < self._replication[0]:
             log.warning(
                 "extend of %s acknowledged by %d of %d replicas",
-                self._describe(), reply.replicas, self._wait[0],
+                self._describe(), reply.replicas, self._replication[0],
             )
 
     def _extend(self, owner: str, ttl: Optional[float]) -> None:
@@ -1397,7 +1403,7 @@ class Primitive(Renewable):
         hold = self._holds.get(owner)
         return hold is not None and hold.count > 0 and not hold.lost
 
-    def _unwound_quietly(self, exc: Optional[BaseException], owner: str) -> bool:
+    def _exit_reported_loss(self, exc: Optional[BaseException], owner: str) -> bool:
         """For ``__exit__``: if an inner block already reported this primitive lost, drop
         one local level without raising the same news a second time (True); else False.
         """
@@ -1455,7 +1461,7 @@ class Primitive(Renewable):
 
 
 def _ignore(reply: Reply) -> None:
-    """An interrupted release's answer: nothing to do with it (see _give_back)."""
+    """An interrupted release's answer: nothing to do with it (see _release)."""
 
 
 def _did(reply: Reply) -> bool:
@@ -1488,5 +1494,5 @@ class SyncPrimitive(Primitive):
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if not self._unwound_quietly(exc, self._owner()):
+        if not self._exit_reported_loss(exc, self._owner()):
             self.release()

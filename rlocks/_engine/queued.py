@@ -60,7 +60,7 @@ from .wakehub import RECONNECT_BACKOFF, Waiter, WakeHub, serial
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive
 
-__all__ = ["CALL", "READ", "SUBSCRIBE", "WAIT", "Op", "Steps", "take_steps"]
+__all__ = ["CALL", "READ", "SUBSCRIBE", "WAIT", "Op", "Steps", "acquire_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,11 @@ class Op:
 #: Suffix of the op stream of a caller's calls that may grant (see ``_call``).
 GRANT_STREAM = "/g"
 
-#: What ``take_steps`` is: yields :class:`Op`, receives results, returns the outcome.
+#: What ``acquire_steps`` is: yields :class:`Op`, receives results, returns the outcome.
 Steps = Generator[Op, Any, bool]
 
 
-class _Take:
+class _AcquireState:
     """The dialogue's own state, visible to its clean-up."""
 
     __slots__ = ("op", "waiter", "queued", "entry", "entry_id", "detector", "basis", "began")
@@ -136,7 +136,7 @@ class _Take:
         self.began = False  # metrics count this acquire as waiting (see _waits)
 
 
-def take_steps(
+def acquire_steps(
     prim: "Primitive", owner: str, count: int, wait: Optional[float], hub: Optional[WakeHub]
 ) -> Steps:
     """Acquire ``count`` holds of ``prim`` for ``owner``, waiting ``wait`` s (``None``:
@@ -146,10 +146,10 @@ def take_steps(
     errors; on any exception (an interrupt or a cancel included) what was granted but
     not recorded is given back and a queued entry leaves, before the exception goes on.
     """
-    st = _Take()
+    st = _AcquireState()
     first = monotonic()
     try:
-        granted = yield from _take(prim, owner, count, wait, hub, st)
+        granted = yield from _acquire(prim, owner, count, wait, hub, st)
         if st.waiter is not None:
             prim._log_wait(owner, first, Reply(GRANTED if granted else BUSY, 0))
     except GeneratorExit:
@@ -167,7 +167,7 @@ def take_steps(
                     # release it, so give it back (as an unrecorded interrupted grant is).
                     prim._record_release(owner, count)
                     try:
-                        yield Op(CALL, prim._undo_call(owner, count))
+                        yield Op(CALL, prim._release_call(owner, count))
                     except BaseException:  # noqa: BLE001 - the first one propagates
                         log.debug("%s: grant of %s left to its lease", prim._describe(), owner)
                 raise
@@ -179,7 +179,7 @@ def take_steps(
             hub.unregister(st.waiter)
 
 
-def _call(st: _Take, call: Call) -> Op:
+def _call(st: _AcquireState, call: Call) -> Op:
     """A call that may grant (acquire, its re-check, an adoption), with its own op id.
 
     Its stream is the caller's with ``/g`` added (``lua/op_lib.lua`` keeps one record, the
@@ -191,7 +191,7 @@ def _call(st: _Take, call: Call) -> Op:
     return st.op
 
 
-def _waits(prim: "Primitive", st: _Take, since: float) -> None:
+def _waits(prim: "Primitive", st: _AcquireState, since: float) -> None:
     """The acquire called at ``since`` waits from now on (it was refused once, or is about
     to sleep or subscribe): the metrics count it as waiting, once. An acquire granted by
     its first call never waits, whichever call that was."""
@@ -200,16 +200,16 @@ def _waits(prim: "Primitive", st: _Take, since: float) -> None:
         metrics.wait_began(prim, since)
 
 
-def _take(
+def _acquire(
     prim: "Primitive",
     owner: str,
     count: int,
     wait: Optional[float],
     hub: Optional[WakeHub],
-    st: _Take,
+    st: _AcquireState,
 ) -> Steps:
-    prim._check_take(owner)
-    failed = prim._take_unsettled(owner)
+    prim._check_acquire(owner)
+    failed = prim._pop_unsettled(owner)
     if failed:
         yield from _settle(prim, owner, failed)
     if prim._adopt_first(owner):
@@ -263,7 +263,7 @@ def _take(
             error = yield from _detect(prim, det)
             if error is not None:
                 # The victim: unless a grant won the race (then no cycle is left), leave
-                # as at a deadline (take_steps' clean-up calls leave) and raise.
+                # as at a deadline (acquire_steps' clean-up calls leave) and raise.
                 if hub.claim(waiter, leaving=True) and (
                     yield from _handed(prim, owner, count, first, st)
                 ):
@@ -366,7 +366,7 @@ def _take(
 
 
 def _leave(
-    prim: "Primitive", owner: str, hub: WakeHub, waiter: Waiter, st: _Take
+    prim: "Primitive", owner: str, hub: WakeHub, waiter: Waiter, st: _AcquireState
 ) -> Generator[Op, Any, None]:
     """Take ``waiter`` out of the server's queue in one step (time-out, cancel, error).
 
@@ -429,16 +429,16 @@ def _drop_edge(det: deadlock.Detector) -> Generator[Op, Any, None]:
 
 
 def _granted(
-    prim: "Primitive", owner: str, count: int, reply: Reply, since: float, st: _Take
+    prim: "Primitive", owner: str, count: int, reply: Reply, since: float, st: _AcquireState
 ) -> Steps:
     """End of an answered acquire: record a grant (or give back one that cannot be
     kept), raise a refusal, or False for busy."""
     refusal = prim._grant_refusal(owner, count, reply) if reply.granted else None
     if refusal is not None:
-        yield _call(st, prim._undo_call(owner, count))
+        yield _call(st, prim._release_call(owner, count))
         st.op = None
         raise refusal
-    return prim._finish_take(owner, count, reply, since)
+    return prim._finish_acquire(owner, count, reply, since)
     yield  # pragma: no cover - makes this a generator
 
 
@@ -476,7 +476,7 @@ def _settle(
                     count, int(held) - prim._held_by_all_objects(owner)
                 )
                 if excess > 0:
-                    yield Op(CALL, prim._undo_call(owner, excess))
+                    yield Op(CALL, prim._release_call(owner, excess))
                     log.debug("%s: %d level(s) of %s a failed call left given back",
                               prim._describe(), excess, owner)
             left.pop(0)
@@ -486,7 +486,7 @@ def _settle(
         raise
 
 
-def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) -> Steps:
+def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _AcquireState) -> Steps:
     """Adopt and record a hand-over grant the hub (or a release reply) announced: one
     round trip (False: the grant's short lease had ended and it was revoked, so there is
     nothing to record), an acquire re-check instead when the grant must pass the checks
@@ -537,7 +537,7 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Take) 
     return True
 
 
-def _short_lease_end(prim: "Primitive", st: _Take, token: int) -> Optional[float]:
+def _short_lease_end(prim: "Primitive", st: _AcquireState, token: int) -> Optional[float]:
     """When (monotonic) the short lease of the hand-over grant just announced ends at the
     earliest, if it may be kept without the adoption round trip; else None (no I/O).
 
@@ -564,7 +564,7 @@ def _abandon(
     owner: str,
     count: int,
     hub: Optional[WakeHub],
-    st: _Take,
+    st: _AcquireState,
     exc: BaseException,
 ) -> Generator[Op, Any, None]:
     """Clean up after an exception inside the dialogue; failures are left to leases."""
@@ -584,7 +584,7 @@ def _abandon(
         give_back = True  # handed over just as the wait ended: nobody recorded it
     try:
         if give_back:
-            yield Op(CALL, prim._undo_call(owner, count))
+            yield Op(CALL, prim._release_call(owner, count))
             log.debug("%s: grant to %s given back while unwinding", prim._describe(), owner)
         elif (st.queued or (waiter is not None and waiter.named)) and (
             waiter is not None and hub is not None

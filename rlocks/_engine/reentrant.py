@@ -104,7 +104,7 @@ class ReentrantLock(OwnerViews, SyncPrimitive):
         In Redis: adds one to this thread's count in the lock's hash and restarts its lease.
         """
         wait = checks.lock_wait(blocking, timeout, self._label, self._name)
-        return self._take(self._owner(), 1, wait)
+        return self._acquire(self._owner(), 1, wait)
 
     def release(self) -> None:
         """Release one level of the calling thread's hold; at the last, free the lock.
@@ -114,7 +114,7 @@ class ReentrantLock(OwnerViews, SyncPrimitive):
         the hold had already ended in Redis (lease expired, key deleted): whoever holds it
         now is not touched. Freeing the lock wakes waiters (one per waiting process).
         """
-        self._give_back(self._owner(), 1)
+        self._release(self._owner(), 1)
 
     __enter__ = acquire
 
@@ -171,17 +171,17 @@ class ReentrantLock(OwnerViews, SyncPrimitive):
         tokens = self._tokens_held(owner)
         inner_tokens = inner._tokens_held(owner) if inner is not None else (None, None)
         if inner is not None and inner_count:
-            left = inner._give_back(owner, inner_count)
+            left = inner._release(owner, inner_count)
             if left:
-                inner._take(owner, inner_count, None)  # still held: a re-entry, at once
+                inner._acquire(owner, inner_count, None)  # still held: a re-entry, at once
                 inner._put_tokens(owner, inner_tokens)
                 raise inner._foreign_levels(owner, left)
-        left = self._give_back(owner, count)
+        left = self._release(owner, count)
         if left:
-            self._take(owner, count, None)
+            self._acquire(owner, count, None)
             self._put_tokens(owner, tokens)
             if inner is not None and inner_count:
-                inner._take(owner, inner_count, None)  # the writer's read: at once
+                inner._acquire(owner, inner_count, None)  # the writer's read: at once
                 inner._put_tokens(owner, inner_tokens)
             raise self._foreign_levels(owner, left)
         return count, owner, inner_count
@@ -191,10 +191,10 @@ class ReentrantLock(OwnerViews, SyncPrimitive):
         then those of :meth:`_held_with` it (a writer takes its read side at once)."""
         count, _owner, inner_count = state
         owner = self._owner()
-        self._take(owner, count, None)
+        self._acquire(owner, count, None)
         inner = self._held_with()
         if inner is not None and inner_count:
-            inner._take(owner, inner_count, None)
+            inner._acquire(owner, inner_count, None)
 
     def _held_with(self) -> Optional["ReentrantLock"]:
         """Another lock whose holds this one's ``Condition`` protocol releases and restores

@@ -52,7 +52,7 @@ from .clients import io_client, pool_of
 from .clock import monotonic
 from .dialogue import drive, stopped
 from .quorum import Quorum, drift_allowance
-from .scripts import Arg, Reply, Script, Wait, decode
+from .scripts import Arg, Replication, Reply, Script, decode
 
 __all__ = [
     "UNREACHABLE", "Item", "Lease", "Renewable", "Renewer", "Steps", "lease_count",
@@ -103,7 +103,7 @@ class Renewable:
     #: The client (or :class:`.quorum.Quorum`) its renewals go through: one pipeline a pool.
     _client: Any
     #: The replication WAIT its writes ask for, if any (one WAIT ends a batch).
-    _wait: Wait
+    _replication: Replication
     #: The renew script (loaded again after NOSCRIPT).
     _renew_script: ClassVar[Script]
 
@@ -156,7 +156,7 @@ class Renewer:
         self._wakeup = threading.Condition(self._mutex)
         self._leases: Dict[int, Lease] = {}
         self._next_wake = float("inf")
-        self._thread: Optional[Any] = None  # the running loop (thread, or asyncio task)
+        self._runner: Optional[Any] = None  # the running loop (thread, or asyncio task)
         # When a lease was last added: the idle time counts from there. A lease added
         # and cancelled while the loop slept leaves no trace in the table, and the loop
         # would otherwise exit on waking as if idle all along (and be restarted at once).
@@ -196,7 +196,7 @@ class Renewer:
         with self._mutex:
             self._leases[id(lease)] = lease
             self._added = monotonic()
-            if stopped(self._thread):
+            if stopped(self._runner):
                 self._start_locked()
             elif latest < self._next_wake:
                 self._notify_locked()
@@ -209,7 +209,7 @@ class Renewer:
         with self._mutex:
             self._leases[id(entry)] = entry
             self._added = monotonic()
-            if stopped(self._thread):
+            if stopped(self._runner):
                 self._start_locked()
             elif entry.due < self._next_wake:
                 self._notify_locked()
@@ -217,8 +217,8 @@ class Renewer:
 
     def _start_locked(self) -> None:
         """Start the renewer's loop (a daemon thread here); called under the mutex."""
-        self._thread = threading.Thread(target=self._run, name="rlocks-renewer", daemon=True)
-        self._thread.start()
+        self._runner = threading.Thread(target=self._run, name="rlocks-renewer", daemon=True)
+        self._runner.start()
 
     def _notify_locked(self) -> None:
         """Wake the loop early: a new lease is due before it planned to wake."""
@@ -284,7 +284,7 @@ class Renewer:
             return [], next_due - now, None
         idle_since = now if idle_since is None else max(idle_since, self._added)
         if now - idle_since >= IDLE_EXIT:
-            self._thread = None
+            self._runner = None
             return [], None, idle_since
         self._next_wake = now + IDLE_EXIT
         return [], IDLE_EXIT, idle_since
@@ -401,7 +401,7 @@ class Renewer:
         if len(results) == len(items) + 1:  # the batch ended with a WAIT
             acks = results.pop()
             for _, primitive, _ in items:
-                wanted = primitive._wait
+                wanted = primitive._replication
                 if wanted is not None and (isinstance(acks, Exception) or acks < wanted[0]):
                     log.warning(
                         "renewal of %s acknowledged by %s of %d replicas",
@@ -450,7 +450,7 @@ class Renewer:
 
     @staticmethod
     def _wait_for(items: List[Item]) -> Optional[Tuple[int, int]]:
-        waits = [primitive._wait for _, primitive, _ in items if primitive._wait is not None]
+        waits = [p._replication for _, p, _ in items if p._replication is not None]
         if not waits:
             return None
         return max(w[0] for w in waits), max(w[1] for w in waits)

@@ -28,7 +28,7 @@ status     meaning, and ``value`` / ``aux``
            holder lease ends (-1: none), the re-check hint
  4         PASSED (leave): a grant the leaving waiter had not adopted was given back
            and passed on; value = holds given back
- 0         BUSY. acquire with wait = 0: nothing granted or queued; value = ms until
+ 0         BUSY. acquire with queue = 0: nothing granted or queued; value = ms until
            the earliest holder lease ends (-1: none), aux = entries queued.
            cond_check / cond_leave: still waiting
 -1         NOT HELD. acquire: re-entry refused (the hold is gone); release, leave:
@@ -348,7 +348,7 @@ def load_queued(name: str) -> Script:
 
 #: ``(replicas, ms)``: after the script, WAIT until that many replicas have its writes, or
 #: that many milliseconds passed (one round trip with the script: same connection).
-Wait = Optional[Tuple[int, int]]
+Replication = Optional[Tuple[int, int]]
 
 
 #: How Redis refuses a long command from a connection that has not logged in (more than
@@ -366,7 +366,11 @@ def _login_refused(exc: ResponseError) -> Optional[redis.exceptions.Authenticati
 
 
 def run(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+    client: Any,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    replication: Replication = None,
 ) -> Reply:
     """Run ``script`` on ``client`` (a ``Redis`` or ``RedisCluster``): a queue script as
     its library function (FCALL) where the server and user allow it, else EVALSHA.
@@ -375,7 +379,7 @@ def run(
     (new server, restart, SCRIPT FLUSH or FUNCTION FLUSH) gets NOSCRIPT or "function not
     found", loads it and runs it again; a server or user without functions is
     remembered (per connection pool) and gets EVALSHA, as a cluster client always does. With
-    ``wait``, the reply also says how many replicas acknowledged. A refusal of a
+    ``replication``, the reply also says how many replicas acknowledged. A refusal of a
     connection that is not logged in raises ``AuthenticationError``; other Redis errors
     propagate unchanged.
     """
@@ -391,11 +395,15 @@ def run(
             return client.execute_command(*_command(op, script, keys, args))
         return op.execute(raise_on_error=False)
 
-    return drive(_run_steps(client, script, keys, args, wait), perform)
+    return drive(_run_steps(client, script, keys, args, replication), perform)
 
 
 async def arun(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+    client: Any,
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    replication: Replication = None,
 ) -> Reply:
     """:func:`run` for ``redis.asyncio`` clients: same contract (the same dialogue), awaited."""
     args = stamped(args, op_stream())
@@ -409,7 +417,7 @@ async def arun(
             return await client.execute_command(*_command(op, script, keys, args))
         return await op.execute(raise_on_error=False)
 
-    return await adrive(_run_steps(client, script, keys, args, wait), perform)
+    return await adrive(_run_steps(client, script, keys, args, replication), perform)
 
 
 #: What :func:`_run_steps` asks its driver for, besides a pipeline to execute.
@@ -443,7 +451,7 @@ def _functions_key(client: Any) -> Any:
 
 
 def _run_steps(
-    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait
+    client: Any, script: Script, keys: Sequence[str], args: Sequence[Arg], replication: Replication
 ) -> Generator[Any, Any, Reply]:
     """The dialogue of :func:`run` and :func:`arun`, written once without I/O: yields
     ``_FCALL``, ``_LOAD_LIBRARY``, ``_EVAL``, ``_LOAD`` or a pipeline to execute and
@@ -458,8 +466,8 @@ def _run_steps(
             fcall = bool(script.function is not None and key is not None
                          and _functions.get(key, True))
             try:
-                if wait is not None:
-                    results = yield _queue_with_wait(client, script, keys, args, wait, fcall)
+                if replication is not None:
+                    results = yield _queue_with_wait(client, script, keys, args, replication, fcall)
                     return _decode_with_wait(results, script)
                 return decode((yield _FCALL if fcall else _EVAL), script.name)
             except ResponseError as exc:
@@ -488,12 +496,12 @@ def _queue_with_wait(
     script: Script,
     keys: Sequence[str],
     args: Sequence[Arg],
-    wait: Tuple[int, int],
+    replication: Tuple[int, int],
     fcall: bool = False,
 ) -> Any:
     pipe = client.pipeline(transaction=False)
     pipe.execute_command(*_command(_FCALL if fcall else _EVAL, script, keys, args))
-    pipe.execute_command("WAIT", *wait)
+    pipe.execute_command("WAIT", *replication)
     return pipe
 
 
@@ -631,15 +639,19 @@ class Call:
     (a re-send would be safe: the script answers a repeat from its op record).
     """
 
-    __slots__ = ("script", "keys", "args", "wait", "_packed", "_fpacked", "_route")
+    __slots__ = ("script", "keys", "args", "replication", "_packed", "_fpacked", "_route")
 
     def __init__(
-        self, script: Script, keys: Sequence[str], args: Sequence[Arg], wait: Wait = None
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        replication: Replication = None,
     ) -> None:
         self.script = script
         self.keys = tuple(keys)
         self.args = tuple(args)
-        self.wait = wait
+        self.replication = replication
         # RESP bytes sent as is, or (before, after) the op id; None until the first send:
         # the EVALSHA form, and the FCALL form of a queue script (see _functions)
         self._packed: Any = None
@@ -692,7 +704,7 @@ class Call:
             self._route = (client, sender, pool)
         client = sender
         if pool is None:
-            return run(client, self.script, self.keys, args, self.wait)
+            return run(client, self.script, self.keys, args, self.replication)
         try:
             connection = pool.get_connection()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -719,7 +731,7 @@ class Call:
             connection.send_packed_command(packed, check_health=False)
             sent = True
             self._read_replies(connection, read)
-            raw, acks = read if self.wait is not None else (read[0], -1)
+            raw, acks = read if self.replication is not None else (read[0], -1)
             reply = decode(raw, self.script.name)._replace(replicas=int(acks))
         except ResponseError as exc:
             refused = _login_refused(exc)
@@ -734,7 +746,7 @@ class Call:
             if step is None:
                 if isinstance(exc, NoScriptError):
                     # Loaded and lost again and again: the generic path has the last word.
-                    return run(client, self.script, self.keys, args, self.wait)
+                    return run(client, self.script, self.keys, args, self.replication)
                 raise
             # The call did not run: load what it lacks (or switch to EVALSHA), then send it
             # again on this path, so its interrupt handling holds for the call that runs.
@@ -767,10 +779,10 @@ class Call:
             args = tuple(marker if arg == OP and isinstance(arg, str) else arg for arg in args)
         head = ("FCALL", self.script.function) if fcall else ("EVALSHA", self.script.sha)
         evalsha = (*head, len(self.keys), *self.keys, *args)
-        if self.wait is None:
+        if self.replication is None:
             packed = connection.pack_command(*evalsha)
         else:
-            packed = connection.pack_commands([evalsha, ("WAIT", *self.wait)])
+            packed = connection.pack_commands([evalsha, ("WAIT", *self.replication)])
         if not stamp:
             return packed
         whole = b"".join(packed)
@@ -786,7 +798,7 @@ class Call:
         connection stays in step. An interrupted read leaves the connection open (the
         caller decides) and ``read`` says how far it got.
         """
-        expected = 1 if self.wait is None else 2
+        expected = 1 if self.replication is None else 2
         error: Optional[ResponseError] = None
         while len(read) < expected:
             try:
@@ -804,7 +816,7 @@ class Call:
     ) -> None:
         """After an interrupted read: fence with a PING, read up to its reply, then hand
         the script's answer (if it was read whole) to ``interrupted``."""
-        expected = 1 if self.wait is None else 2
+        expected = 1 if self.replication is None else 2
         try:
             connection.send_command("PING", _FENCE, check_health=False)
             while True:

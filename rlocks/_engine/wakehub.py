@@ -233,7 +233,7 @@ class WakeHub:
         self._io = io_client(client)  # what the hub sends and subscribes through
         self._mutex = threading.Lock()
         self._channels: Dict[str, _Channel] = {}
-        self._thread: Optional[Any] = None  # the running reader (thread, or asyncio task)
+        self._runner: Optional[Any] = None  # the running reader (thread, or asyncio task)
         self._control_seen = False
         self._idle_since: Optional[float] = None  # when the table last became empty
         # (channel, waiter id) -> grant lines the hub must still drop: grants this process
@@ -270,9 +270,9 @@ class WakeHub:
             ch.idle_since = None
             waiter = Waiter(ch, self._event_type, waiter_id)
             ch.waiters.append(waiter)
-            started = stopped(self._thread)
+            started = stopped(self._runner)
             if started:
-                if self._thread is not None:
+                if self._runner is not None:
                     # The last reader was cancelled or died (an idle exit forgets it):
                     # its subscriptions went with its connection.
                     self._lost_locked()
@@ -284,7 +284,7 @@ class WakeHub:
     def _start_locked(self) -> None:
         """Start the hub's reader (a daemon thread here); called under the mutex."""
         thread = threading.Thread(target=self._run, name="rlocks-wakeup-hub", daemon=True)
-        self._thread = thread
+        self._runner = thread
         thread.start()
 
     def unregister(self, waiter: Waiter) -> None:
@@ -598,7 +598,7 @@ class WakeHub:
                     self._idle_since = now
                     self._idle_started_locked()
                 elif now - self._idle_since > IDLE_EXIT:
-                    self._thread = None
+                    self._runner = None
                     self._idle_since = None
                     return [], [], True
             else:

@@ -40,7 +40,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         """
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         try:
-            return await self._atake(self._owner(), 1, wait)
+            return await self._aacquire(self._owner(), 1, wait)
         except ResponseError as exc:
             raise self._translate(exc) from None
 
@@ -50,7 +50,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         Cancelling the task while the release is in flight still gives the permits back
         (the round trip is shielded); the CancelledError is raised as usual.
         """
-        begun = self._begin_release(self._owner(), n)
+        begun = self._begin_permit_release(self._owner(), n)
         try:
             # Shielded, as RLock's release: a release cancelled half-way (opening its
             # connection) still reaches Redis instead of leaving the permits there, off
@@ -83,7 +83,7 @@ class Semaphore(AsyncPrimitive, _SemaphoreCore):
         await self.acquire()
 
     async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        if not self._unwound_quietly(exc, self._owner()):
+        if not self._exit_reported_loss(exc, self._owner()):
             await self.release()
 
 

@@ -56,7 +56,7 @@
 --                 to ask again
 --    4  PASSED    leave: the waiter had been handed the primitive; those holds were given
 --                 back and passed on; value = holds given back
---    0  BUSY      acquire with wait = 0: not granted, nothing queued; value = ms until
+--    0  BUSY      acquire with queue = 0: not granted, nothing queued; value = ms until
 --                 the earliest holder lease ends (-1: none), aux = entries queued
 --   -1  NOT_HELD  acquire re-entry refused (hold gone); release/leave: nothing held or
 --                 queued for this owner. No hold changed; expired state was recovered
@@ -533,7 +533,7 @@ local function finish(ctx, status, value, aux)
 end
 
 -- acquire, shared by every primitive. a = {owner, waiter, entry, side, ttl, add, reentry,
--- wait}. rlock/rw: waiter == owner. See the per-script headers for the replies.
+-- queue}. rlock/rw: waiter == owner. See the per-script headers for the replies.
 local function op_acquire(ctx, a)
     local m = purged_marker(ctx, a.waiter)
     if m ~= nil then
@@ -596,7 +596,7 @@ local function op_acquire(ctx, a)
         handover(ctx)
         return finish(ctx, 1, count, ends - ctx.now)
     end
-    if a.wait == 0 then
+    if a.queue == 0 then
         handover(ctx)
         local queued = 0
         if ctx.tn > 0 then queued = redis.call('ZCARD', Q) end

@@ -16,13 +16,13 @@
 -- Replies: 1 granted (value = holds, aux = lease ms; a fresh hold adds a sixth element,
 -- its fencing token; re-entry adds none); 2 adopted a hand-over grant to this owner it
 -- had not seen (nothing added; sixth element: the grant's token); 3 queued (value = position, aux = ms to the
--- holder's lease end); 0 busy (wait = 0); -1 re-entry refused (the hold is gone).
+-- holder's lease end); 0 busy (queue = 0); -1 re-entry refused (the hold is gone).
 -- Re-entry is granted at once, never queued. fair = 1: granted only when free and no
 -- other live entry is ahead of the caller's.
 local ctx, i = context('rlock')
 local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'), side = 'x',
            ttl = int_arg(i + 2, 'ttl', 1), add = int_arg(i + 3, 'add', 1),
-           reentry = int_arg(i + 4, 'reentry', 0, 1), wait = int_arg(i + 5, 'wait', 0, 1)}
+           reentry = int_arg(i + 4, 'reentry', 0, 1), queue = int_arg(i + 5, 'queue', 0, 1)}
 a.waiter = a.owner
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)

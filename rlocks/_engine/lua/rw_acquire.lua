@@ -19,13 +19,13 @@
 -- Replies: 1 granted (value = holds on that side, aux = lease ms; a fresh hold of that
 -- side, a downgrade's read hold included, adds a sixth element, its fencing token); 2
 -- adopted a missed hand-over grant (nothing added; sixth element: its token); 3 queued (value = position, aux = ms to the earliest
--- holder lease end); 0 busy (wait = 0); -1 re-entry refused; -2 upgrade refused (the
+-- holder lease end); 0 busy (queue = 0); -1 re-entry refused; -2 upgrade refused (the
 -- owner reads but does not write: two upgraders would deadlock).
 local ctx, i = context('rw')
 local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'),
            side = side_arg(i + 2, 'side', 'rw'), ttl = int_arg(i + 3, 'ttl', 1),
            add = int_arg(i + 4, 'add', 1), reentry = int_arg(i + 5, 'reentry', 0, 1),
-           wait = int_arg(i + 6, 'wait', 0, 1)}
+           queue = int_arg(i + 6, 'queue', 0, 1)}
 a.waiter = a.owner
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)

@@ -17,13 +17,13 @@
 -- of the caller's; a head that wants more than is free blocks those behind it.
 -- Replies: 1 granted (value = the owner's permits, aux = lease ms); 2 adopted a missed
 -- hand-over grant to this waiter (nothing added); 3 queued (value = position, aux = ms to
--- the earliest holder lease end); 0 busy (wait = 0); error RLOCKS_SEM_MISMATCH.
+-- the earliest holder lease end); 0 busy (queue = 0); error RLOCKS_SEM_MISMATCH.
 -- A semaphore issues no fencing tokens (several holders at once: nothing to fence).
 local ctx, i = context('sem')
 local a = {owner = str_arg(i, 'owner'), waiter = str_arg(i + 1, 'waiter'),
            entry = str_arg(i + 2, 'entry'), side = 's', ttl = int_arg(i + 3, 'ttl', 1),
            add = int_arg(i + 4, 'permits', 1), reentry = 0,
-           wait = int_arg(i + 5, 'wait', 0, 1)}
+           queue = int_arg(i + 5, 'queue', 0, 1)}
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end
