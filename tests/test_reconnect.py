@@ -260,8 +260,8 @@ class ObservedRLock(rlocks.RLock):
     in_flight = 0
     done = 0
 
-    def _prepared(self, key: Any, script: Any, build: Any, wait: Any = None) -> Any:
-        call = super()._prepared(key, script, build, wait)
+    def _prepared(self, key: Any, script: Any, build: Any, replication: Any = None) -> Any:
+        call = super()._prepared(key, script, build, replication)
         if key[0] != "acquire":
             return call
 

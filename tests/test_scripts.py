@@ -157,3 +157,31 @@ def test_a_release_runs_when_the_server_is_out_of_memory(name: str) -> None:
         held.release()
         assert not c.exists(held._keys.hash)
         c.close()
+
+
+class _LosingFunctions(redis.Redis):
+    """A server whose libraries vanish right after each load (a FUNCTION FLUSH racing the
+    load, or a pool whose connections reach another node)."""
+
+    def function_load(self, code: str, replace: bool = False) -> Any:
+        loaded = super().function_load(code, replace=replace)
+        self.function_flush()
+        return loaded
+
+
+def test_a_library_that_does_not_stick_falls_back_to_evalsha_and_loads_the_script(
+    name: str,
+) -> None:
+    """Each recovery step is taken once per call, whatever came before: the library that
+    keeps vanishing sends the call to EVALSHA, whose NOSCRIPT still gets its one load (a
+    shared budget of steps once left NOSCRIPT unrecovered there)."""
+    with TemporaryRedisServer() as server:  # its own server: flushed at will
+        c = _LosingFunctions.from_url(server.url)
+        if not has_functions(c):
+            pytest.skip("this server has no Redis Functions (6.2): nothing to lose")
+        c.script_flush()
+        keys = keys_for(NAMESPACE, "rlock", name).queued()
+        reply = run(c, ACQUIRE, keys, [*_context(), "h:1:n:1", "h:1:n", 1000, 1, 0, 0])
+        assert reply.status == GRANTED and reply.value == 1
+        assert scripts._functions.get(c.connection_pool) is False  # EVALSHA from now on
+        c.close()

@@ -11,12 +11,12 @@ change to the wait policy is one edit, and the two surfaces cannot drift.
 
 The dialogue (docs/design/handover.md, "Client side")
 ------------------------------------------------------
-1. A caller with no local waiter ahead of it tries once (``wait = 0``): the uncontended
+1. A caller with no local waiter ahead of it tries once (``queue = 0``): the uncontended
    acquire stays one round trip and subscribes to nothing. A holder re-entering (or a
    writer taking the read side) always goes this way: the script grants it at once.
 2. Refused, it registers in the process's hub (one local FIFO per primitive: only its
    head talks to Redis, so the process has one queue entry), waits until the channel is
-   subscribed (so its grant line cannot be published unseen), and asks with ``wait = 1``:
+   subscribed (so its grant line cannot be published unseen), and asks with ``queue = 1``:
    granted, or QUEUED. Queued, the entry is renewed by the renewer (item ``e``) and the
    head waits for the hub at most until the re-check hint (``aux``), the entry lease or
    the deadline.
@@ -497,7 +497,7 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Acquir
     st.queued = False  # the grant took the entry out of the queue
     if prim._checks_hand_over(owner):
         # The hand-over was made by the releaser's script, which WAITed for nobody and
-        # could not know this owner's books. Its re-check (acquire, wait = 1) answers
+        # could not know this owner's books. Its re-check (acquire, queue = 1) answers
         # ADOPTED with the owner's count on the server, adding nothing, and goes with
         # WAIT as a direct acquire does: ``_granted`` then applies the same refusals.
         op = _call(st, prim._acquire_call(owner, count, False, st.entry_id))

@@ -443,13 +443,13 @@ class Renewer:
             # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the
             # evalsha method but routes a plain EVALSHA command by its keys' slot.
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        wait = Renewer._wait_for(items)
-        if wait is not None:
-            pipe.execute_command("WAIT", *wait)
+        replication = Renewer._replication_for(items)
+        if replication is not None:
+            pipe.execute_command("WAIT", *replication)
         return pipe
 
     @staticmethod
-    def _wait_for(items: List[Item]) -> Optional[Tuple[int, int]]:
+    def _replication_for(items: List[Item]) -> Optional[Tuple[int, int]]:
         waits = [p._replication for _, p, _ in items if p._replication is not None]
         if not waits:
             return None

@@ -460,7 +460,7 @@ def _run_steps(
     login refusal becomes ``AuthenticationError``, anything else propagates unchanged);
     returns the decoded reply. Driven by :mod:`.dialogue`."""
     key = _functions_key(client)
-    tries = 0  # loads and switches made for this call
+    done: Tuple[str, ...] = ()  # the recovery steps taken for this call
     try:
         while True:
             fcall = bool(script.function is not None and key is not None
@@ -471,10 +471,10 @@ def _run_steps(
                     return _decode_with_wait(results, script)
                 return decode((yield _FCALL if fcall else _EVAL), script.name)
             except ResponseError as exc:
-                step = _recovery(exc, fcall, tries)
+                step = _recovery(exc, fcall, done)
                 if step is None:
                     raise
-            tries += 1
+            done += (step,)
             if step is _EVAL:
                 _functions[key] = False
                 continue
@@ -588,25 +588,23 @@ def _function_refused(exc: ResponseError) -> bool:
     )
 
 
-#: Re-sends of one :class:`Call` after a refusal that loading can cure (NOSCRIPT, a missing
-#: function) or a switch to EVALSHA: the most a cold server needs is two (no FCALL, then
-#: NOSCRIPT); more means the server keeps losing what was loaded.
-_RESENDS = 2
-
-
-def _recovery(exc: ResponseError, fcall: bool, tries: int) -> Optional[str]:
+def _recovery(exc: ResponseError, fcall: bool, done: Tuple[str, ...]) -> Optional[str]:
     """What a script call that Redis refused unrun does next, decided once for
     :func:`run`'s dialogue and :class:`Call` (no I/O): ``_LOAD`` (NOSCRIPT: load the
     script, send the call again), ``_LOAD_LIBRARY`` (an FCALL of a function not loaded:
     load the library, send it again), ``_EVAL`` (no FCALL for this server or user:
     EVALSHA from now on, sent again), or None: the error goes to the caller (the script
-    ran and failed, or it cannot run here). ``fcall``: the call was an FCALL. ``tries``:
-    the steps taken for this call so far; past :data:`_RESENDS` nothing is loaded again
-    (the server keeps losing what was loaded), and an FCALL falls back to EVALSHA."""
+    ran and failed, or it cannot run here). ``fcall``: the call was an FCALL. ``done``:
+    the steps already taken for this call. Each load is made once per call: a script
+    refused again right after its load is an error (the server keeps losing it), a
+    library missing again makes the call fall back to EVALSHA. So a call is sent at most
+    four times (FCALL, FCALL, EVALSHA, EVALSHA)."""
     if isinstance(exc, NoScriptError):
-        return _LOAD if tries < _RESENDS else None
+        return None if _LOAD in done else _LOAD
     if fcall and _function_refused(exc):
-        return _LOAD_LIBRARY if _function_missing(exc) and tries < _RESENDS else _EVAL
+        if _function_missing(exc) and _LOAD_LIBRARY not in done:
+            return _LOAD_LIBRARY
+        return _EVAL
     return None
 
 
@@ -666,7 +664,7 @@ class Call:
         interrupted: Optional[Callable[[Reply], None]] = None,
         op: Optional[str] = None,
         *,
-        again: int = 0,
+        done: Tuple[str, ...] = (),
     ) -> Reply:
         """Run the script on ``client``: one round trip; NOSCRIPT is recovered as in run().
 
@@ -675,8 +673,9 @@ class Call:
         on a server without the library loads it (FUNCTION LOAD, then the call again); a
         server or user without functions is remembered per pool, and its calls use
         EVALSHA (both as in :func:`run`). The call is sent again on this path, so what is
-        said above of interrupts holds for it (``again``: internal, the sends so far after
-        such a refusal; past :data:`_RESENDS` the call goes to :func:`run`).
+        said above of interrupts holds for it (``done``: internal, the recovery steps taken
+        so far, see :func:`_recovery`; a script lost again after its load goes to
+        :func:`run`).
 
         ``interrupted``: for a round trip cut short, once the command was sent, by an
         exception that is not Redis's (raised by a signal handler: KeyboardInterrupt, an
@@ -742,10 +741,11 @@ class Call:
                 raise refused from exc
             # An error reply, read whole: the connection is clean and goes back to the pool.
             pool.release(connection)
-            step = _recovery(exc, fcall, again)
+            step = _recovery(exc, fcall, done)
             if step is None:
                 if isinstance(exc, NoScriptError):
-                    # Loaded and lost again and again: the generic path has the last word.
+                    # Loaded and lost again: the generic path has the last word (its own
+                    # load raises what refuses it).
                     return run(client, self.script, self.keys, args, self.replication)
                 raise
             # The call did not run: load what it lacks (or switch to EVALSHA), then send it
@@ -757,7 +757,7 @@ class Call:
                     _functions[pool] = False
             else:
                 _functions[pool] = False
-            return self(client, interrupted, op, again=again + 1)
+            return self(client, interrupted, op, done=done + (step,))
         except BaseException as exc:
             if sent and interrupted is not None and connection._sock is not None and foreign(exc):
                 self._finish_interrupted(connection, read, interrupted)
