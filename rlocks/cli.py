@@ -40,13 +40,12 @@ __all__ = ["cli", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Kind names a user may type, to the key kind (see rlocks._engine.keys).
+# Kind names a user may type, to the key kind (see rlocks._engine.keys): each kind's code
+# and its public class name, from the one table of kinds (state.KINDS); a BoundedSemaphore
+# is stored as a Semaphore.
 _KIND_NAMES = {
-    "rlock": "rlock",
-    "rwlock": "rw",
-    "rw": "rw",
-    "semaphore": "sem",
-    "sem": "sem",
+    **{code: code for code in _state.KINDS},
+    **{kind.label.lower(): code for code, kind in _state.KINDS.items()},
     "boundedsemaphore": "sem",
 }
 
