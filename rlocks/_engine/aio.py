@@ -33,7 +33,7 @@ from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .dialogue import adrive
-from .primitive import Primitive
+from .primitive import Primitive, QuorumOp, QuorumStep
 from .queued import CALL, READ, WAIT, Op, Steps, acquire_steps
 from .quorum import Quorum
 from .reentrant import OwnerViews
@@ -454,58 +454,41 @@ class AsyncPrimitive(Primitive):
     async def _aquorum_acquire(
         self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
     ) -> bool:
-        """:meth:`Primitive._quorum_acquire`, awaited. A try cancelled in flight still
-        reads every master's answer and gives back what they granted."""
-        self._check_acquire(owner)
-        reentry = self._held(owner) > 0
-        call = self._acquire_call(owner, count, reentry, None)
-        undo = self._release_call(owner, count)
-        first = monotonic()
-        deadline = None if wait is None else first + wait
-        base = 0.0
+        """:meth:`Primitive._quorum_acquire`, awaited (the same dialogue). A try cancelled
+        in flight still reads every master's answer and gives back what they granted."""
         loop = _loop()
         woken = asyncio.Event()
 
         def released() -> None:
             loop.call_soon_threadsafe(woken.set)
 
-        quorum.listen(released)
-        try:
-            while True:
-                woken.clear()
-                since = monotonic()
+        async def perform(step: QuorumStep) -> Any:
+            what, call, arg = step
+            if what is QuorumOp.PAUSE:
+                await _wait_event(woken, arg)
+                return None
+            assert call is not None
+            if what is QuorumOp.TRY:
+                woken.clear()  # a release from now on cuts the pause
                 inner = asyncio.ensure_future(agather(quorum, self._on(call)))
                 try:
-                    results = await asyncio.shield(inner)
+                    return await asyncio.shield(inner)
                 except asyncio.CancelledError:
                     try:
                         late = await inner
                         granted = [m for m, r in zip(quorum.masters, late)
                                    if isinstance(r, Reply) and r.granted]
+                        undo = self._release_call(owner, count)
                         await agather(quorum, self._on(undo), granted)
                     except BaseException:  # noqa: BLE001 - a second cancel: leases end them
                         log.debug("%s: cancelled grants left to their lease", self._label)
                     raise
-                give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
-                if give_back is None:
-                    if wait != 0.0:
-                        self._log_wait(owner, first, Reply(1, count))
-                    self._record_grant(
-                        owner, count, since, tokens=self._quorum_tokens(results)
-                    )
-                    return True
-                if give_back:
-                    gave = await asyncio.shield(agather(quorum, self._on(undo), give_back))
-                    self._log_failed_releases(owner, gave)
-                if refusal is not None:
-                    raise refusal
-                pause = self._quorum_pause(quorum, results, wait, deadline, base)
-                if pause is None:
-                    return False
-                if not base:  # the first pause: from now on this acquire waits
-                    metrics.wait_began(self, first)
-                base = pause[1]
-                await _wait_event(woken, pause[0])
+            return await asyncio.shield(agather(quorum, self._on(call), arg))  # RELEASE
+
+        quorum.listen(released)
+        try:
+            steps = self._quorum_acquire_steps(quorum, owner, count, wait)
+            return bool(await adrive(steps, perform))
         finally:
             quorum.unlisten(released)
 

@@ -16,6 +16,7 @@ whose owner ids are new anyway (see :mod:`.identity`).
 from __future__ import annotations
 
 import collections
+import enum
 import inspect
 import logging
 import os
@@ -28,6 +29,7 @@ from typing import (
     ClassVar,
     Deque,
     Dict,
+    Generator,
     Hashable,
     List,
     Mapping,
@@ -67,7 +69,9 @@ from .state import PrimitiveState, find
 from .waiting import existing_hub, hub_for
 from .wakehub import READ_TURN, WakeHub, serial
 
-__all__ = ["ENTRY_LEASE", "Hold", "Options", "Primitive", "SyncPrimitive"]
+__all__ = [
+    "ENTRY_LEASE", "Hold", "Options", "Primitive", "QuorumOp", "QuorumStep", "SyncPrimitive"
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,18 @@ _MAX_CALLS = 64  # prepared script calls cached per primitive
 
 #: Default ``entry_lease`` (s): the bound on the stall a dead waiter causes (issue 12).
 ENTRY_LEASE = 2.0
+
+
+class QuorumOp(enum.Enum):
+    """The steps of a quorum acquire (``Primitive._quorum_acquire_steps``)."""
+
+    TRY = "try the acquire on every master at once"
+    RELEASE = "give the grant back on the masters listed"
+    PAUSE = "pause before the next try"
+
+
+#: ``(step, call or None, masters or seconds)``, as yielded by the quorum acquire.
+QuorumStep = Tuple[QuorumOp, Optional[Call], Any]
 
 
 def _reset_after_fork() -> None:
@@ -1002,7 +1018,32 @@ class Primitive(Renewable):
         self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
     ) -> bool:
         """``_acquire`` on a quorum: single tries on every master at once, until a majority
-        grants within the validity window (or the wait ends); see :mod:`.quorum`.
+        grants within the validity window (or the wait ends); see :mod:`.quorum` and
+        :meth:`_quorum_acquire_steps`, driven here by blocking on each step."""
+        generation = quorum.generation
+
+        def perform(step: QuorumStep) -> Any:
+            nonlocal generation
+            what, call, arg = step
+            if what is QuorumOp.PAUSE:
+                quorum.pause(generation, arg)
+                return None
+            assert call is not None
+            if what is QuorumOp.TRY:
+                generation = quorum.generation  # a release from now on cuts the pause
+                return quorum.map(call, abandoned=lambda late: self._quorum_abandoned(
+                    quorum, owner, count, late))
+            return quorum.map(call, arg)  # RELEASE
+
+        return bool(drive(self._quorum_acquire_steps(quorum, owner, count, wait), perform))
+
+    def _quorum_acquire_steps(
+        self, quorum: Quorum, owner: str, count: int, wait: Optional[float]
+    ) -> Generator[QuorumStep, Any, bool]:
+        """The quorum acquire, written once without I/O for both drivers: yields
+        ``(QuorumOp.TRY, call, None)`` (answered with each master's result),
+        ``(QuorumOp.RELEASE, call, masters)`` (the same) and ``(QuorumOp.PAUSE, None,
+        seconds)`` (a pause that a release in this process may cut short).
 
         Each try's minority grants are given back at once, on those masters only (a
         failure there leaves them to their lease). Raises what ``_acquire`` raises: a
@@ -1016,10 +1057,8 @@ class Primitive(Renewable):
         deadline = None if wait is None else first + wait
         base = 0.0
         while True:
-            generation = quorum.generation
             since = monotonic()
-            results = quorum.map(call, abandoned=lambda late: self._quorum_abandoned(
-                quorum, owner, count, late))
+            results = yield QuorumOp.TRY, call, None
             give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
             if give_back is None:
                 if wait != 0.0:
@@ -1027,8 +1066,8 @@ class Primitive(Renewable):
                 self._record_grant(owner, count, since, tokens=self._quorum_tokens(results))
                 return True
             if give_back:
-                undo = quorum.map(self._release_call(owner, count), give_back)
-                self._log_failed_releases(owner, undo)
+                gave = yield QuorumOp.RELEASE, self._release_call(owner, count), give_back
+                self._log_failed_releases(owner, gave)
             if refusal is not None:
                 raise refusal
             pause = self._quorum_pause(quorum, results, wait, deadline, base)
@@ -1037,7 +1076,7 @@ class Primitive(Renewable):
             if not base:  # the first pause: from now on this acquire waits (metrics)
                 metrics.wait_began(self, first)
             base = pause[1]
-            quorum.pause(generation, pause[0])
+            yield QuorumOp.PAUSE, None, pause[0]
 
     def _quorum_outcome(
         self, quorum: Quorum, owner: str, reentry: bool, results: Sequence[Any], since: float
