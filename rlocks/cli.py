@@ -188,16 +188,8 @@ def cli() -> None:
 
 
 def _duration(ms: Optional[int]) -> str:
-    if ms is None:
-        return "no expiry"
-    seconds = ms / 1000.0
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, seconds = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    # top's cells, with tenths up to a minute: inspect shows leases, which ttls keep short
+    return top.format_ms(ms, none="no expiry", tenths_below=60.0)
 
 
 def _quoted(name: str) -> str:

@@ -222,12 +222,14 @@ def snapshot(states: Sequence[PrimitiveState], namespace: str) -> Dict[str, Any]
 # -- rendering -------------------------------------------------------------------------------
 
 
-def format_ms(ms: Optional[int]) -> str:
-    """A duration for a cell: ``0.4s``, ``12s``, ``3m05s``, ``2h01m``; ``-`` for None."""
+def format_ms(ms: Optional[int], none: str = "-", tenths_below: float = 10.0) -> str:
+    """A duration for a cell: ``0.4s``, ``12s``, ``3m05s``, ``2h01m``; ``none`` for None.
+    Tenths of a second are shown below ``tenths_below`` seconds (a negative duration, a
+    lease already over, shows as 0)."""
     if ms is None:
-        return "-"
+        return none
     seconds = max(ms, 0) / 1000.0
-    if seconds < 10:
+    if seconds < tenths_below:
         return f"{seconds:.1f}s"
     if seconds < 60:
         return f"{int(seconds)}s"
