@@ -1020,7 +1020,7 @@ class Primitive(Renewable):
         """``_acquire`` on a quorum: single tries on every master at once, until a majority
         grants within the validity window (or the wait ends); see :mod:`.quorum` and
         :meth:`_quorum_acquire_steps`, driven here by blocking on each step."""
-        generation = quorum.generation
+        generation = 0  # read before each try
 
         def perform(step: QuorumStep) -> Any:
             nonlocal generation

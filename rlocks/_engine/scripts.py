@@ -597,8 +597,9 @@ def _recovery(exc: ResponseError, fcall: bool, done: Tuple[str, ...]) -> Optiona
     ran and failed, or it cannot run here). ``fcall``: the call was an FCALL. ``done``:
     the steps already taken for this call. Each load is made once per call: a script
     refused again right after its load is an error (the server keeps losing it), a
-    library missing again makes the call fall back to EVALSHA. So a call is sent at most
-    four times (FCALL, FCALL, EVALSHA, EVALSHA)."""
+    library missing again makes the call fall back to EVALSHA. So :func:`run` sends a
+    call at most four times (FCALL, FCALL, EVALSHA, EVALSHA); a :class:`Call` whose script
+    is lost again after its load hands it to :func:`run`."""
     if isinstance(exc, NoScriptError):
         return None if _LOAD in done else _LOAD
     if fcall and _function_refused(exc):
