@@ -163,8 +163,15 @@ class _SemaphoreCore(Primitive):
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         # The owner's own permits, as the owner's: what the engine gives back of a grant
         # it does not keep. (release() may also give back other threads' permits, or
-        # nobody's: it builds those calls itself, see _release_step.)
-        return self._keys.queued(), (*self._context(), count, owner, count)
+        # nobody's: see _release_step.)
+        return self._release_pairs(count, ((owner, count),))
+
+    def _release_pairs(
+        self, give: int, takes: Sequence[Tuple[str, int]]
+    ) -> Tuple[Sequence[str], Sequence[Arg]]:
+        """KEYS and ARGV of sem_release.lua: ``give`` permits back, ``takes`` the (owner,
+        count) pairs they come off."""
+        return self._keys.queued(), (*self._context(), give, *(p for t in takes for p in t))
 
     def _renew_arguments(
         self, owner: str, lease_ms: Optional[int] = None
@@ -228,10 +235,7 @@ class _SemaphoreCore(Primitive):
         release.call = self._prepared(
             ("release", give, takes),
             self._release_script,
-            lambda: (
-                self._keys.queued(),
-                (*self._context(), give, *(part for take in takes for part in take)),
-            ),
+            lambda: self._release_pairs(give, takes),
         )
         return release
 
