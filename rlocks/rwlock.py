@@ -88,10 +88,10 @@ class _SideCore(Primitive):
     # -- script arguments (see the headers of the rw_*.lua files) ------------------------
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str]
+        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         args = (owner, self._entry_id(entry), self._side, self._ttl_ms, count,
-                1 if reentry else 0, 0 if entry is None else 1)
+                1 if reentry else 0, self._queue_flag(entry, listen))
         return self._keys.queued(), (*self._context(), *args)
 
     def _release_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:

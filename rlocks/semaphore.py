@@ -135,12 +135,12 @@ class _SemaphoreCore(Primitive):
         return (self._value, self._bounded)
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str]
+        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         # Permits are counted, not nested: holding some already changes nothing here.
         # The taking thread (task) owns the permits and is the waiter named in wake-ups.
         args = (owner, owner, self._entry_id(entry), self._ttl_ms, count,
-                0 if entry is None else 1)
+                self._queue_flag(entry, listen))
         return self._keys.queued(), (*self._context(), *args)
 
     def _leave_arguments(

@@ -45,15 +45,17 @@ def in_thread(fn: Callable[[], Any]) -> Any:
 
 def parked(thread: threading.Thread) -> bool:
     """Whether ``thread`` sleeps on its wake-up event in the queue dialogue's threading
-    step (``Primitive._perform``) with its channel subscribed (a head gets there only
-    after an attempt, and then sleeps until a wake-up or its re-check pause; so would any
+    step (``Primitive._perform``) with its channel subscribed, or (a head that reads its
+    wake-up lines itself) in its BLPOP of the entry's list (a head gets there only after
+    an attempt, and then sleeps until a wake-up or its re-check pause; so would any
     waiter that made one)."""
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
         if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
             line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
             op = frame.f_locals["op"]
-            return "waiter.event.wait(" in line and bool(op.waiter.subscribed)
+            sleeps = "waiter.event.wait(" in line or "io.blpop(" in line
+            return sleeps and bool(op.waiter.subscribed)
         frame = frame.f_back
     return False
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import rlocks
 from rlocks import cli
-from rlocks._engine import identity
+from rlocks._engine import identity, wakehub
 from rlocks._engine import state as ins
 from rlocks._engine.keys import escape, keys_for
 from rlocks.server import free_port
@@ -97,6 +97,7 @@ def test_unescape_inverts_escape(part: str) -> None:
 
 @pytest.mark.parametrize("key", [
     "rlocks:rlock:{a}:wake",      # a channel-like suffix, not a primitive's hash
+    "rlocks:rlock:{a}:wake:p/1",  # a wake-up list (a waiter that reads its own lines)
     "rlocks:rlock:{a{b}",         # a raw brace: never written by keys.escape
     "rlocks:rlock:{%41}",         # a stray % escape
     "rlocks:lock:{a}",            # unknown kind
@@ -105,16 +106,19 @@ def test_unescape_inverts_escape(part: str) -> None:
     "other:rlock:{a}",            # another namespace
     "rlocks:x:rlock:{a}",         # a namespace below this one
 ])
-def test_keys_that_rlocks_never_writes_are_not_primitives(key: str) -> None:
+def test_keys_other_than_a_primitive_hash_are_not_primitives(key: str) -> None:
     assert ins.parse_key(key, "rlocks") is None
 
 
 @pytest.mark.parametrize("kind", sorted(ins.KINDS))
 def test_a_hand_over_publishes_only_on_the_granted_process_channel(
-    client: "redis.Redis[bytes]", ns: str, name: str, kind: str
+    client: "redis.Redis[bytes]", ns: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A hand-over wakes only the process it names: one message, on the channel that
     # process's hub listens on (keys.wake of its process token), and nothing elsewhere.
+    # (A waiter that reads its lines from its entry's list gets them there, published on
+    # no channel: test_handover. This one waits on the hub.)
+    monkeypatch.setattr(wakehub.WakeHub, "listen", lambda self, waiter: False)
     primitive: Any = {"rlock": lambda: rlocks.RLock(name, namespace=ns),
                       "rw": lambda: rlocks.RWLock(name, namespace=ns).write_lock,
                       "sem": lambda: rlocks.Semaphore(name, 1, namespace=ns)}[kind]()
@@ -406,11 +410,16 @@ def test_force_release_ends_the_hold_and_wakes_the_waiter_at_once(
     thread.join(5)
 
 
+@pytest.mark.parametrize("listen", [False, True], ids=["hub", "list"])
 def test_force_release_of_an_rwlock_hands_it_to_the_queue(
-    client: "redis.Redis[bytes]", ns: str, name: str
+    client: "redis.Redis[bytes]", ns: str, name: str, listen: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Issue 12: a forced release ends every hold and grants the primitive to the queue's
-    # head in the same script (no "*" wake-all): the message names the granted waiter.
+    # head in the same script (no "*" wake-all): the message names the granted waiter
+    # (published for a waiter on the hub; a listening waiter pops it from its list).
+    if not listen:
+        monkeypatch.setattr(wakehub.WakeHub, "listen", lambda self, waiter: False)
     rw = rlocks.RWLock(name, namespace=ns)
     assert rw.write_lock.acquire()
     channel = rw.read_lock._channel()  # the reader's
@@ -429,10 +438,14 @@ def test_force_release_of_an_rwlock_hands_it_to_the_queue(
     thread.start()
     wait_for(lambda: client.zcard(keys_for(ns, "rw", name).queued()[2]), "the queued reader")
     assert ins.force_release(client, ns, "rw", name) == (True, 1)
-    message = wait_for(lambda: pubsub.get_message(timeout=0.1), "the hand-over")
-    thread.join(20)
-    # "g <waiter> <fencing token>"
-    assert reader and message["data"].decode().split(" ")[:2] == ["g", reader[0]]
+    if listen:
+        thread.join(20)
+        assert reader and pubsub.get_message(timeout=0.3) is None
+    else:
+        message = wait_for(lambda: pubsub.get_message(timeout=0.1), "the hand-over")
+        thread.join(20)
+        # "g <waiter> <fencing token>"
+        assert reader and message["data"].decode().split(" ")[:2] == ["g", reader[0]]
     pubsub.close()
     with pytest.raises(rlocks.LockLostError):
         rw.write_lock.release()

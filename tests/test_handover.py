@@ -660,8 +660,12 @@ def test_the_entry_lease_is_the_one_the_constructor_was_given(
 
 @pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
 def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
-    redis_url: str, kind: str, name: str
+    redis_url: str, kind: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The race needs b granted by a's release reply and not run since: b must wait for
+    # the hub, not read its own line from the list (it would then run at once).
+    monkeypatch.setattr(wakehub.WakeHub, "listen", lambda self, waiter: False)
+
     async def main() -> None:
         import redis.asyncio
 
@@ -1038,3 +1042,150 @@ def test_two_clients_of_one_process_keep_their_own_places(
     assert got["first"] < got["second"] < got["first"] + 1.0, got
     for c in clients:
         c.close()
+
+
+# -- wake-up lines read from the entry's list ----------------------------------------------
+
+
+def _one(kind: str, name: str, client: Any) -> Any:
+    if kind == "rlock":
+        return rlocks.RLock(name, client=client, namespace=NS)
+    if kind == "write":
+        return rlocks.RWLock(name, client=client, namespace=NS).write_lock
+    return rlocks.Semaphore(name, 1, client=client, namespace=NS)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_a_listening_waiter_reads_its_grant_from_the_list_and_nothing_is_published(
+    client: "redis.Redis[bytes]", kind: str, name: str
+) -> None:
+    holder, other = _one(kind, name, client), _one(kind, name, client)
+    hub = waiting.hub_for(client, NS)
+    channel = holder._channel()
+    spy = client.pubsub()
+    spy.subscribe(channel)
+    assert spy.get_message(timeout=5)["type"] == "subscribe"
+    assert holder.acquire()
+    got: List[bool] = []
+
+    def wait() -> None:
+        got.append(other.acquire(timeout=30))
+        other.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: hub._listener is not None and client.zcard(_queue_key(kind, name)) == 1,
+               15, "the waiter to queue as the hub's listener")
+    holder.release()
+    thread.join(30)
+    assert got == [True]
+    # Its grant line went to the entry's list only: nobody subscribed to the channel heard
+    # it (the hub would have had to wake and switch to the waiting thread).
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        message = spy.get_message(timeout=0.1)
+        assert message is None, message
+    assert hub._listener is None  # the wait is over: the slot is free again
+    spy.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_line_left_from_an_earlier_place_in_the_queue_never_grants_a_new_wait(
+    client: "redis.Redis[bytes]", kind: str, name: str
+) -> None:
+    # A grant whose line stayed in the list (its waiter learnt of it from a reply) must
+    # not grant the next wait of the same thread: the new place deletes the list. Token
+    # above any real one: the waiter would keep such a grant without asking Redis.
+    holder, other = _one(kind, name, client), _one(kind, name, client)
+    channel = holder._channel()
+    assert holder.acquire()
+    got: List[bool] = []
+
+    def wait() -> None:
+        client.rpush(channel, f"g {identity.thread_owner()} {10 ** 18}")
+        got.append(other.acquire(timeout=1.5))
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    thread.join(30)
+    assert got == [False]
+    assert holder._held(identity.thread_owner()) == 1
+    holder.release()
+    assert not client.exists(holder._keys.hash)
+
+
+@pytest.mark.timeout(60)
+def test_one_listener_per_hub_the_other_waiters_are_woken_through_the_hub(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    locks = [rlocks.RLock(f"{name}-{i}", client=client, namespace=NS) for i in range(3)]
+    waiters = [rlocks.RLock(f"{name}-{i}", client=client, namespace=NS) for i in range(3)]
+    hub = waiting.hub_for(client, NS)
+    for lock in locks:
+        assert lock.acquire()
+    got: List[int] = []
+
+    def wait(i: int) -> None:
+        if waiters[i].acquire(timeout=30):
+            got.append(i)
+            waiters[i].release()
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    queues = [keys_for(NS, "rlock", f"{name}-{i}").queued()[2] for i in range(3)]
+    wait_until(lambda: all(client.zcard(q) == 1 for q in queues), 15, "all three to queue")
+    # One of them listens (one BLPOP holds a connection), the other two wait on the hub.
+    wait_until(lambda: sum(c.get("cmd") == "blpop" for c in client.client_list()) == 1,
+               15, "the listener's BLPOP")
+    time.sleep(0.2)
+    assert sum(c.get("cmd") == "blpop" for c in client.client_list()) == 1
+    assert hub._listener is not None
+    for lock in locks:
+        lock.release()
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == [0, 1, 2]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_a_task_cancelled_in_its_blpop_leaves_the_queue_and_the_client_stays_usable(
+    redis_url: str, kind: str, name: str
+) -> None:
+    async def main() -> None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
+
+        def make() -> Any:
+            if kind == "rlock":
+                return rlocks.asyncio.RLock(name, client=client, namespace=NS)
+            if kind == "write":
+                return rlocks.asyncio.RWLock(name, client=client, namespace=NS).write_lock
+            return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS)
+
+        holder, other = make(), make()
+        assert await holder.acquire()
+        hub = aio.async_hub_for(client, NS)
+        task = asyncio.ensure_future(other.acquire())
+        deadline = time.monotonic() + 15
+        while hub._listener is None or await client.zcard(_queue_key(kind, name)) != 1:
+            assert time.monotonic() < deadline, "the task never listened"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # in its BLPOP by now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await client.zcard(_queue_key(kind, name)) == 0
+        assert hub._listener is None
+        assert await client.ping()
+        await holder.release()
+        assert await other.acquire(timeout=5)  # the pool's connections still answer right
+        await other.release()
+        assert not await client.exists(holder._keys.hash)
+        await client.aclose()
+
+    asyncio.run(main())

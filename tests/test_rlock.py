@@ -769,9 +769,11 @@ def test_while_the_channel_is_subscribed_the_first_call_queues_with_no_try_befor
     calls: List[bool] = []
     build = rlocks.RLock._acquire_call
 
-    def recorded(self: Any, owner: str, count: int, reentry: bool, entry: Any) -> Any:
+    def recorded(
+        self: Any, owner: str, count: int, reentry: bool, entry: Any, listen: bool = False
+    ) -> Any:
         calls.append(entry is not None)  # True: the queueing call (under the hub's entry)
-        return build(self, owner, count, reentry, entry)
+        return build(self, owner, count, reentry, entry, listen)
 
     monkeypatch.setattr(rlocks.RLock, "_acquire_call", recorded)
     assert lock.acquire(timeout=5)  # free: granted by the queueing call itself

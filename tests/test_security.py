@@ -127,6 +127,8 @@ ACL_RULES = [
     "+zcard",
     # and by the deadlock detector (issue 14): wait-for edges and the wait counter
     "+get", "+set", "+incr",
+    # and the wake-up lists: pushed by the queue scripts, popped by a listening waiter
+    "+rpush", "+blpop",
 ]
 
 

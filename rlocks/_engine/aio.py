@@ -34,13 +34,14 @@ from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, po
 from .clock import monotonic
 from .dialogue import adrive
 from .primitive import Primitive, QuorumOp, QuorumStep
-from .queued import CALL, READ, WAIT, Op, Steps, acquire_steps
+from .queued import CALL, LISTEN, READ, WAIT, Op, Steps, acquire_steps
 from .quorum import Quorum
 from .reentrant import OwnerViews
 from .renewal import Item, Renewer
 from .scripts import Call, Reply, Script, arun, new_op, op_stream, with_op
 from .state import PrimitiveState, afind
-from .wakehub import READ_TURN, HubOp, HubStep, Waiter, WakeHub, serial
+from .waiting import LINK_ERRORS
+from .wakehub import READ_TURN, HubOp, HubStep, Waiter, WakeHub, listen_timeout, serial
 
 __all__ = ["AsyncPrimitive", "agather", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -418,6 +419,21 @@ class AsyncPrimitive(Primitive):
         if op.kind == WAIT:
             assert op.waiter is not None
             return await _wait_event(op.waiter.event, op.timeout)
+        if op.kind == LISTEN:
+            # (A cancel during the BLPOP closes its connection: an element popped then is
+            # lost, and the dialogue's clean-up leaves, passing on a grant it carried.)
+            waiter = op.waiter
+            assert waiter is not None
+            if waiter.event.is_set():
+                return True
+            io = io_client(self._aclient())
+            try:
+                got = await io.blpop([waiter.channel.name], listen_timeout(io, op.timeout))
+            except LINK_ERRORS as exc:
+                return exc  # for the dialogue: its next call meets the broken link
+            if got:
+                self._ahub().heard(waiter, got[1])
+            return bool(got)
         if op.kind == READ:
             # Shielded as a script call is: an edge's deletion runs to its end. One read
             # at a time per hub, as in Primitive._perform.

@@ -86,7 +86,9 @@ class PrimitiveKeys(NamedTuple):
         """The wake-up channel of the process whose queue entry is ``entry`` (its process
         token): a hand-over publishes each woken process's lines there only
         (``lua/queue_lib.lua`` ``finish``), so it wakes no other process. The name keeps
-        the hash tag, so a cluster script may publish on it as a shard channel.
+        the hash tag, so a cluster script may publish on it as a shard channel. It also
+        names the entry's wake-up list, which a waiter reading its own lines BLPOPs (the
+        list's key is then in the primitive's slot).
         """
         return f"{self.channel}:{entry}"
 

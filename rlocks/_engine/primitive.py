@@ -48,7 +48,7 @@ from .constructors import public_init
 from .deadlock import Detector
 from .dialogue import drive
 from .keys import PrimitiveKeys, keys_for
-from .queued import CALL, READ, WAIT, Op, Steps, acquire_steps
+from .queued import CALL, LISTEN, READ, WAIT, Op, Steps, acquire_steps
 from .quorum import Quorum, drift_allowance
 from .renewal import Lease, Renewable, Renewer, renewer_for
 from .scripts import (
@@ -66,8 +66,8 @@ from .scripts import (
     stamped,
 )
 from .state import PrimitiveState, find
-from .waiting import existing_hub, hub_for
-from .wakehub import READ_TURN, WakeHub, serial
+from .waiting import LINK_ERRORS, existing_hub, hub_for
+from .wakehub import READ_TURN, WakeHub, listen_timeout, serial
 
 __all__ = [
     "ENTRY_LEASE", "Hold", "Options", "Primitive", "QuorumOp", "QuorumStep", "SyncPrimitive"
@@ -489,13 +489,15 @@ class Primitive(Renewable):
     # -- what a subclass provides --------------------------------------------------------
 
     def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str]
+        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
         """KEYS and ARGV of the acquire script.
 
         ``reentry``: this object already has holds of ``owner`` (a script that knows the
         owner's field should answer not-owner when it is gone). ``entry``: the hub entry
         id to queue under if refused (``None``: a single try, see :meth:`_entry_id`).
+        ``listen``: the waiter reads its wake-up lines from the entry's list (see
+        :meth:`_queue_flag`).
         """
         raise NotImplementedError
 
@@ -614,15 +616,24 @@ class Primitive(Renewable):
         """
         return entry if entry is not None else f"{identity.process_token()}:try"
 
+    @staticmethod
+    def _queue_flag(entry: Optional[str], listen: bool) -> int:
+        """The acquire scripts' ``queue`` ARGV: 0 = a single try (``entry`` None), 1 =
+        queue, its wake-up lines published on the entry's channel (the hub reads them),
+        2 = queue, its lines pushed to the entry's list (the waiting thread BLPOPs it)."""
+        if entry is None:
+            return 0
+        return 2 if listen else 1
+
     def _acquire_call(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str]
+        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
     ) -> Call:
         """The prepared acquire call: queue under ``entry`` if not granted (``None``: a
-        single try, nothing queued)."""
+        single try, nothing queued); ``listen``: see :meth:`_queue_flag`."""
         return self._prepared(
-            ("acquire", owner, count, reentry, entry),
+            ("acquire", owner, count, reentry, entry, listen),
             self._acquire_script,
-            lambda: self._acquire_arguments(owner, count, reentry, entry),
+            lambda: self._acquire_arguments(owner, count, reentry, entry, listen),
             self._replication,
         )
 
@@ -729,6 +740,19 @@ class Primitive(Renewable):
         if op.kind == WAIT:
             assert op.waiter is not None
             return op.waiter.event.wait(op.timeout)
+        if op.kind == LISTEN:
+            waiter = op.waiter
+            assert waiter is not None
+            if waiter.event.is_set():
+                return True
+            io = io_client(client)
+            try:
+                got = io.blpop([waiter.channel.name], listen_timeout(io, op.timeout))
+            except LINK_ERRORS as exc:
+                return exc  # for the dialogue: its next call meets the broken link
+            if got:
+                self._hub().heard(waiter, got[1])
+            return bool(got)
         if op.kind == READ:
             # Bounded and never re-sent, as rlocks' own script calls. One read at a time
             # per hub (WakeHub.reads): every waiter past deadlock_timeout checks, and 64

@@ -54,17 +54,17 @@ from typing import TYPE_CHECKING, Any, Generator, List, Optional, Tuple
 from . import deadlock, identity, metrics
 from .clock import monotonic
 from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply, new_op, unsent
-from .waiting import LINK_ERRORS, WaitPlan, link_lost
+from .waiting import LINK_ERRORS, SILENT, WaitPlan, link_lost
 from .wakehub import RECONNECT_BACKOFF, Waiter, WakeHub, serial
 
 if TYPE_CHECKING:  # pragma: no cover
     from .primitive import Primitive
 
-__all__ = ["CALL", "READ", "SUBSCRIBE", "WAIT", "Op", "Steps", "acquire_steps"]
+__all__ = ["CALL", "LISTEN", "READ", "SUBSCRIBE", "WAIT", "Op", "Steps", "acquire_steps"]
 
 log = logging.getLogger(__name__)
 
-CALL, WAIT, SUBSCRIBE, READ = "call", "wait", "subscribe", "read"
+CALL, WAIT, LISTEN, SUBSCRIBE, READ = "call", "wait", "listen", "subscribe", "read"
 
 #: The least short lease (s) a hand-over grant must have left to be kept without its
 #: adoption round trip: the renewer's margin for its first renewal, which adopts it.
@@ -78,6 +78,10 @@ class Op:
     was cut short by an interrupt or a cancel after the command was sent stores the
     script's answer, when it can still read it, in ``late`` before raising. ``WAIT``:
     wait on ``waiter``'s event at most ``timeout`` s (the result is ignored).
+    ``LISTEN``: the same for a waiter that reads its wake-up lines itself: unless its
+    event is set, pop at most one element of its entry's list (the channel's name),
+    waiting at most ``timeout`` s, and hand it to the hub (``WakeHub.heard``); a broken
+    link ends the step early, its error (one of ``LINK_ERRORS``) the result.
     ``SUBSCRIBE``: wait at most ``timeout`` s for ``waiter``'s channel to be confirmed.
     ``READ``: run the one Redis ``command`` (the deadlock detector's reads and its edge;
     idempotent, routed by its one key); the result is the raw reply.
@@ -120,7 +124,10 @@ Steps = Generator[Op, Any, bool]
 class _AcquireState:
     """The dialogue's own state, visible to its clean-up."""
 
-    __slots__ = ("op", "waiter", "queued", "entry", "entry_id", "detector", "basis", "began")
+    __slots__ = (
+        "op", "waiter", "queued", "entry", "entry_id", "detector", "basis", "began", "listening",
+        "silent",
+    )
 
     def __init__(self) -> None:
         #: (when it was sent, monotonic; the token it reported) of this waiter's last
@@ -134,6 +141,12 @@ class _AcquireState:
         self.entry: Any = None  # the renewer's lease of the queue entry
         self.entry_id = ""  # the queue entry's id: the hub's (WakeHub.entry)
         self.began = False  # metrics count this acquire as waiting (see _waits)
+        #: The waiter reads its lines from the entry's list (WakeHub.listen); decided at
+        #: its first queueing call and kept for the whole wait (None: not decided yet),
+        #: since a switch could leave a published line of its place unaccounted for.
+        self.listening: Optional[bool] = None
+        #: Its last BLPOP ran out a socket timeout (the server stopped answering).
+        self.silent = False
 
 
 def acquire_steps(
@@ -176,6 +189,8 @@ def acquire_steps(
         if st.entry is not None:
             prim._renewer().cancel(st.entry)
         if st.waiter is not None and hub is not None:
+            if st.listening:
+                hub.unlisten(st.waiter)
             hub.unregister(st.waiter)
 
 
@@ -294,9 +309,12 @@ def _acquire(
             _waits(prim, st, first)
             yield Op(SUBSCRIBE, waiter=waiter, timeout=plan.subscribe_bound())
         waiter.event.clear()
+        if st.listening is None:
+            st.listening = hub.listen(waiter)
         if not st.queued:
-            # Only an entry made while subscribed is sure to have its grant line read.
-            waiter.counts = hub.is_confirmed(channel)
+            # Only an entry made while subscribed is sure to have its grant line read; a
+            # listening waiter's lines are never published, so none is to be dropped.
+            waiter.counts = not st.listening and hub.is_confirmed(channel)
         try:
             if plan.unsure:
                 check = prim._acquire_check(owner)
@@ -312,9 +330,10 @@ def _acquire(
             since = monotonic()
             owed = False
             st.queued = True  # from the moment it is sent, an entry may exist
-            op = _call(st, prim._acquire_call(owner, count, reentry, hub.entry))
+            op = _call(st, prim._acquire_call(owner, count, reentry, hub.entry, st.listening))
             reply = yield op
             st.op = None
+            st.silent = False
         except LINK_ERRORS as exc:
             pause = plan.failed(exc, prim._acquire_check(owner) is not None)
             if pause is None:
@@ -338,7 +357,10 @@ def _acquire(
             if det is not None:
                 pause = det.pause(pause)
             _waits(prim, st, first)
-            if pause > 0:
+            if pause > 0 and st.listening:
+                heard = yield Op(LISTEN, waiter=waiter, timeout=pause)
+                st.silent = isinstance(heard, SILENT)
+            elif pause > 0:
                 yield Op(WAIT, waiter=waiter, timeout=pause)
             continue
         # Granted directly, ADOPTED, or refused: the wait is over either way.
@@ -353,6 +375,12 @@ def _acquire(
     # The deadline passed: the grant and the leave race under the hub mutex.
     if hub.claim(waiter, leaving=True) and (yield from _handed(prim, owner, count, first, st)):
         return True
+    if st.silent and not waiter.named:
+        # Its BLPOP already waited out a socket timeout of a silent server: the leave
+        # would wait out another one. The entry (and any grant that raced) ends with its
+        # short lease, as when a leave fails.
+        st.queued = False
+        log.debug("%s: server silent; the entry ends with its lease", prim._describe())
     if st.queued or waiter.named:
         st.queued = False
         try:

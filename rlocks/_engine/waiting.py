@@ -37,6 +37,7 @@ from .wakehub import RECONNECT_BACKOFF, SUBSCRIBE_WAIT, WakeHub
 __all__ = [
     "IDLE_WAIT",
     "LINK_ERRORS",
+    "SILENT",
     "WaitPlan",
     "existing_hub",
     "hub_for",
@@ -102,6 +103,9 @@ def existing_hub(client: Any, namespace: str) -> Optional[WakeHub]:
 #: Errors after which a waiter with time left reconnects and waits on: the link broke or
 #: timed out (a restarting server answers LOADING, a ConnectionError, until it is ready).
 LINK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: The link error of a server that stopped answering (a read ran out its socket timeout),
+#: as opposed to one that refused or reset the connection.
+SILENT = redis.exceptions.TimeoutError
 #: ConnectionErrors that waiting longer does not cure: they are raised at once.
 _NOT_TRANSIENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 

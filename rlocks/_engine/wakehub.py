@@ -56,6 +56,7 @@ __all__ = [
     "HubStep",
     "Waiter",
     "WakeHub",
+    "listen_timeout",
     "serial",
     "wake_count",
     "wake_line",
@@ -155,6 +156,15 @@ _serials = itertools.count(1)
 def serial() -> int:
     """The next registration serial (thread-safe: ``itertools.count`` is atomic)."""
     return next(_serials)
+
+
+def listen_timeout(client: Any, timeout: float) -> float:
+    """The BLPOP timeout (s) of a waiter's LISTEN step of at most ``timeout`` s through
+    ``client``: above 0 (BLPOP's 0 blocks for ever), and at most half the client's socket
+    timeout (rlocks' own if unknown), so the read does not time out first. No I/O."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    socket_timeout = (kwargs or {}).get("socket_timeout") or SOCKET_TIMEOUT
+    return max(0.001, min(timeout, socket_timeout / 2))
 
 
 def wake_line(line: str) -> Tuple[str, str, int]:
@@ -257,6 +267,9 @@ class WakeHub:
         # channel -> (owner, until when) of this process's first try (an acquire without
         # queueing) in flight; see try_first
         self._trying: Dict[str, Tuple[str, float]] = {}
+        # The head waiter that reads its wake-up lines from its entry's list (see listen):
+        # one per hub, since its BLPOP holds a connection of the pool while it waits.
+        self._listener: Optional[Waiter] = None
 
     # -- called by waiting threads -------------------------------------------------------
 
@@ -366,6 +379,47 @@ class WakeHub:
         """Whether ``channel`` is subscribed and confirmed now (no I/O)."""
         ch = self._channels.get(channel)
         return ch is not None and bool(ch.confirmed.is_set())
+
+    # -- wake-up lines read from the entry's list ----------------------------------------
+
+    def listen(self, waiter: Waiter) -> bool:
+        """Whether ``waiter``, its channel's head about to queue, reads its wake-up lines
+        itself from the entry's list (BLPOP) instead of through this hub's subscriber: a
+        hand-off then costs no pub/sub hop and no thread switch. One waiter per hub at a
+        time (its BLPOP holds a connection of the pool), and never one a leaving head
+        named: the lines of its place may already travel on the channel. No I/O."""
+        with self._mutex:
+            if waiter.named or (self._listener is not None and self._listener is not waiter):
+                return False
+            self._listener = waiter
+            return True
+
+    def unlisten(self, waiter: Waiter) -> None:
+        """``waiter`` no longer reads the list (its wait is over, or it is named)."""
+        with self._mutex:
+            if self._listener is waiter:
+                self._listener = None
+
+    def heard(self, waiter: Waiter, payload: Any) -> None:
+        """Act on one element ``waiter`` popped from its entry's list: each line names a
+        waiter of this process, as a published message's would. No echo is dropped: a
+        list line is never also published, and the list only holds lines of the entry's
+        current place, which the waiters that read it have not learnt of otherwise (a
+        grant told by a reply ends that wait, and the next wait's new place deletes the
+        list). No I/O."""
+        text = _text(payload, self._encoding)
+        with self._mutex:
+            for line in text.split("\n"):
+                what, wid, token = wake_line(line)
+                if not wid.startswith(self._mine):
+                    continue
+                for other in waiter.channel.waiters:
+                    if other.id == wid:
+                        if what == "g" and other.state == WAITING:
+                            other.state = GRANTED
+                            other.token = token
+                        other.event.set()
+                        break
 
     # -- hand-over grants (queue scripts) ------------------------------------------------
 

@@ -14,6 +14,7 @@
 --   KEYS[3]  Q  the queue, ZSET: member = entry id (a process's wake-up hub: '<process token>/<n>'), score = sequence
 --   KEYS[4]  W  entries hash: 'e:<entry>' -> JSON {w = waiter, o = owner, s = side,
 --              n = holds wanted, k = 1 once woken without a grant (fair = 0),
+--              b = 1: its lines go to the list 'C:E' instead of the channel,
 --              p = server ms when its patience ends (fair = 0, set when woken),
 --              l = the entry lease (ms) of the call that queued it: a grant to it lives
 --              that long until adopted, whoever's call makes the grant,
@@ -24,7 +25,11 @@
 --   KEYS[5]  T  entry lease ends, ZSET: 'e:<entry>' and 'g:<waiter>' -> end (ms)
 --   KEYS[6]  the wake-up channel prefix C: the process of queue entry E listens on
 --              'C:E' (shard channels on a cluster: C carries the hash tag), so a
---              hand-over wakes only the processes it names
+--              hand-over wakes only the processes it names; or, while E's entry has
+--              b = 1, reads them from the LIST of the same name 'C:E' (its waiting
+--              thread BLPOPs it: no pub/sub hop, no thread switch). The list only ever
+--              holds lines of E's current place in the queue: a call that gives E a new
+--              place deletes it first
 --   KEYS[7]  F  the fencing token counter, a hash: 'last' -> the last token issued to any
 --              primitive of the namespace whose keys hash to this cluster slot (its own
 --              hash tag is chosen to land there), so the number of such keys is bounded
@@ -64,7 +69,8 @@
 --   -2  UPGRADE   rw acquire of the write side by an owner that only reads: refused
 --   -3  OVER      sem release that would lift a bounded semaphore above its value
 --   wakes: the lines this call published, in queue order; each woken process's lines
---   go in one message on its channel 'C:E', joined by '\n'. 'g <waiter> <token>' =
+--   go in one message on its channel 'C:E' (an entry with b = 1: one element RPUSHed to
+--   the list 'C:E', which then expires with the entry lease), joined by '\n'. 'g <waiter> <token>' =
 --   granted (the waiter now holds what its entry asked, with the short lease; token =
 --   the grant's fencing token; a semaphore's line is 'g <waiter>'),
 --   'w <waiter>' = woken to try again (fair = 0 only).
@@ -137,7 +143,8 @@ local function fmt(n) return string.format('%d', n) end
 -- the index of the first operation ARGV.
 local function context(kind)
     -- qdirty: the queue keys (Q, W, T) changed, so finish() must redo their expiry
-    local ctx = {kind = kind, wakes = {}, pub = {}, pub_order = {}, qdirty = false, granted = 0}
+    local ctx = {kind = kind, wakes = {}, pub = {}, pub_order = {}, listed = {}, qdirty = false,
+                 granted = 0}
     if ARGV[1] == '' then
         local t = redis.call('TIME')
         ctx.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -293,8 +300,9 @@ local function drop(ctx, side, owner, n, refund, count)
     return n
 end
 
--- A wake-up line for `waiter`, published on its process's channel (`entry`'s) by finish().
-local function wake(ctx, what, waiter, token, entry)
+-- A wake-up line for `waiter`, sent to its process by finish(): published on `entry`'s
+-- channel, or pushed to `entry`'s list when `e` (the entry) has b = 1.
+local function wake(ctx, what, waiter, token, entry, e)
     local line = what .. ' ' .. waiter
     if token ~= nil then line = line .. ' ' .. fmt(token) end
     ctx.wakes[#ctx.wakes + 1] = line
@@ -304,6 +312,7 @@ local function wake(ctx, what, waiter, token, entry)
         ctx.pub[entry] = lines
         ctx.pub_order[#ctx.pub_order + 1] = entry
     end
+    if e.b == 1 then ctx.listed[entry] = e.l or ctx.elease end
     lines[#lines + 1] = line
 end
 
@@ -328,6 +337,9 @@ local function enqueue(ctx, entry, e)
     if redis.call('ZSCORE', Q, entry) == false then
         redis.call('ZADD', Q, redis.call('HINCRBY', W, '#seq', 1), entry)
         e.t = ctx.now
+        -- A new place: lines left from an earlier one (a grant its waiter learnt from a
+        -- reply) must never reach the waiter that reads the list from now on.
+        redis.call('DEL', CHANNEL .. ':' .. entry)
     else
         -- re-pointed: the place, and so the time it was taken, stay
         local old = get_entry(entry)
@@ -438,7 +450,7 @@ local function handover(ctx)
             redis.call('ZADD', T, ctx.now + life, 'g:' .. e.w)
             ctx.granted = ctx.granted + 1
             if ctx.kind == 'sem' then token = nil end
-            wake(ctx, 'g', e.w, token, top)
+            wake(ctx, 'g', e.w, token, top, e)
         elseif e.k == 1 then
             -- passed over within its patience: it asks again when that ends (its QUEUED
             -- reply said when), or this walk grants it at a release after that
@@ -448,7 +460,7 @@ local function handover(ctx)
             e.p = ctx.now + ctx.patience
             ctx.qdirty = true
             redis.call('HSET', W, 'e:' .. top, cjson.encode(e))
-            wake(ctx, 'w', e.w, nil, top)
+            wake(ctx, 'w', e.w, nil, top, e)
             i = i + 1
         end
     end
@@ -524,7 +536,14 @@ local function finish(ctx, status, value, aux)
     -- One message per woken process, on its own channel: a hand-over wakes only the
     -- processes it names, not every process that waits.
     for _, entry in ipairs(ctx.pub_order) do
-        redis.call(ctx.publish, CHANNEL .. ':' .. entry, table.concat(ctx.pub[entry], '\n'))
+        local name, text = CHANNEL .. ':' .. entry, table.concat(ctx.pub[entry], '\n')
+        local life = ctx.listed[entry]
+        if life == nil then
+            redis.call(ctx.publish, name, text)
+        else
+            redis.call('RPUSH', name, text)
+            redis.call('PEXPIRE', name, life)
+        end
     end
     if ctx.token ~= nil and ctx.token > 0 then
         return {status, value, aux, ctx.wakes, {}, ctx.token}
@@ -605,7 +624,10 @@ local function op_acquire(ctx, a)
     local k, p = 0, nil
     local old = get_entry(a.entry)
     if old ~= nil then k, p = old.k, old.p end
-    enqueue(ctx, a.entry, {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k, p = p})
+    local b = nil -- (queue = 2: the waiter reads its lines from the list)
+    if a.queue == 2 then b = 1 end
+    enqueue(ctx, a.entry, {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k, p = p,
+        b = b})
     -- fair = 1 offered the primitive to those ahead already; fair = 0 wakes them here.
     -- The caller's own entry cannot be granted by it: it did not fit the whole capacity.
     handover(ctx)

@@ -12,6 +12,7 @@
 -- ARGV[9]   1 = the caller believes it holds the lock already (re-entry); 0 = not
 -- ARGV[10]  1 = queue if not granted (or keep the entry's place, re-pointed to this
 --           owner); 0 = a single try, nothing queued
+--           2 = as 1, and the entry's wake-up lines go to its list, not its channel (b = 1)
 --
 -- Replies: 1 granted (value = holds, aux = lease ms; a fresh hold adds a sixth element,
 -- its fencing token; re-entry adds none); 2 adopted a hand-over grant to this owner it
@@ -22,7 +23,7 @@
 local ctx, i = context('rlock')
 local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'), side = 'x',
            ttl = int_arg(i + 2, 'ttl', 1), add = int_arg(i + 3, 'add', 1),
-           reentry = int_arg(i + 4, 'reentry', 0, 1), queue = int_arg(i + 5, 'queue', 0, 1)}
+           reentry = int_arg(i + 4, 'reentry', 0, 1), queue = int_arg(i + 5, 'queue', 0, 2)}
 a.waiter = a.owner
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)

@@ -11,6 +11,7 @@
 -- ARGV[9]   holds to add, count (>= 1)
 -- ARGV[10]  1 = the caller believes it holds that side already (re-entry); 0 = not
 -- ARGV[11]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
+--           2 = as 1, and the entry's wake-up lines go to its list, not its channel (b = 1)
 --
 -- Grants: re-entry of a held side, and read by the writer (downgrade), at once, never
 -- queued. Otherwise FIFO by arrival (fair = 1): a writer when nobody holds either side,
@@ -25,7 +26,7 @@ local ctx, i = context('rw')
 local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'),
            side = side_arg(i + 2, 'side', 'rw'), ttl = int_arg(i + 3, 'ttl', 1),
            add = int_arg(i + 4, 'add', 1), reentry = int_arg(i + 5, 'reentry', 0, 1),
-           queue = int_arg(i + 6, 'queue', 0, 1)}
+           queue = int_arg(i + 6, 'queue', 0, 2)}
 a.waiter = a.owner
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)

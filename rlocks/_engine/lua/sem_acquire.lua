@@ -12,6 +12,7 @@
 -- ARGV[10]  ttl, ms (>= 1): the owner's lease on its permits (never shortened)
 -- ARGV[11]  permits to take, count (>= 1)
 -- ARGV[12]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
+--           2 = as 1, and the entry's wake-up lines go to its list, not its channel (b = 1)
 --
 -- Strict FIFO (fair = 1): granted when enough permits are free and no live entry is ahead
 -- of the caller's; a head that wants more than is free blocks those behind it.
@@ -23,7 +24,7 @@ local ctx, i = context('sem')
 local a = {owner = str_arg(i, 'owner'), waiter = str_arg(i + 1, 'waiter'),
            entry = str_arg(i + 2, 'entry'), side = 's', ttl = int_arg(i + 3, 'ttl', 1),
            add = int_arg(i + 4, 'permits', 1), reentry = 0,
-           queue = int_arg(i + 5, 'queue', 0, 1)}
+           queue = int_arg(i + 5, 'queue', 0, 2)}
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end
