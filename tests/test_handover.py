@@ -1189,3 +1189,29 @@ def test_a_task_cancelled_in_its_blpop_leaves_the_queue_and_the_client_stays_usa
         await client.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_on_a_small_pool_waiters_wait_on_the_hub_not_in_a_blpop(redis_url: str, name: str) -> None:
+    # A BLPOP would hold one of the pool's few connections for the whole wait, and the
+    # holder's release in the same process could then wait for (or fail to get) one.
+    small = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+        redis_url, max_connections=wakehub.LISTEN_POOL_MIN - 1, timeout=5))
+    holder, other = (rlocks.RLock(name, client=small, namespace=NS) for _ in range(2))
+    assert holder.acquire()
+    got: List[bool] = []
+
+    def wait() -> None:
+        got.append(other.acquire(timeout=30))
+        other.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: small.zcard(_queue_key("rlock", name)) == 1, 15, "the waiter to queue")
+    time.sleep(0.2)
+    assert not any(c.get("cmd") == "blpop" for c in small.client_list())
+    assert waiting.hub_for(small, NS)._listener is None
+    holder.release()
+    thread.join(30)
+    assert got == [True]
+    small.close()

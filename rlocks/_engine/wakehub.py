@@ -49,6 +49,7 @@ from .dialogue import drive, stopped
 
 __all__ = [
     "DEGRADED_POLL",
+    "LISTEN_POOL_MIN",
     "READ_TURN",
     "RECONNECT_BACKOFF",
     "SUBSCRIBE_WAIT",
@@ -156,6 +157,20 @@ _serials = itertools.count(1)
 def serial() -> int:
     """The next registration serial (thread-safe: ``itertools.count`` is atomic)."""
     return next(_serials)
+
+
+#: The fewest connections a pool must allow for its waiters to read their own wake-up
+#: lines (WakeHub.listen): below it, a BLPOP holding one could make a release in the same
+#: process wait for the pool (BlockingConnectionPool) or fail (ConnectionPool).
+LISTEN_POOL_MIN = 16
+
+
+def _roomy(client: Any) -> bool:
+    """Whether ``client``'s pool allows :data:`LISTEN_POOL_MIN` connections (a cluster
+    client, whose pools are per node and unknown here, counts as roomy). No I/O."""
+    pool = getattr(client, "connection_pool", None)
+    most = getattr(pool, "max_connections", None)
+    return not isinstance(most, int) or most >= LISTEN_POOL_MIN
 
 
 def listen_timeout(client: Any, timeout: float) -> float:
@@ -270,6 +285,7 @@ class WakeHub:
         # The head waiter that reads its wake-up lines from its entry's list (see listen):
         # one per hub, since its BLPOP holds a connection of the pool while it waits.
         self._listener: Optional[Waiter] = None
+        self._may_listen = _roomy(client)
 
     # -- called by waiting threads -------------------------------------------------------
 
@@ -386,10 +402,14 @@ class WakeHub:
         """Whether ``waiter``, its channel's head about to queue, reads its wake-up lines
         itself from the entry's list (BLPOP) instead of through this hub's subscriber: a
         hand-off then costs no pub/sub hop and no thread switch. One waiter per hub at a
-        time (its BLPOP holds a connection of the pool), and never one a leaving head
-        named: the lines of its place may already travel on the channel. No I/O."""
+        time (its BLPOP holds a connection of the pool), none on a pool capped below
+        :data:`LISTEN_POOL_MIN` connections (the holder's release must not wait for one),
+        and never one a leaving head named: the lines of its place may already travel on
+        the channel. No I/O."""
         with self._mutex:
-            if waiter.named or (self._listener is not None and self._listener is not waiter):
+            if not self._may_listen or waiter.named or (
+                self._listener is not None and self._listener is not waiter
+            ):
                 return False
             self._listener = waiter
             return True
