@@ -432,7 +432,8 @@ class AsyncPrimitive(Primitive):
             except LINK_ERRORS as exc:
                 return exc  # for the dialogue: its next call meets the broken link
             if got:
-                self._ahub().heard(waiter, got[1])
+                assert op.hub is not None
+                op.hub.heard(waiter, got[1])
             return bool(got)
         if op.kind == READ:
             # Shielded as a script call is: an edge's deletion runs to its end. One read

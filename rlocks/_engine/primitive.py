@@ -751,7 +751,8 @@ class Primitive(Renewable):
             except LINK_ERRORS as exc:
                 return exc  # for the dialogue: its next call meets the broken link
             if got:
-                self._hub().heard(waiter, got[1])
+                assert op.hub is not None
+                op.hub.heard(waiter, got[1])
             return bool(got)
         if op.kind == READ:
             # Bounded and never re-sent, as rlocks' own script calls. One read at a time

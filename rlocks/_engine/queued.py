@@ -21,12 +21,16 @@ The dialogue (docs/design/handover.md, "Client side")
    head waits for the hub at most until the re-check hint (``aux``), the entry lease or
    the deadline.
 3. The hub's ``g <waiter>`` line (or the releasing thread of this process, from its
-   release reply) marks the waiter GRANTED. A lock's waiter records the hold with no
-   round trip when the grant is surely this wait's and its short lease has most of
-   ``entry_lease`` left (``_short_lease_end``): the renewer's first renewal of the hold,
-   due ``renewal.ADOPT_AFTER`` (0.1 s) later (or at the renewer's next planned wake-up
-   within a third of the short lease), adopts it and extends it to ``ttl``; so do
-   the owner's own release or re-entry, whichever comes first. Otherwise
+   release reply) marks the waiter GRANTED. A head that listens (``WakeHub.listen``: one
+   per hub, decided at its first queueing call, ``queue = 2``) reads its entry's lines
+   itself from a list in Redis (``LISTEN``: BLPOP) instead: no pub/sub hop, no thread
+   switch; the list only holds lines of the entry's current place. A lock's waiter
+   records the hold with no round trip when the grant is surely this wait's and its
+   short lease has most of ``entry_lease`` left (``_short_lease_end``): the renewer's
+   first renewal of the hold, due ``renewal.ADOPT_AFTER`` (0.1 s) later (or at the
+   renewer's next planned wake-up within a third of the short lease), adopts it and
+   extends it to ``ttl``; so do the owner's own release or re-entry, whichever comes
+   first. Otherwise
    (a semaphore, an old wait, ``replicas=``) it adopts the grant itself before returning.
    ``w`` (``fair=False``), or no line in time, makes it ask again: that re-check renews
    the entry and answers ADOPTED for a grant whose line was missed (recorded once).
@@ -80,14 +84,14 @@ class Op:
     wait on ``waiter``'s event at most ``timeout`` s (the result is ignored).
     ``LISTEN``: the same for a waiter that reads its wake-up lines itself: unless its
     event is set, pop at most one element of its entry's list (the channel's name),
-    waiting at most ``timeout`` s, and hand it to the hub (``WakeHub.heard``); a broken
+    waiting at most ``timeout`` s, and hand it to ``hub`` (``WakeHub.heard``); a broken
     link ends the step early, its error (one of ``LINK_ERRORS``) the result.
     ``SUBSCRIBE``: wait at most ``timeout`` s for ``waiter``'s channel to be confirmed.
     ``READ``: run the one Redis ``command`` (the deadlock detector's reads and its edge;
     idempotent, routed by its one key); the result is the raw reply.
     """
 
-    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent", "command", "opid")
+    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent", "command", "opid", "hub")
 
     def __init__(
         self,
@@ -96,8 +100,10 @@ class Op:
         waiter: Optional[Waiter] = None,
         timeout: float = 0.0,
         command: Tuple[Any, ...] = (),
+        hub: Optional[WakeHub] = None,
     ) -> None:
         self.kind = kind
+        self.hub = hub  # LISTEN: the hub whose table the popped lines go to
         self.command = command
         self.call = call
         self.waiter = waiter
@@ -358,7 +364,7 @@ def _acquire(
                 pause = det.pause(pause)
             _waits(prim, st, first)
             if pause > 0 and st.listening:
-                heard = yield Op(LISTEN, waiter=waiter, timeout=pause)
+                heard = yield Op(LISTEN, waiter=waiter, timeout=pause, hub=hub)
                 st.silent = isinstance(heard, SILENT)
             elif pause > 0:
                 yield Op(WAIT, waiter=waiter, timeout=pause)
