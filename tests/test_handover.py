@@ -58,6 +58,15 @@ def _pids(client: Any, key: str) -> List[int]:
     return [int(x) for x in client.lrange(key, 0, -1)]
 
 
+def _one_async(kind: str, name: str, client: Any) -> Any:
+    """An asyncio primitive of ``kind`` ("rlock", "write" or "sem") on ``client``."""
+    if kind == "rlock":
+        return rlocks.asyncio.RLock(name, client=client, namespace=NS)
+    if kind == "write":
+        return rlocks.asyncio.RWLock(name, client=client, namespace=NS).write_lock
+    return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS)
+
+
 def _reap(*procs: Any) -> None:
     for proc in procs:
         if proc.is_alive():
@@ -671,14 +680,7 @@ def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
 
         client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
 
-        def make() -> Any:
-            if kind == "rlock":
-                return rlocks.asyncio.RLock(name, client=client, namespace=NS)
-            if kind == "write":
-                return rlocks.asyncio.RWLock(name, client=client, namespace=NS).write_lock
-            return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS)
-
-        a, b, c = make(), make(), make()
+        a, b, c = (_one_async(kind, name, client) for _ in range(3))
         assert await a.acquire()
         queue = a._keys.queued()[2]
         task_b = asyncio.ensure_future(b.acquire())
@@ -1047,6 +1049,20 @@ def test_two_clients_of_one_process_keep_their_own_places(
 # -- wake-up lines read from the entry's list ----------------------------------------------
 
 
+def _takes_and_releases(prim: Any) -> Tuple[threading.Thread, List[bool]]:
+    """A started thread that acquires ``prim`` (30 s at most), notes the result in the
+    returned list, and releases it."""
+    got: List[bool] = []
+
+    def wait() -> None:
+        got.append(prim.acquire(timeout=30))
+        prim.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, got
+
+
 def _one(kind: str, name: str, client: Any) -> Any:
     if kind == "rlock":
         return rlocks.RLock(name, client=client, namespace=NS)
@@ -1067,14 +1083,7 @@ def test_a_listening_waiter_reads_its_grant_from_the_list_and_nothing_is_publish
     spy.subscribe(channel)
     assert spy.get_message(timeout=5)["type"] == "subscribe"
     assert holder.acquire()
-    got: List[bool] = []
-
-    def wait() -> None:
-        got.append(other.acquire(timeout=30))
-        other.release()
-
-    thread = threading.Thread(target=wait)
-    thread.start()
+    thread, got = _takes_and_releases(other)
     wait_until(lambda: hub._listener is not None and client.zcard(_queue_key(kind, name)) == 1,
                15, "the waiter to queue as the hub's listener")
     holder.release()
@@ -1160,14 +1169,7 @@ def test_a_task_cancelled_in_its_blpop_leaves_the_queue_and_the_client_stays_usa
 
         client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
 
-        def make() -> Any:
-            if kind == "rlock":
-                return rlocks.asyncio.RLock(name, client=client, namespace=NS)
-            if kind == "write":
-                return rlocks.asyncio.RWLock(name, client=client, namespace=NS).write_lock
-            return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS)
-
-        holder, other = make(), make()
+        holder, other = (_one_async(kind, name, client) for _ in range(2))
         assert await holder.acquire()
         hub = aio.async_hub_for(client, NS)
         task = asyncio.ensure_future(other.acquire())
@@ -1199,14 +1201,7 @@ def test_on_a_small_pool_waiters_wait_on_the_hub_not_in_a_blpop(redis_url: str, 
         redis_url, max_connections=wakehub.LISTEN_POOL_MIN - 1, timeout=5))
     holder, other = (rlocks.RLock(name, client=small, namespace=NS) for _ in range(2))
     assert holder.acquire()
-    got: List[bool] = []
-
-    def wait() -> None:
-        got.append(other.acquire(timeout=30))
-        other.release()
-
-    thread = threading.Thread(target=wait)
-    thread.start()
+    thread, got = _takes_and_releases(other)
     wait_until(lambda: small.zcard(_queue_key("rlock", name)) == 1, 15, "the waiter to queue")
     time.sleep(0.2)
     assert not any(c.get("cmd") == "blpop" for c in small.client_list())

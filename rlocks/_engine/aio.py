@@ -41,7 +41,7 @@ from .renewal import Item, Renewer
 from .scripts import Call, Reply, Script, arun, new_op, op_stream, with_op
 from .state import PrimitiveState, afind
 from .waiting import LINK_ERRORS
-from .wakehub import READ_TURN, HubOp, HubStep, Waiter, WakeHub, listen_timeout, serial
+from .wakehub import READ_TURN, HubOp, HubStep, Waiter, WakeHub, serial
 
 __all__ = ["AsyncPrimitive", "agather", "async_hub_for", "default_async_client", "loop_renewer"]
 
@@ -422,19 +422,15 @@ class AsyncPrimitive(Primitive):
         if op.kind == LISTEN:
             # (A cancel during the BLPOP closes its connection: an element popped then is
             # lost, and the dialogue's clean-up leaves, passing on a grant it carried.)
-            waiter = op.waiter
-            assert waiter is not None
-            if waiter.event.is_set():
-                return True
+            assert op.waiter is not None and op.hub is not None
             io = io_client(self._aclient())
+            pop = op.hub.to_pop(op.waiter, op.timeout, io)
+            if pop is None:
+                return True
             try:
-                got = await io.blpop([waiter.channel.name], listen_timeout(io, op.timeout))
+                return op.hub.popped(op.waiter, await io.blpop(*pop))
             except LINK_ERRORS as exc:
                 return exc  # for the dialogue: its next call meets the broken link
-            if got:
-                assert op.hub is not None
-                op.hub.heard(waiter, got[1])
-            return bool(got)
         if op.kind == READ:
             # Shielded as a script call is: an edge's deletion runs to its end. One read
             # at a time per hub, as in Primitive._perform.

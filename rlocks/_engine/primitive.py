@@ -67,7 +67,7 @@ from .scripts import (
 )
 from .state import PrimitiveState, find
 from .waiting import LINK_ERRORS, existing_hub, hub_for
-from .wakehub import READ_TURN, WakeHub, listen_timeout, serial
+from .wakehub import READ_TURN, WakeHub, serial
 
 __all__ = [
     "ENTRY_LEASE", "Hold", "Options", "Primitive", "QuorumOp", "QuorumStep", "SyncPrimitive"
@@ -741,19 +741,15 @@ class Primitive(Renewable):
             assert op.waiter is not None
             return op.waiter.event.wait(op.timeout)
         if op.kind == LISTEN:
-            waiter = op.waiter
-            assert waiter is not None
-            if waiter.event.is_set():
-                return True
+            assert op.waiter is not None and op.hub is not None
             io = io_client(client)
+            pop = op.hub.to_pop(op.waiter, op.timeout, io)
+            if pop is None:
+                return True
             try:
-                got = io.blpop([waiter.channel.name], listen_timeout(io, op.timeout))
+                return op.hub.popped(op.waiter, io.blpop(*pop))
             except LINK_ERRORS as exc:
                 return exc  # for the dialogue: its next call meets the broken link
-            if got:
-                assert op.hub is not None
-                op.hub.heard(waiter, got[1])
-            return bool(got)
         if op.kind == READ:
             # Bounded and never re-sent, as rlocks' own script calls. One read at a time
             # per hub (WakeHub.reads): every waiter past deadlock_timeout checks, and 64

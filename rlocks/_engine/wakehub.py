@@ -420,6 +420,20 @@ class WakeHub:
             if self._listener is waiter:
                 self._listener = None
 
+    def to_pop(self, waiter: Waiter, timeout: float, client: Any) -> Optional[Tuple[Any, ...]]:
+        """The BLPOP arguments of ``waiter``'s LISTEN step of at most ``timeout`` s through
+        ``client``: its list (the channel's name) and :func:`listen_timeout`; None when it
+        was woken already (no I/O: the caller then does not pop)."""
+        if waiter.event.is_set():
+            return None
+        return ([waiter.channel.name], listen_timeout(client, timeout))
+
+    def popped(self, waiter: Waiter, reply: Any) -> bool:
+        """Act on the reply of ``waiter``'s BLPOP (None: it timed out); whether it popped."""
+        if reply:
+            self.heard(waiter, reply[1])
+        return bool(reply)
+
     def heard(self, waiter: Waiter, payload: Any) -> None:
         """Act on one element ``waiter`` popped from its entry's list: each line names a
         waiter of this process, as a published message's would. No echo is dropped: a
