@@ -354,10 +354,13 @@ def _acquire(
         hub.deliver(channel, reply.wakes, op.sent)
         if reply.queued:
             st.basis = (since, reply.token)
-            if st.entry is None:
+            # A listening head renews its entry itself: its re-check, at least every
+            # third of the entry lease (as the renewer would), renews it. The renewer's
+            # call would need a second connection of the pool while the BLPOP holds one.
+            if st.entry is None and not st.listening:
                 st.entry = prim._renewer().add_entry(prim, hub.entry, entry_s)
             hint = reply.aux / 1000.0 + 0.001 if reply.aux >= 0 else entry_s
-            pause = min(hint, entry_s)
+            pause = min(hint, entry_s / 3 if st.listening else entry_s)
             if deadline is not None:
                 pause = min(pause, deadline - monotonic())
             if det is not None:
