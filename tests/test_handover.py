@@ -1056,11 +1056,20 @@ def _takes_and_releases(prim: Any) -> Tuple[threading.Thread, List[bool]]:
 
     def wait() -> None:
         got.append(prim.acquire(timeout=30))
-        prim.release()
+        if got[-1]:
+            prim.release()
 
     thread = threading.Thread(target=wait)
     thread.start()
     return thread, got
+
+
+def _blocked(admin: Any, client_name: str) -> int:
+    """How many connections named ``client_name`` wait in a blocking command now (CLIENT
+    LIST flag ``b``; ``cmd`` is only the last command, which an idle pooled connection
+    that once ran a BLPOP keeps showing)."""
+    return sum(c.get("name") == client_name and "b" in c.get("flags", "")
+               for c in admin.client_list())
 
 
 def _one(kind: str, name: str, client: Any) -> Any:
@@ -1127,36 +1136,31 @@ def test_a_line_left_from_an_earlier_place_in_the_queue_never_grants_a_new_wait(
 
 @pytest.mark.timeout(60)
 def test_one_listener_per_hub_the_other_waiters_are_woken_through_the_hub(
-    client: "redis.Redis[bytes]", name: str
+    client: "redis.Redis[bytes]", redis_url: str, name: str
 ) -> None:
+    own = redis.Redis.from_url(redis_url, client_name=f"one-listener-{os.getpid()}")
     locks = [rlocks.RLock(f"{name}-{i}", client=client, namespace=NS) for i in range(3)]
-    waiters = [rlocks.RLock(f"{name}-{i}", client=client, namespace=NS) for i in range(3)]
-    hub = waiting.hub_for(client, NS)
+    waiters = [rlocks.RLock(f"{name}-{i}", client=own, namespace=NS) for i in range(3)]
+    hub = waiting.hub_for(own, NS)
     for lock in locks:
         assert lock.acquire()
-    got: List[int] = []
-
-    def wait(i: int) -> None:
-        if waiters[i].acquire(timeout=30):
-            got.append(i)
-            waiters[i].release()
-
-    threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
+    runs = [_takes_and_releases(w) for w in waiters]
     queues = [keys_for(NS, "rlock", f"{name}-{i}").queued()[2] for i in range(3)]
     wait_until(lambda: all(client.zcard(q) == 1 for q in queues), 15, "all three to queue")
     # One of them listens (one BLPOP holds a connection), the other two wait on the hub.
-    wait_until(lambda: sum(c.get("cmd") == "blpop" for c in client.client_list()) == 1,
-               15, "the listener's BLPOP")
-    time.sleep(0.2)
-    assert sum(c.get("cmd") == "blpop" for c in client.client_list()) == 1
+    label = f"one-listener-{os.getpid()}"
+    wait_until(lambda: _blocked(client, label) == 1, 15, "the listener's BLPOP")
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        assert _blocked(client, label) <= 1
+        time.sleep(0.02)
     assert hub._listener is not None
     for lock in locks:
         lock.release()
-    for t in threads:
-        t.join(30)
-    assert sorted(got) == [0, 1, 2]
+    for thread, got in runs:
+        thread.join(30)
+        assert got == [True]
+    own.close()
 
 
 @pytest.mark.timeout(60)
@@ -1194,17 +1198,22 @@ def test_a_task_cancelled_in_its_blpop_leaves_the_queue_and_the_client_stays_usa
 
 
 @pytest.mark.timeout(60)
-def test_on_a_small_pool_waiters_wait_on_the_hub_not_in_a_blpop(redis_url: str, name: str) -> None:
+def test_on_a_small_pool_waiters_wait_on_the_hub_not_in_a_blpop(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
     # A BLPOP would hold one of the pool's few connections for the whole wait, and the
     # holder's release in the same process could then wait for (or fail to get) one.
+    label = f"small-pool-{os.getpid()}"
     small = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-        redis_url, max_connections=wakehub.LISTEN_POOL_MIN - 1, timeout=5))
+        redis_url, max_connections=wakehub.LISTEN_POOL_MIN - 1, timeout=5, client_name=label))
     holder, other = (rlocks.RLock(name, client=small, namespace=NS) for _ in range(2))
     assert holder.acquire()
     thread, got = _takes_and_releases(other)
     wait_until(lambda: small.zcard(_queue_key("rlock", name)) == 1, 15, "the waiter to queue")
-    time.sleep(0.2)
-    assert not any(c.get("cmd") == "blpop" for c in small.client_list())
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        assert _blocked(client, label) == 0
+        time.sleep(0.02)
     assert waiting.hub_for(small, NS)._listener is None
     holder.release()
     thread.join(30)
