@@ -435,25 +435,14 @@ class WakeHub:
         return bool(reply)
 
     def heard(self, waiter: Waiter, payload: Any) -> None:
-        """Act on one element ``waiter`` popped from its entry's list: each line names a
-        waiter of this process, as a published message's would. No echo is dropped: a
-        list line is never also published, and the list only holds lines of the entry's
-        current place, which the waiters that read it have not learnt of otherwise (a
-        grant told by a reply ends that wait, and the next wait's new place deletes the
-        list). No I/O."""
+        """Act on one element ``waiter`` popped from its entry's list, as on a published
+        message (``_lines_locked``) but dropping no echo: a list line is never also
+        published, and the list only holds lines of the entry's current place, which the
+        waiters that read it have not learnt of otherwise (a grant told by a reply ends
+        that wait, and the next wait's new place deletes the list). No I/O."""
         text = _text(payload, self._encoding)
         with self._mutex:
-            for line in text.split("\n"):
-                what, wid, token = wake_line(line)
-                if not wid.startswith(self._mine):
-                    continue
-                for other in waiter.channel.waiters:
-                    if other.id == wid:
-                        if what == "g" and other.state == WAITING:
-                            other.state = GRANTED
-                            other.token = token
-                        other.event.set()
-                        break
+            self._lines_locked(waiter.channel, text, echoed=False)
 
     # -- hand-over grants (queue scripts) ------------------------------------------------
 
@@ -538,17 +527,18 @@ class WakeHub:
                         waiter.event.set()
                         break
 
-    def _lines_locked(self, ch: _Channel, payload: str) -> None:
+    def _lines_locked(self, ch: _Channel, payload: str, echoed: bool = True) -> None:
         """Act on a queue script's wake-up message (under the mutex): each line names one
         waiter; a line for another process is dropped unread (a channel is this
         process's own, but the release reply the releasing process delivers itself
-        lists every process's lines)."""
+        lists every process's lines). ``echoed``: a grant line a reply already told of
+        (``_echo``) is dropped; False for lines read from a list, which have no echo."""
         for line in payload.split("\n"):
             what, wid, token = wake_line(line)
             if not wid.startswith(self._mine):
                 continue
             key = (ch.name, wid)
-            if what == "g":
+            if what == "g" and echoed:
                 pending = self._echo.get(key, 0)
                 if pending > 0:
                     # A reply already told this process of that grant.
