@@ -426,6 +426,50 @@ def test_extend_and_release_find_a_hold_gone_from_a_majority(
     assert three.holders(rlock_key(name)) == []  # master 0's copy was given back too
 
 
+def test_a_release_with_one_master_down_and_one_refusing_is_done(
+    three: Masters, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Held on masters 0 and 2 only (master 1 forgot it); master 0 is killed. The
+    release frees master 2 and reports done: master 0's hold ends with its lease, as the
+    Redlock rules count it, and nobody waits for it. An extend cannot count master 0:
+    it raises the connection error. (A process that raised here failed
+    test_processes_never_hold_at_once now and then.)"""
+    lock = rlocks.RLock(name, client=three.quorum(PATIENT), ttl=10, auto_renew=False)
+    assert lock.acquire()
+    key = rlock_key(name)
+    three.direct[1].delete(key)
+    three.kill(0)
+    with pytest.raises(redis.ConnectionError):
+        lock.extend(60)
+    assert lock.owned()
+    with caplog.at_level("WARNING", logger="rlocks"):
+        lock.release()
+    assert not lock.owned()
+    assert three.holders(key) == []
+    assert "released on 1 of 3 masters; 1 unreachable" in caplog.text
+    other = rlocks.RLock(name, client=three.quorum(PATIENT), ttl=10)
+    assert in_thread(lambda: other.acquire(blocking=False)) is True
+
+
+def test_asyncio_release_with_one_master_down_and_one_refusing_is_done(
+    three: Masters, name: str
+) -> None:
+    async def main() -> None:
+        lock = rlocks.asyncio.RLock(name, client=_aquorum(three, PATIENT), ttl=10,
+                                    auto_renew=False)
+        assert await lock.acquire()
+        key = rlock_key(name)
+        three.direct[1].delete(key)
+        three.kill(0)
+        with pytest.raises(redis.ConnectionError):
+            await lock.extend(60)
+        await lock.release()
+        assert not lock.owned()
+        assert three.holders(key) == []
+
+    asyncio.run(main())
+
+
 # -- two processes never hold at once ---------------------------------------------------------
 
 

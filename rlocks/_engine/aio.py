@@ -527,7 +527,8 @@ class AsyncPrimitive(Primitive):
         if not isinstance(quorum, Quorum):
             return await self._arun_call(call, op)
         try:
-            return self._quorum_verdict(quorum, await agather(quorum, self._on(call)))
+            results = await agather(quorum, self._on(call))
+            return self._quorum_verdict(quorum, results, call.script is self._release_script)
         finally:
             if call.script is self._release_script:
                 quorum.released()

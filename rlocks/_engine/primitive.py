@@ -1173,25 +1173,45 @@ class Primitive(Renewable):
         return pause, base
 
     def _quorum_reply(self, quorum: Quorum, call: Call) -> Reply:
-        """Run a release or renew ``call`` on every master; the majority's answer.
+        """Run a release or extend ``call`` on every master; the majority's answer.
 
         Granted (the first granting master's reply) when a majority did it; not-owner
         when more than a minority answered not-owner (the hold is no longer on a
-        majority: lost); otherwise too many masters failed: their first error is raised.
+        majority: lost). Otherwise some masters failed. A release is then done if the
+        failed ones are a minority: see ``_quorum_verdict``. Else the first error is
+        raised.
         """
-        return self._quorum_verdict(quorum, quorum.map(call))
+        return self._quorum_verdict(quorum, quorum.map(call), call.script is self._release_script)
 
-    @staticmethod
-    def _quorum_verdict(quorum: Quorum, results: Sequence[Any]) -> Reply:
-        """The majority's answer among one release's or renewal's ``results`` (no I/O):
-        see ``_quorum_reply``."""
+    def _quorum_verdict(self, quorum: Quorum, results: Sequence[Any], release: bool) -> Reply:
+        """The majority's answer among one release's or extend's ``results`` (no I/O):
+        see ``_quorum_reply``.
+
+        A release that found its hold on some masters, not-owner on at most a minority
+        and the rest unreachable (at most a minority too) is done. The holds on the
+        unreachable masters count as the Redlock rules count them: alive until their
+        lease ends (a master that restarts stays down for the longest lease). A hold
+        whose renewals failed to reach a majority for a whole lease is marked lost and
+        refused before any I/O. Nobody waits for those holds, since the reachable
+        masters, a majority, are free of this owner now; they end with their lease.
+        Raising the connection error there would report as a failure the one fault a
+        quorum exists to mask. An extend never counts an unreachable master: its lease
+        there is not extended.
+        """
         done = [r for r in results if isinstance(r, Reply) and _did(r)]
         if len(done) >= quorum.majority:
             return done[0]
+        minority = len(quorum.masters) - quorum.majority
         refused = [r for r in results if isinstance(r, Reply) and not _did(r)]
-        if len(refused) > len(quorum.masters) - quorum.majority:
+        if len(refused) > minority:
             return Reply(NOT_OWNER, 0, items=(-1,))
         errors = [r for r in results if isinstance(r, Exception)]
+        # With at most a minority refusing, done + errors is a majority: one done at least.
+        if release and len(errors) <= minority:
+            log.warning("%s: released on %d of %d masters; %d unreachable, where the hold "
+                        "ends with its lease: %s", self._describe(), len(done),
+                        len(quorum.masters), len(errors), errors[0])
+            return done[0]
         if errors:
             raise errors[0]
         return Reply(BUSY, 0)  # pragma: no cover - every master answered: one of the above
