@@ -319,7 +319,7 @@ def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> No
     for i in range(20):
         op(f"old-{i}", now)
     assert client.hlen(ops) == 20
-    later = now + 60_001  # every old record has ended
+    later = now + 90_001  # every old record has ended (1.5 x 60 s after its refresh)
     sizes = []
     for i in range(3):
         op(f"new-{i}", later)
@@ -327,6 +327,43 @@ def test_ended_op_records_are_swept_by_new_streams(name: str, client: Any) -> No
     assert sizes == [13, 6, 3]
     op("new-0", later + 1)  # a stream that has a record adds none, removes none
     assert client.hlen(ops) == 3
+
+
+def test_a_record_outlives_its_operation_by_a_minute_between_refreshes(
+    name: str, client: Any
+) -> None:
+    """A stream sets its record's end only every 30 s (half the record's life), 90 s
+    ahead: an operation between two settings is still answered from the record 60 s
+    later, and a new stream sweeps it once the end set with the record has passed."""
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    keys = lock._keys.queued()
+    ops, ends = keys[7], keys[8]
+
+    def release(stream: str, seq: int, now: int) -> int:
+        """Acquire (unrecorded id) and the release ``#seq:stream`` at server time ``now``;
+        the release's status (1 released, -1 nothing held)."""
+        k, args = lock._acquire_arguments(stream, 1, False, None)
+        args = (str(now), *args[1:])
+        run(client, lock._acquire_script, k, args)
+        k, args = lock._release_arguments(stream, 1)
+        args = tuple(f"#{seq}:{stream}" if a == "#" else a for a in (str(now), *args[1:]))
+        return run(client, lock._release_script, k, args).status
+
+    t0 = 1_000_000
+    assert release("s", 1, t0) == 1
+    assert client.zscore(ends, "s") == t0 + 90_000
+    assert release("s", 2, t0 + 29_999) == 1  # within 30 s: the end stays
+    assert client.zscore(ends, "s") == t0 + 90_000
+    # The re-send of op 2, 60 s after it ran: answered from the record (released, 1),
+    # where a fresh run would find nothing held (-1).
+    k, args = lock._release_arguments("s", 1)
+    resend = tuple("#2:s" if a == "#" else a for a in (str(t0 + 89_999), *args[1:]))
+    assert run(client, lock._release_script, k, resend).status == 1
+    assert release("s", 3, t0 + 30_000) == 1  # 30 s after the setting: set again
+    assert client.zscore(ends, "s") == t0 + 120_000
+    assert client.hget(ops, "s") is not None
+    assert release("new", 1, t0 + 120_001) == 1  # a new stream sweeps the ended record
+    assert client.hget(ops, "s") is None
 
 
 def test_a_malformed_op_id_is_refused_and_changes_nothing(name: str, client: Any) -> None:

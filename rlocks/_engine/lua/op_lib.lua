@@ -7,7 +7,7 @@
 --   KEYS[8]  O   op records, hash: <stream> -> '<seq> <n> <status> <value> <aux> <token>
 --               <refreshed> <items>' : the last operation of that stream and its reply
 --               (n = reply length, items comma-joined; refreshed = when this stream last
---               set the record keys' expiry, server ms). A stream is one sequential caller (a thread,
+--               set its record's end and the record keys' expiry, server ms). A stream is one sequential caller (a thread,
 --               an asyncio task, the renewer): its operations never overlap, so one
 --               record per stream is enough: a re-send arrives before its next operation.
 --               (The engine sends a caller's calls that may grant on a stream of their
@@ -26,13 +26,15 @@
 -- A repeat (same stream, same seq, record alive) of an operation that changed something
 -- (status > 0; a refusal is not recorded, see record) gets the recorded reply with no wakes
 -- (they were published by the first run); nothing is read or written besides the record.
--- Records end OP_RECORD_MS after their operation (longer than rlocks' socket timeout
--- times a few re-sends: a re-send later than that is run again); a new stream's first
--- record removes up to OP_SWEEP ended ones, so there are never more records than were
--- alive at one time and the cost per operation is O(log records). The record keys'
--- expiry is set to twice OP_RECORD_MS, and again only by a stream whose last setting is
--- older than half of it (an expiry only moves later, so every record outlives its
--- OP_RECORD_MS): the keys disappear at most 2 x OP_RECORD_MS after the last operation.
+-- Records end between OP_RECORD_MS and 1.5 x OP_RECORD_MS after their operation (longer
+-- than rlocks' socket timeout times a few re-sends: a re-send later than that is run
+-- again); a new stream's first record removes up to OP_SWEEP ended ones, so there are
+-- never more records than were alive at one time and the cost per operation is
+-- O(log records). A stream sets its record's end (1.5 x OP_RECORD_MS ahead) and the
+-- record keys' expiry (2 x OP_RECORD_MS ahead) only when its last setting of them is at
+-- least half of OP_RECORD_MS old, so most operations write only the record itself. Every
+-- setting is the same span, so an expiry only moves later and every record outlives its
+-- OP_RECORD_MS; the keys disappear at most 2 x OP_RECORD_MS after the last operation.
 
 local O, OE
 
@@ -97,18 +99,22 @@ end
 -- its repeat is decided afresh, and whichever answer arrives is the only one applied.
 local function record(ctx, reply)
     if ctx.op == nil or reply[1] <= 0 then return reply end
-    local items = {}
-    for k, item in ipairs(reply[5] or {}) do items[k] = fmt(item) end
-    -- Every setting of the expiry is the same span, so it only moves later: while this
-    -- stream skips it, the keys live past refreshed + 2 x OP_RECORD_MS > now +
-    -- OP_RECORD_MS. (Set after the writes below: they may create the keys.)
+    local items = ''
+    if reply[5] ~= nil then
+        local parts = {}
+        for k, item in ipairs(reply[5]) do parts[k] = fmt(item) end
+        items = table.concat(parts, ',')
+    end
+    -- While this stream skips the settings, its record ends after refreshed + 1.5 x
+    -- OP_RECORD_MS > now + OP_RECORD_MS, and the keys live past refreshed + 2 x
+    -- OP_RECORD_MS, later still. (Set after the writes below: they may create the keys.)
     local refreshed = ctx.op.refreshed
     local refresh = refreshed == nil or ctx.now - refreshed >= OP_RECORD_MS / 2
     if refresh then refreshed = ctx.now end
-    redis.call('HSET', O, ctx.op.stream, table.concat({ctx.op.seq, fmt(#reply),
-        fmt(reply[1]), fmt(reply[2]), fmt(reply[3]), fmt(reply[6] or 0), fmt(refreshed),
-        table.concat(items, ',')}, ' '))
-    if redis.call('ZADD', OE, ctx.now + OP_RECORD_MS, ctx.op.stream) == 1 then
+    redis.call('HSET', O, ctx.op.stream, string.format('%s %d %d %d %d %d %d %s',
+        ctx.op.seq, #reply, reply[1], reply[2], reply[3], reply[6] or 0, refreshed, items))
+    if refresh and redis.call('ZADD', OE, ctx.now + OP_RECORD_MS * 3 / 2,
+            ctx.op.stream) == 1 then
         -- Only a new stream adds a record, and it removes up to OP_SWEEP ended ones: the
         -- count grows only when none had ended, so it never exceeds the most records
         -- alive at one time (never this one: it is live).

@@ -253,10 +253,11 @@ end
 
 -- Lease end of `member` in `zset` becomes at least `ends` (never shortened: a renewal or
 -- grant never cuts a live lease; ZADD GT would need 6.2 too, but compare in Lua anyway).
-local function extend(zset, member, ends)
+local function extend(ctx, zset, member, ends)
     local cur = tonumber(redis.call('ZSCORE', zset, member))
     if cur == nil or cur < ends then
         redis.call('ZADD', zset, ends, member)
+        if zset == L then ctx.lset = true end
         return ends
     end
     return cur
@@ -270,11 +271,12 @@ local function grant(ctx, side, owner, add, ends)
     take(ctx, ctx, side, owner, add, count == add)
     if count == add then
         redis.call('ZADD', L, ends, field) -- a fresh hold: no lease to compare with
+        ctx.lset = true
         local token = 0
         if ctx.kind ~= 'sem' then token = next_token(ctx) end
         return count, ends, token
     end
-    return count, extend(L, field, ends), 0
+    return count, extend(ctx, L, field, ends), 0
 end
 
 -- Remove `n` holds (nil = all) of `side` from `owner`; returns how many were removed.
@@ -330,11 +332,13 @@ local function remove_entry(ctx, entry)
 end
 
 -- Put `entry` in the queue (at the tail), or re-point it keeping its place; its lease
--- restarts. Returns its position (1 = head).
-local function enqueue(ctx, entry, e)
+-- restarts. `old`: the entry as the caller read it (get_entry), nil if none. Returns
+-- its position (1 = head).
+local function enqueue(ctx, entry, e, old)
     ctx.qdirty = true
     ctx.tn = ctx.tn + 1
-    if redis.call('ZSCORE', Q, entry) == false then
+    -- (an entry without its record has no place: the two are written and removed together)
+    if old == nil or redis.call('ZSCORE', Q, entry) == false then
         redis.call('ZADD', Q, redis.call('HINCRBY', W, '#seq', 1), entry)
         e.t = ctx.now
         -- A new place: lines left from an earlier one (a grant its waiter learnt from a
@@ -342,8 +346,7 @@ local function enqueue(ctx, entry, e)
         redis.call('DEL', CHANNEL .. ':' .. entry)
     else
         -- re-pointed: the place, and so the time it was taken, stay
-        local old = get_entry(entry)
-        e.t = (old and old.t) or ctx.now
+        e.t = old.t or ctx.now
     end
     if e.l == nil then e.l = ctx.elease end
     redis.call('HSET', W, 'e:' .. entry, cjson.encode(e))
@@ -393,9 +396,15 @@ local function purge(ctx)
         end
     end
     -- tn = 0: no entry and no unadopted grant at all, so the queue work can be skipped
-    -- (the uncontended path). It is only ever raised afterwards, never trusted lower.
-    ctx.tn = redis.call('ZCARD', T)
-    if ctx.tn == 0 then return end
+    -- (the uncontended path); tn > 0: some may exist. Only ever raised afterwards, never
+    -- trusted lower. One read tells both that and whether anything is due.
+    local first = redis.call('ZRANGE', T, 0, 0, 'WITHSCORES')
+    if first[2] == nil then
+        ctx.tn = 0
+        return
+    end
+    ctx.tn = 1
+    if tonumber(first[2]) > ctx.now then return end
     for _, member in ipairs(redis.call('ZRANGEBYSCORE', T, '-inf', ctx.now)) do
         ctx.qdirty = true
         local id = string.sub(member, 3)
@@ -487,11 +496,16 @@ local function expire_all(keys, ends, now)
     for _, key in ipairs(keys) do redis.call('PEXPIRE', key, ends - now) end
 end
 
--- Write the counters back, keep every key's PEXPIRE at its latest live end (so a
+-- Write the counters back, keep every key's PEXPIRE at or after its latest live end (so a
 -- primitive whose processes all died disappears), publish the wake-ups, build the reply.
+-- An rlock's H and L expire at their latest end as some call set it: only a call that
+-- wrote an end to L (ctx.lset) can need a later one. (A shorter one left by a hold that
+-- ended only delays the keys' end; they go as soon as they are empty anyway.)
 local function finish(ctx, status, value, aux)
-    local last = redis.call('ZRANGE', L, -1, -1, 'WITHSCORES')[2]
-    last = tonumber(last)
+    local last = nil
+    if ctx.lset or ctx.qdirty or ctx.kind ~= 'rlock' then
+        last = tonumber(redis.call('ZRANGE', L, -1, -1, 'WITHSCORES')[2])
+    end
     if ctx.kind == 'sem' then
         if ctx.held == 0 and ctx.free == ctx.value then
             redis.call('DEL', H)
@@ -520,11 +534,11 @@ local function finish(ctx, status, value, aux)
             redis.call('HSET', H, '#nr', fmt(ctx.nr))
             redis.call('PEXPIRE', H, last - ctx.now)
         end
-    elseif last ~= nil then
+    elseif ctx.lset and last ~= nil then
         redis.call('PEXPIRE', H, last - ctx.now)
     end
-    expire_all({L}, last, ctx.now)
-    if ctx.qdirty or (ctx.tn > 0 and last ~= nil) then
+    if ctx.kind ~= 'rlock' or ctx.lset then expire_all({L}, last, ctx.now) end
+    if ctx.qdirty or (ctx.tn > 0 and ctx.lset) then
         local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
         -- While a grant marker is left, the queue keys outlive every hold: a semaphore's
         -- grant to an owner that held permits already shares that owner's lease, so only
@@ -563,7 +577,7 @@ local function op_acquire(ctx, a)
         clear_marker(ctx, a.waiter)
         local count = held_by(ctx, m.s, m.o)
         if a.reentry == 0 and count ~= nil and m.s == a.side then
-            extend(L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
+            extend(ctx, L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
             ctx.token = tonumber(m.t) -- a string: cjson would round 16 digits
             handover(ctx)
             return finish(ctx, 2, count, lease_left(ctx, m.s, m.o))
@@ -595,9 +609,12 @@ local function op_acquire(ctx, a)
         return finish(ctx, 1, count, ends - ctx.now)
     end
     local rank = false
-    if ctx.tn > 0 then rank = redis.call('ZRANK', Q, a.entry) end
-    local first
-    if ctx.fair == 1 then
+    local first = false
+    if full(ctx, ctx) then
+        -- Nothing any entry asks fits (an rlock held): no grant can come of this call,
+        -- to the caller or to those ahead, so neither its place nor the queue is read.
+    elseif ctx.fair == 1 then
+        if ctx.tn > 0 then rank = redis.call('ZRANK', Q, a.entry) end
         -- Those ahead of the caller go first; the caller only if nobody is left ahead.
         if rank ~= 0 then
             handover(ctx)
@@ -606,6 +623,7 @@ local function op_acquire(ctx, a)
         first = rank == 0 or
             (rank == false and (ctx.tn == 0 or redis.call('ZCARD', Q) == 0))
     else
+        if ctx.tn > 0 then rank = redis.call('ZRANK', Q, a.entry) end
         first = true
     end
     if first and fits(ctx, ctx, a.side, a.owner, a.add) then
@@ -626,14 +644,16 @@ local function op_acquire(ctx, a)
     if old ~= nil then k, p = old.k, old.p end
     local b = nil -- (queue = 2: the waiter reads its lines from the list)
     if a.queue == 2 then b = 1 end
-    enqueue(ctx, a.entry, {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k, p = p,
-        b = b})
+    local mine_now = {w = a.waiter, o = a.owner, s = a.side, n = a.add, k = k, p = p, b = b}
+    local position = enqueue(ctx, a.entry, mine_now, old)
     -- fair = 1 offered the primitive to those ahead already; fair = 0 wakes them here.
-    -- The caller's own entry cannot be granted by it: it did not fit the whole capacity.
+    -- The caller's own entry cannot be granted, woken or changed by it: it did not fit
+    -- the whole capacity, so the walk stops there at the latest.
+    local granted = ctx.granted
     handover(ctx)
+    if ctx.granted > granted then position = redis.call('ZRANK', Q, a.entry) + 1 end
     local hint = earliest_hold(ctx)
-    local mine_now = get_entry(a.entry)
-    if mine_now ~= nil and mine_now.k == 1 and mine_now.p ~= nil and mine_now.p > ctx.now
+    if mine_now.k == 1 and mine_now.p ~= nil and mine_now.p > ctx.now
             and (hint < 0 or mine_now.p - ctx.now < hint) then
         -- woken and passed over: ask again when the patience ends, in case the barger
         -- left the primitive free (no release would come to grant it)
@@ -644,7 +664,7 @@ local function op_acquire(ctx, a)
         -- line made after this call from one made before it (queued.py, the fast path).
         ctx.token = ctx.tok or tonumber(redis.call('HGET', F, 'last')) or 0
     end
-    return finish(ctx, 3, redis.call('ZRANK', Q, a.entry) + 1, hint)
+    return finish(ctx, 3, position, hint)
 end
 
 -- release for rlock and rw: r = {owner, side, n}.
@@ -680,7 +700,7 @@ local function op_leave(ctx, l)
     end
     if l.next_waiter ~= '' then
         enqueue(ctx, l.entry, {w = l.next_waiter, o = l.next_owner, s = l.next_side,
-            n = l.next_want, k = e.k, p = e.p})
+            n = l.next_want, k = e.k, p = e.p}, e)
         -- the next waiter may fit where the leaving one did not (a reader after a writer)
         handover(ctx)
         local rank = redis.call('ZRANK', Q, l.entry)
@@ -730,7 +750,7 @@ local function op_renew(ctx, ttl, first)
         elseif kind == 'e' then
             if redis.call('ZSCORE', Q, id) ~= false then
                 ctx.qdirty = true
-                extend(T, 'e:' .. id, ctx.now + ctx.elease)
+                extend(ctx, T, 'e:' .. id, ctx.now + ctx.elease)
                 done = true
             end
         else
@@ -738,7 +758,7 @@ local function op_renew(ctx, ttl, first)
             if kind == 'h' then side = 'x' end
             local field = hfield(ctx, side, id)
             if redis.call('HEXISTS', H, field) == 1 then
-                extend(L, field, ctx.now + ttl)
+                extend(ctx, L, field, ctx.now + ttl)
                 if ctx.tn > 0 and ctx.kind ~= 'sem' then clear_marker(ctx, id) end
                 done = true
             end
