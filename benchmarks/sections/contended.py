@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 
 from ..adapters import variant_adapters
 from ..harness import ChainOutcome, Context, merge, run_chain
+from ..redisinfo import server_cpu_s
 from ..stats import fmt_ns, fmt_num, jain, ratio, table
 from ..workers import ChainConfig
 from . import SectionResult, Target, ratio_target
@@ -88,6 +89,7 @@ def run(ctx: Context) -> SectionResult:
     res = SectionResult(KEY, TITLE)
     p = ctx.params
     rounds: Dict[str, List[ChainOutcome]] = {}
+    cpu: Dict[str, float] = {}  # the server's CPU seconds during each library's rounds
     variants = variant_adapters()
     libs = ctx.available() + [v for v in variants if v.unavailable_reason() is None]
     for r in range(p.rounds):
@@ -96,13 +98,15 @@ def run(ctx: Context) -> SectionResult:
             cfg = ChainConfig(adapter=a.key, url=ctx.url, lock_name=ctx.name("cont", a.key),
                               threads=THREADS, counter_key=ctx.name("cont", a.key, "counter", r),
                               duration_s=p.contended_duration_s / p.rounds)
+            before = server_cpu_s(ctx.client)
             rounds.setdefault(a.key, []).append(run_chain(ctx, cfg, procs=PROCS))
+            cpu[a.key] = cpu.get(a.key, 0.0) + server_cpu_s(ctx.client) - before
     ping_s = ctx.ping_p50_ns / 1e9
     rows: List[List[Any]] = []
     for a in ctx.adapters[:1] + variants + ctx.adapters[1:]:
         if a.key not in rounds:
             if a in variants:
-                rows.append([a.key, f"unavailable: {a.unavailable_reason()}"] + [""] * 7)
+                rows.append([a.key, f"unavailable: {a.unavailable_reason()}"] + [""] * 8)
             continue
         rs = rounds[a.key]
         o = merge(rs)
@@ -113,7 +117,8 @@ def run(ctx: Context) -> SectionResult:
         rates = [n / x.span_s for x in rs if x.span_s and not math.isnan(x.span_s)
                  for n in x.per_worker.values()]
         dj = o.to_json()
-        dj.update({"jain_worst_round": worst,
+        server_us = 1e6 * cpu[a.key] / o.ops if o.ops else math.nan
+        dj.update({"jain_worst_round": worst, "server_cpu_us_per_op": server_us,
                    "min_share_worst_round": min(shares) if shares else math.nan,
                    "worker_ops_per_s_min": min(rates, default=math.nan),
                    "worker_ops_per_s_max": max(rates, default=math.nan)})
@@ -123,14 +128,17 @@ def run(ctx: Context) -> SectionResult:
         rows.append([a.key, fmt_num(o.throughput), fmt_num(o.throughput * ping_s, 3),
                      "-" if o.lost_updates is None else o.lost_updates,
                      f"{min(counts, default=0)}/{max(counts, default=0)}",
-                     fmt_num(worst, 3), fmt_ns(dj["longest_wait_ns"]), o.timeouts, note])
-    rows += ctx.unavailable_rows(9)
+                     fmt_num(worst, 3), fmt_ns(dj["longest_wait_ns"]),
+                     fmt_ns(server_us * 1000), o.timeouts, note])
+    rows += ctx.unavailable_rows(10)
     res.lines = table(["library", "ops/s", "ops per PING", "lost", "sections min/max",
-                       "Jain", "longest wait", "timeouts", "errors"], rows)
+                       "Jain", "longest wait", "server CPU/op", "timeouts", "errors"], rows)
     res.lines.append("(ops per PING = ops/s x PING p50: 1.0 would be one critical section per "
                      "bare round trip; sections min/max per worker"
                      + (" and round" if p.rounds > 1 else "") + "; Jain: worst round; "
-                     "longest wait: one acquire, call to return)")
+                     "longest wait: one acquire, call to return; server CPU/op: the Redis "
+                     "server's CPU time per critical section, on a machine whose cores the "
+                     "workers share with it)")
     d: Any = res.data.get("rlocks")
     if d and d["ops"]:
         per_ping = d["ops_per_s"] * ping_s
