@@ -14,8 +14,12 @@ from typing import Any, Callable, Dict, List
 
 from ..adapters import quorum_adapters
 from ..harness import Context, interleaved
+from ..redisinfo import script_usec
 from ..stats import fmt_ns, fmt_ratio, ratio, summary, table
 from . import SectionResult, Target, ratio_target
+
+#: rlocks cycles run alone after the interleaved samples, to read its scripts' server time
+SCRIPT_CYCLES = 2000
 
 KEY = "uncontended"
 TITLE = "2. Uncontended acquire+release"
@@ -88,6 +92,16 @@ def run(ctx: Context) -> SectionResult:
             res.lines.append(
                 f"{q.key}: p50 {fmt_ratio(got['p50'], ping)} PING, "
                 f"{fmt_ratio(got['p50'], ctx.evalsha_p50_ns)} EVALSHA p50")
+    if "rlocks" in fns:
+        # Shown, no target: the server time of rlocks' two scripts alone (INFO
+        # commandstats; the interleaved samples mix every library's scripts).
+        before = script_usec(ctx.client)
+        for _ in range(SCRIPT_CYCLES):
+            fns["rlocks"]()
+        per = (script_usec(ctx.client) - before) / SCRIPT_CYCLES
+        res.data["rlocks_script_us"] = per
+        res.lines.append(f"rlocks: server time in its scripts per acquire+release {per:.1f} µs "
+                         f"({SCRIPT_CYCLES:,} cycles, INFO commandstats)")
     # issue 12: "stays at two trivial-EVALSHA round trips"
     got = res.data.get("rlocks")
     res.targets.append(ratio_target(
