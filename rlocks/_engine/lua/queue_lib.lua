@@ -502,8 +502,14 @@ end
 -- wrote an end to L (ctx.lset) can need a later one. (A shorter one left by a hold that
 -- ended only delays the keys' end; they go as soon as they are empty anyway.)
 local function finish(ctx, status, value, aux)
+    -- rw and sem: a hand-over grant to an owner that holds that side already shares the
+    -- owner's lease, so only its marker can take the grant back (revoke), and the marker
+    -- must not vanish with the queue keys at the very moment it would be due: while a
+    -- marker is left, those keys outlive every hold. An rlock's grant is always a fresh
+    -- hold that ends with its marker, so its queue keys need only outlive their own ends.
+    local shared = ctx.kind ~= 'rlock'
     local last = nil
-    if ctx.lset or ctx.qdirty or ctx.kind ~= 'rlock' then
+    if ctx.lset or shared then
         last = tonumber(redis.call('ZRANGE', L, -1, -1, 'WITHSCORES')[2])
     end
     if ctx.kind == 'sem' then
@@ -538,13 +544,9 @@ local function finish(ctx, status, value, aux)
         redis.call('PEXPIRE', H, last - ctx.now)
     end
     if ctx.kind ~= 'rlock' or ctx.lset then expire_all({L}, last, ctx.now) end
-    if ctx.qdirty or (ctx.tn > 0 and ctx.lset) then
+    if ctx.qdirty or (shared and ctx.tn > 0 and ctx.lset) then
         local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
-        -- While a grant marker is left, the queue keys outlive every hold: a semaphore's
-        -- grant to an owner that held permits already shares that owner's lease, so only
-        -- its marker can take it back (revoke), and the marker must not vanish with its
-        -- key at the very moment it would be due.
-        if tlast ~= nil and last ~= nil and last > tlast then tlast = last end
+        if shared and tlast ~= nil and last ~= nil and last > tlast then tlast = last end
         expire_all({Q, W, T}, tlast, ctx.now)
     end
     -- One message per woken process, on its own channel: a hand-over wakes only the
