@@ -181,10 +181,12 @@ local function open(ctx)
         end
         ctx.free = tonumber(m[1]) or ctx.value
         ctx.held = tonumber(m[4]) or 0
+        ctx.stored = m -- (finish writes the counters back only if they differ)
     elseif ctx.kind == 'rw' then
         local m = redis.call('HMGET', H, '#w', '#nr')
         ctx.writer = m[1] or nil
         ctx.nr = tonumber(m[2]) or 0
+        ctx.stored = m
     else
         ctx.nheld = redis.call('HLEN', H)
     end
@@ -516,8 +518,12 @@ local function finish(ctx, status, value, aux)
         if ctx.held == 0 and ctx.free == ctx.value then
             redis.call('DEL', H)
         else
-            redis.call('HSET', H, '#free', fmt(ctx.free), '#value', fmt(ctx.value),
-                '#bounded', fmt(ctx.bounded), '#held', fmt(ctx.held))
+            local was, now = ctx.stored, {fmt(ctx.free), fmt(ctx.value), fmt(ctx.bounded),
+                                          fmt(ctx.held)}
+            if was[1] ~= now[1] or was[2] ~= now[2] or was[3] ~= now[3] or was[4] ~= now[4] then
+                redis.call('HSET', H, '#free', now[1], '#value', now[2], '#bounded', now[3],
+                    '#held', now[4])
+            end
             local after = ctx.free + ctx.held
             if ctx.bounded == 1 and after > ctx.value then after = ctx.value end
             -- Only while the state left once every lease ends is the initial one may the
@@ -532,18 +538,20 @@ local function finish(ctx, status, value, aux)
         if ctx.writer == nil and ctx.nr == 0 then
             redis.call('DEL', H)
         else
-            if ctx.writer == nil then
+            local was = ctx.stored
+            if ctx.writer == nil and was[1] then
                 redis.call('HDEL', H, '#w')
-            else
+            elseif ctx.writer ~= nil and was[1] ~= ctx.writer then
                 redis.call('HSET', H, '#w', ctx.writer)
             end
-            redis.call('HSET', H, '#nr', fmt(ctx.nr))
-            redis.call('PEXPIRE', H, last - ctx.now)
+            if was[2] ~= fmt(ctx.nr) then redis.call('HSET', H, '#nr', fmt(ctx.nr)) end
+            -- (as an rlock's: only a call that wrote a hold's end can need a later expiry)
+            if ctx.lset then redis.call('PEXPIRE', H, last - ctx.now) end
         end
     elseif ctx.lset and last ~= nil then
         redis.call('PEXPIRE', H, last - ctx.now)
     end
-    if ctx.kind ~= 'rlock' or ctx.lset then expire_all({L}, last, ctx.now) end
+    if ctx.lset then expire_all({L}, last, ctx.now) end
     if ctx.qdirty or (shared and ctx.tn > 0 and ctx.lset) then
         local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
         if shared and tlast ~= nil and last ~= nil and last > tlast then tlast = last end
