@@ -208,8 +208,12 @@ local function hfield(ctx, side, owner)
     return owner
 end
 
--- The owner's holds on `side`, or nil.
+-- The owner's holds on `side`, or nil. The counters rule out most owners without a read.
 local function held_by(ctx, side, owner)
+    if (ctx.kind == 'rlock' and ctx.nheld == 0) or (ctx.kind == 'rw' and
+            ((side == 'w' and ctx.writer ~= owner) or (side == 'r' and ctx.nr == 0))) then
+        return nil
+    end
     return tonumber(redis.call('HGET', H, hfield(ctx, side, owner)))
 end
 
