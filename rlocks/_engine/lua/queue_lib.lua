@@ -263,7 +263,7 @@ local function extend(ctx, zset, member, ends)
     local cur = tonumber(redis.call('ZSCORE', zset, member))
     if cur == nil or cur < ends then
         redis.call('ZADD', zset, ends, member)
-        if zset == L then ctx.lset = true end
+        if zset == L then ctx.lset = ends end
         return ends
     end
     return cur
@@ -277,7 +277,7 @@ local function grant(ctx, side, owner, add, ends)
     take(ctx, ctx, side, owner, add, count == add)
     if count == add then
         redis.call('ZADD', L, ends, field) -- a fresh hold: no lease to compare with
-        ctx.lset = true
+        ctx.lset = ends
         local token = 0
         if ctx.kind ~= 'sem' then token = next_token(ctx) end
         return count, ends, token
@@ -384,7 +384,10 @@ end
 -- as in sem_lib), expired entries leave the queue, unadopted grants are revoked.
 -- Amortised O(log n) per ended item: each is removed once.
 local function purge(ctx)
-    for _, field in ipairs(redis.call('ZRANGEBYSCORE', L, '-inf', ctx.now)) do
+    -- (no hold at all, by the counters: L is empty, nothing to read)
+    local none = (ctx.kind == 'rlock' and ctx.nheld == 0) or (ctx.kind == 'sem' and ctx.held == 0)
+        or (ctx.kind == 'rw' and ctx.writer == nil and ctx.nr == 0)
+    for _, field in ipairs(none and {} or redis.call('ZRANGEBYSCORE', L, '-inf', ctx.now)) do
         local count = tonumber(redis.call('HGET', H, field))
         redis.call('HDEL', H, field)
         redis.call('ZREM', L, field)
@@ -515,7 +518,9 @@ local function finish(ctx, status, value, aux)
     -- hold that ends with its marker, so its queue keys need only outlive their own ends.
     local shared = ctx.kind ~= 'rlock'
     local last = nil
-    if ctx.lset or shared then
+    if ctx.kind == 'rlock' and ctx.nheld == 1 and ctx.lset then
+        last = ctx.lset -- one holder, whose end this call wrote last
+    elseif ctx.lset or shared then
         last = tonumber(redis.call('ZRANGE', L, -1, -1, 'WITHSCORES')[2])
     end
     if ctx.kind == 'sem' then
