@@ -54,7 +54,7 @@ def parked(thread: threading.Thread) -> bool:
         if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
             line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
             op = frame.f_locals["op"]
-            sleeps = "waiter.event.wait(" in line or "io.blpop(" in line
+            sleeps = "waiter.event.wait(" in line or '"BLPOP"' in line
             return sleeps and bool(op.waiter.subscribed)
         frame = frame.f_back
     return False

@@ -61,6 +61,7 @@ from .scripts import (
     Replication,
     Reply,
     Script,
+    direct_command,
     foreign,
     new_op,
     stamped,
@@ -747,7 +748,9 @@ class Primitive(Renewable):
             if pop is None:
                 return True
             try:
-                return op.hub.popped(op.waiter, io.blpop(*pop))
+                # (direct_command: a raw reply, which popped() reads as blpop's)
+                keys, timeout = pop
+                return op.hub.popped(op.waiter, direct_command(io, "BLPOP", *keys, timeout))
             except LINK_ERRORS as exc:
                 return exc  # for the dialogue: its next call meets the broken link
         if op.kind == READ:
