@@ -103,10 +103,10 @@ def op_stream() -> str:
     """Who makes the calling code's script calls, for their op ids (lua/op_lib.lua): one
     sequential caller. In an asyncio task, the owner whose operation the task carries out
     (the task's own id if it never asked for one); otherwise the thread's owner id."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop in this thread
-        task = None
+    # (_get_running_loop: None outside a loop, where current_task() would raise; the
+    # exception cost a thread's every script call more than the rest of this function)
+    loop = asyncio._get_running_loop()
+    task = None if loop is None else asyncio.current_task(loop)
     if task is None:
         return thread_owner()
     stream = _stream.get(None)

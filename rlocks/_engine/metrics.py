@@ -317,10 +317,12 @@ def _end_wait(wait: _Wait, attributes: Dict[str, Any], error: Optional[BaseExcep
     if span is None:
         return
     try:
-        from opentelemetry.trace import Status, StatusCode
-
         span.set_attributes(attributes)
         if error is not None:
+            # Imported here, once an error is to be recorded: a package's from-import
+            # runs importlib's Python code, on every waited acquire before.
+            from opentelemetry.trace import Status, StatusCode
+
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
         span.end()

@@ -555,10 +555,13 @@ class Primitive(Renewable):
         """Whether ``owner``, acquiring through this object while it holds nothing here,
         must first adopt a hand-over grant another object of the name recorded without
         adopting it (see ``_unadopted``). No I/O; forgets the grant (one adoption does)."""
-        if not _unadopted or self._held(owner):
+        key = (self._keys.hash, owner)
+        # (Looked up without the mutex first: only the owner's own thread adds its entry,
+        # and other threads' holds keep theirs there while this owner waits.)
+        if key not in _unadopted or self._held(owner):
             return False
         with _bookkeeping:
-            end = _unadopted.pop(self._hold_key(owner)[1:], None)
+            end = _unadopted.pop(key, None)
         return end is not None and end > monotonic()
 
     def _lost_reply_check(self, owner: str) -> Optional[Call]:
@@ -1086,7 +1089,7 @@ class Primitive(Renewable):
             give_back, refusal = self._quorum_outcome(quorum, owner, reentry, results, since)
             if give_back is None:
                 if wait != 0.0:
-                    self._log_wait(owner, first, Reply(1, count))
+                    self._log_wait(owner, first, True)
                 self._record_grant(owner, count, since, tokens=self._quorum_tokens(results))
                 return True
             if give_back:
@@ -1219,10 +1222,10 @@ class Primitive(Renewable):
             raise errors[0]
         return Reply(BUSY, 0)  # pragma: no cover - every master answered: one of the above
 
-    def _log_wait(self, owner: str, since: float, reply: Reply) -> None:
-        metrics.wait_over(reply.granted)  # where a waiter learns it was granted
+    def _log_wait(self, owner: str, since: float, granted: bool) -> None:
+        metrics.wait_over(granted)  # where a waiter learns it was granted
         if log.isEnabledFor(logging.DEBUG):
-            outcome = "granted" if reply.granted else "gave up"
+            outcome = "granted" if granted else "gave up"
             log.debug(
                 "%s: %s waited %.3f s, %s", self._describe(), owner, monotonic() - since, outcome
             )
@@ -1313,6 +1316,9 @@ class Primitive(Renewable):
     def _pop_unsettled(self, owner: str) -> List[Tuple[int, str, bool]]:
         """The failed calls of ``owner`` to settle before its acquire, as (levels, op id,
         grant) (forgotten here: a failed settlement puts them back). No I/O."""
+        if not _unsettled:
+            # (Read without the mutex: only the owner's own thread adds its entries.)
+            return []
         with _bookkeeping:
             return _unsettled.pop(self._hold_key(owner), [])
 

@@ -170,7 +170,7 @@ def acquire_steps(
     try:
         granted = yield from _acquire(prim, owner, count, wait, hub, st)
         if st.waiter is not None:
-            prim._log_wait(owner, first, Reply(GRANTED if granted else BUSY, 0))
+            prim._log_wait(owner, first, granted)
     except GeneratorExit:
         raise
     except BaseException as exc:

@@ -729,7 +729,6 @@ class Call:
         A connection or timeout error raised before anything was sent is marked so
         :func:`unsent` says so: only then is it certain that the script did not run.
         """
-        args = self.args if op is None else with_op(self.args, op)
         given, sender, pool = self._route
         if given is not client:
             sender = io_client(client)
@@ -737,7 +736,7 @@ class Call:
             self._route = (client, sender, pool)
         client = sender
         if pool is None:
-            return run(client, self.script, self.keys, args, self.replication)
+            return run(client, self.script, self.keys, self._args(op), self.replication)
         try:
             connection = pool.get_connection()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -764,8 +763,9 @@ class Call:
             connection.send_packed_command(packed, check_health=False)
             sent = True
             self._read_replies(connection, read)
-            raw, acks = read if self.replication is not None else (read[0], -1)
-            reply = decode(raw, self.script.name)._replace(replicas=int(acks))
+            reply = decode(read[0], self.script.name)
+            if self.replication is not None:
+                reply = reply._replace(replicas=int(read[1]))
         except ResponseError as exc:
             refused = _login_refused(exc)
             if refused is not None:
@@ -780,7 +780,7 @@ class Call:
                 if isinstance(exc, NoScriptError):
                     # Loaded and lost again: the generic path has the last word (its own
                     # load raises what refuses it).
-                    return run(client, self.script, self.keys, args, self.replication)
+                    return run(client, self.script, self.keys, self._args(op), self.replication)
                 raise
             # The call did not run: load what it lacks (or switch to EVALSHA), then send it
             # again on this path, so its interrupt handling holds for the call that runs.
@@ -801,6 +801,11 @@ class Call:
             raise
         pool.release(connection)
         return reply
+
+    def _args(self, op: Optional[str]) -> Sequence[Arg]:
+        """The ARGV for the generic path (:func:`run`): with ``op`` in place of
+        :data:`OP` if given (``None``: run stamps a fresh id)."""
+        return self.args if op is None else with_op(self.args, op)
 
     def _pack(self, connection: Any, fcall: bool) -> Any:
         """The command(s) in RESP, once: as redis-py packs them, or with an :data:`OP`

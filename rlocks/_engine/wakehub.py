@@ -509,6 +509,8 @@ class WakeHub:
         before it can be the ones named (a later waiter of the same id had no entry yet),
         so a late reply never grants a newer wait. Lines for other processes are skipped.
         """
+        if not wakes:
+            return  # (most replies: a queued acquire's, a release nobody waited for)
         with self._mutex:
             ch = self._channels.get(channel)
             if ch is None:
