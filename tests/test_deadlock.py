@@ -530,7 +530,10 @@ def queued_writer(spec: Dict[str, Any], ns: str, name: str, data: str, wait: flo
         ).write_lock
         try:
             got = writer.acquire(timeout=wait)
-        except rlocks.DeadlockError:
+        except rlocks.DeadlockError as exc:
+            # Any waiter of the cycle may be the one accused, this one too: its message
+            # describes the same cycle, for the test to check.
+            client.rpush(f"{data}:messages", str(exc))
             client.rpush(f"{data}:out", "dead")
             return
         if got:
