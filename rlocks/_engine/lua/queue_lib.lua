@@ -208,9 +208,17 @@ local function hfield(ctx, side, owner)
     return owner
 end
 
+-- Whether nothing at all is held, by the counters alone (then H has no hold and L is
+-- empty: nothing to read).
+local function holds_nothing(ctx)
+    if ctx.kind == 'rlock' then return ctx.nheld == 0 end
+    if ctx.kind == 'sem' then return ctx.held == 0 end
+    return ctx.writer == nil and ctx.nr == 0
+end
+
 -- The owner's holds on `side`, or nil. The counters rule out most owners without a read.
 local function held_by(ctx, side, owner)
-    if (ctx.kind == 'rlock' and ctx.nheld == 0) or (ctx.kind == 'rw' and
+    if holds_nothing(ctx) or (ctx.kind == 'rw' and
             ((side == 'w' and ctx.writer ~= owner) or (side == 'r' and ctx.nr == 0))) then
         return nil
     end
@@ -384,10 +392,8 @@ end
 -- as in sem_lib), expired entries leave the queue, unadopted grants are revoked.
 -- Amortised O(log n) per ended item: each is removed once.
 local function purge(ctx)
-    -- (no hold at all, by the counters: L is empty, nothing to read)
-    local none = (ctx.kind == 'rlock' and ctx.nheld == 0) or (ctx.kind == 'sem' and ctx.held == 0)
-        or (ctx.kind == 'rw' and ctx.writer == nil and ctx.nr == 0)
-    for _, field in ipairs(none and {} or redis.call('ZRANGEBYSCORE', L, '-inf', ctx.now)) do
+    local ended = holds_nothing(ctx) and {} or redis.call('ZRANGEBYSCORE', L, '-inf', ctx.now)
+    for _, field in ipairs(ended) do
         local count = tonumber(redis.call('HGET', H, field))
         redis.call('HDEL', H, field)
         redis.call('ZREM', L, field)
@@ -524,7 +530,7 @@ local function finish(ctx, status, value, aux)
         last = tonumber(redis.call('ZRANGE', L, -1, -1, 'WITHSCORES')[2])
     end
     if ctx.kind == 'sem' then
-        if ctx.held == 0 and ctx.free == ctx.value then
+        if holds_nothing(ctx) and ctx.free == ctx.value then
             redis.call('DEL', H)
         else
             local was, now = ctx.stored, {fmt(ctx.free), fmt(ctx.value), fmt(ctx.bounded),
@@ -544,7 +550,7 @@ local function finish(ctx, status, value, aux)
             end
         end
     elseif ctx.kind == 'rw' then
-        if ctx.writer == nil and ctx.nr == 0 then
+        if holds_nothing(ctx) then
             redis.call('DEL', H)
         else
             local was = ctx.stored
