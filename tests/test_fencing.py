@@ -161,6 +161,26 @@ def test_the_counter_is_one_key_per_slot_in_the_primitive_slot() -> None:
     assert fence_key(keys_for("a:b", "rlock", "x").hash).startswith("a:b:fence:{")
 
 
+def test_every_slot_keeps_the_counter_tag_of_earlier_versions() -> None:
+    # Earlier versions tried the tags '````', '```a', ... in order and kept the first per
+    # slot; the counter key of a slot must stay that tag, or processes of two versions
+    # would count tokens on two keys and hand out the same token twice.
+    first: Dict[int, str] = {}
+    for i in range(1 << 16):
+        tag = bytes((0x60 | i >> 12, 0x60 | (i >> 8) & 15, 0x60 | (i >> 4) & 15, 0x60 | i & 15))
+        first.setdefault(redis.crc.key_slot(tag), tag.decode("ascii"))
+    assert len(first) == 16384
+    names: Dict[int, str] = {}
+    for n in range(200_000):
+        slot = redis.crc.key_slot(f"n{n}".encode())
+        names.setdefault(slot, f"n{n}")
+        if len(names) == 16384:
+            break
+    assert len(names) == 16384
+    for slot, name in names.items():
+        assert fence_key(keys_for("ns", "rlock", name).hash) == f"ns:fence:{{{first[slot]}}}"
+
+
 # -- lock.token ----------------------------------------------------------------------------
 
 

@@ -20,35 +20,60 @@ namespace, whatever the number of names, each shared by every primitive of its s
 from __future__ import annotations
 
 import binascii
-from functools import lru_cache
-from typing import List, NamedTuple, Optional, Tuple
+from functools import cache, lru_cache
+from typing import List, NamedTuple, Tuple
 
 __all__ = ["PrimitiveKeys", "escape", "fence_key", "keys_for", "wait_key", "wait_seq_key"]
 
 _SLOTS = 16384  # Redis Cluster's hash slots: a key's slot is CRC16(tag) mod 16384
-_slot_tags: List[Optional[str]] = []
 
 
+def _tag_bytes(i: int) -> bytes:
+    """The 4-letter tag numbered ``i`` (0..65535): one nibble per letter, '`'..'o'."""
+    return bytes((0x60 | i >> 12, 0x60 | (i >> 8) & 15, 0x60 | (i >> 4) & 15, 0x60 | i & 15))
+
+
+def _crc_basis() -> Tuple[int, List[Tuple[int, int, int]]]:
+    """How the low 14 bits of a tag's number ``i`` move its slot, as GF(2) algebra.
+
+    For messages of one length CRC16 is linear, crc(a ^ b) = crc(a) ^ crc(b) ^ crc(0),
+    and so is the slot (its low 14 bits). Returns the slot of tag 0 and 14 rows (pivot
+    bit, slot change, bits of ``i``) reduced so that each pivot bit is set in its own row
+    only. That there are 14 (checked here) means the tags 0..16383 map one to one onto
+    the slots: each slot's first tag is its only one below 16,384.
+    """
+    s0 = binascii.crc_hqx(_tag_bytes(0), 0) % _SLOTS
+    rows: List[Tuple[int, int, int]] = []
+    for k in range(14):
+        vec, comb = (binascii.crc_hqx(_tag_bytes(1 << k), 0) % _SLOTS) ^ s0, 1 << k
+        for pivot, pvec, pcomb in rows:
+            if vec & pivot:
+                vec, comb = vec ^ pvec, comb ^ pcomb
+        assert vec, "the first 16,384 tags reach every slot"
+        pivot = 1 << (vec.bit_length() - 1)
+        rows = [(p, v ^ vec, c ^ comb) if v & pivot else (p, v, c) for p, v, c in rows]
+        rows.append((pivot, vec, comb))
+    return s0, rows
+
+
+_S0, _ROWS = _crc_basis()
+
+
+@cache
 def _slot_tag(slot: int) -> str:
-    """A short hash tag whose keys land in ``slot`` (the table is built on first use)."""
-    if not _slot_tags:
-        # Four letters from '`'..'o', one nibble each: CRC16 is linear in those 16 bits
-        # and the first 16,384 strings already reach every slot (about 20 ms, once).
-        table: List[Optional[str]] = [None] * _SLOTS
-        left = _SLOTS
-        for i in range(1 << 16):
-            raw = bytes((0x60 | i >> 12, 0x60 | (i >> 8) & 15, 0x60 | (i >> 4) & 15, 0x60 | i & 15))
-            slot_of = binascii.crc_hqx(raw, 0) % _SLOTS
-            if table[slot_of] is None:
-                table[slot_of] = raw.decode("ascii")
-                left -= 1
-                if not left:
-                    break
-        assert all(table), "every slot has a tag"
-        _slot_tags[:] = table
-    found = _slot_tags[slot]
-    assert found is not None
-    return found
+    """The first tag, in the order of its number, whose keys land in ``slot``.
+
+    The same tags as earlier versions, which tried tags in order into a table of all
+    16,384 slots (about 20 ms at the first acquire), so the fencing counter keys are
+    unchanged: the one tag below 16,384 of the slot, by solving the linear system.
+    """
+    want, i = slot ^ _S0, 0
+    for pivot, vec, comb in _ROWS:
+        if want & pivot:
+            want, i = want ^ vec, i ^ comb
+    raw = _tag_bytes(i)
+    assert not want and binascii.crc_hqx(raw, 0) % _SLOTS == slot
+    return raw.decode("ascii")
 
 
 def _slot(key: str) -> int:

@@ -196,12 +196,14 @@ def _resolve() -> Optional[_Instruments]:
             found = None
         else:
             try:
+                # (read once: the package metadata scan costs milliseconds at a first acquire)
+                version = _version()
                 found = _Instruments(
                     (_meter_provider or otel_metrics.get_meter_provider()).get_meter(
-                        "rlocks", _version()
+                        "rlocks", version
                     ),
                     (_tracer_provider or otel_trace.get_tracer_provider()).get_tracer(
-                        "rlocks", _version()
+                        "rlocks", version
                     ),
                 )
             except Exception:  # noqa: BLE001 - metrics must never break a lock
@@ -212,7 +214,11 @@ def _resolve() -> Optional[_Instruments]:
         return found
 
 
+@functools.lru_cache(maxsize=1)
 def _version() -> Optional[str]:
+    """The installed distribution's version (None: not installed as one). Cached: a
+    reset of the providers resolves the instruments again, and the scan of every
+    distribution on ``sys.path`` takes milliseconds."""
     try:
         from importlib.metadata import version
 
