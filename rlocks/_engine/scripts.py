@@ -690,8 +690,9 @@ class Call:
         # the EVALSHA form, and the FCALL form of a queue script (see _functions)
         self._packed: Any = None
         self._fpacked: Any = None
-        # (client given, client to send through, its pool or None): a primitive passes
-        # one client, so the lookups are made once per Call, not once per round trip.
+        # (client given, client to send through, its pool or None, the pool's Spares): a
+        # primitive passes one client, so the lookups are made once per Call, not once per
+        # round trip.
         self._route: Tuple[Any, Any, Any, Any] = (None, None, None, None)
 
     def __call__(
