@@ -11,6 +11,7 @@ and a dropped client takes them with it.
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 from typing import Any, Callable, Iterator, List
 
@@ -177,3 +178,31 @@ def test_a_fork_child_takes_a_connection_of_its_own(redis_url: str) -> None:
         pipe.close()
     assert spares.take(pool) is parents  # still the parent's to use
     c.close()
+
+
+def test_a_connection_on_a_descriptor_above_1024_is_handed_on(
+    redis_url: str, name: str
+) -> None:
+    # select() refuses descriptors of FD_SETSIZE (1,024) and above: a process with many
+    # open files must still hand its connections on (the check is poll's where it exists).
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        c = own_client(redis_url)
+        lock = rlocks.RLock(name, client=c, namespace=NAMESPACE)
+        cycles(lock, 5)
+        idle = clients.spares_for(c.connection_pool).idle
+        assert idle and idle[0][0]._sock.fileno() >= 1024
+        counted = Counted(c.connection_pool)
+        cycles(lock)
+        assert counted.calls <= 2, counted.calls
+        c.close()
+    finally:
+        for fd in opened:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
