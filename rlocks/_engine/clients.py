@@ -25,20 +25,15 @@ is used as it is.
 from __future__ import annotations
 
 import os
-import select
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .clock import monotonic
-
-__all__ = [
-    "DEFAULT_URL", "Spares", "default_client", "io_client", "is_cluster", "pool_of", "spares_for",
-]
+__all__ = ["DEFAULT_URL", "default_client", "io_client", "is_cluster", "pool_of"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 SOCKET_TIMEOUT = 10.0  # s, the longest any one of rlocks' own round trips may block
@@ -184,118 +179,3 @@ def _derive(pool: Any, client_type: Any, pool_types: Tuple[Any, ...], retry_type
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
     )
     return client_type(connection_pool=own)
-
-
-#: How long (s) a connection one of rlocks' round trips gave back stays set aside for the
-#: next one (see :class:`Spares`).
-SPARE_FOR = 0.5
-#: The most connections of one pool set aside at once.
-SPARES_MAX = 2
-#: A pool limited to fewer connections sets none aside: its other users may need them
-#: (redis-py 8 makes pools of 100 by default).
-SPARES_MIN_POOL = 64
-
-
-def _readable(sock: Any) -> bool:
-    """Whether ``sock`` has bytes or an end of stream to read now (one system call, no
-    wait). ``poll``, not ``select``: a process with over 1,024 open files has descriptors
-    ``select`` refuses (FD_SETSIZE); ``select`` only where there is no ``poll`` (Windows)."""
-    if _poll is None:
-        return bool(select.select((sock,), (), (), 0)[0])
-    poller = _poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
-
-
-_poll = getattr(select, "poll", None)
-
-
-class Spares:
-    """Connections of one pool that rlocks' own round trips hand on to each other.
-
-    redis-py's pool checks each connection it hands out for unread bytes: a read with a
-    timeout of 0, three system calls (two ``settimeout`` s and a ``recv``), each of which
-    lets the GIL go, a chance of a thread switch between the threads of a process that
-    contend for a lock. A connection that a round trip read a whole reply from has nothing
-    unread when it is given back (one cut short is closed instead, and never comes here),
-    so :meth:`give` sets it aside and :meth:`take` hands it out again after one
-    ``poll`` with a timeout of 0 (one system call): readable means the server closed it
-    (a ``CLIENT KILL``, a restart) or it is not clean, and the pool's checked connection
-    is taken instead, as the pool's own check would have found (a connection closed
-    after that check is a lost reply, as after the pool's). One set aside longer than
-    :data:`SPARE_FOR` goes back to the pool.
-
-    Set-aside connections stay the pool's, counted in use (a ``close()`` of the client
-    closes them too; the next round trip reconnects as redis-py does). A
-    ``BlockingConnectionPool`` or a pool of fewer than :data:`SPARES_MIN_POOL` connections
-    sets none aside. A forked child never takes its parent's. Thread-safe without a lock:
-    ``list.append`` and ``list.pop`` are atomic, and the cap may be passed by one when two
-    threads give back at once.
-    """
-
-    __slots__ = ("keep", "pid", "idle")
-
-    def __init__(self, pool: Any) -> None:
-        self.keep = (
-            not isinstance(pool, redis.BlockingConnectionPool)
-            and getattr(pool, "max_connections", 0) >= SPARES_MIN_POOL
-        )
-        self.pid = os.getpid()
-        self.idle: List[Tuple[Any, float]] = []
-
-    def take(self, pool: Any) -> Any:
-        """A connection of ``pool`` (the one these spares belong to) for one round trip:
-        a set-aside one, else the pool's (checked; may connect, and raises what
-        ``get_connection`` raises)."""
-        idle = self.idle
-        if idle:
-            if self.pid != os.getpid():
-                self._forked()
-            else:
-                now = monotonic()
-                while True:
-                    try:
-                        connection, since = idle.pop()
-                    except IndexError:
-                        break
-                    if now - since < SPARE_FOR:
-                        sock = connection._sock
-                        # Readable: closed by the server (CLIENT KILL, a restart), or not
-                        # clean. Either way not one to send a script on (its reply would
-                        # be taken for lost): the pool's connection instead.
-                        if sock is not None and not _readable(sock):
-                            return connection
-                        connection.disconnect()
-                    pool.release(connection)
-        return pool.get_connection()
-
-    def give(self, pool: Any, connection: Any) -> None:
-        """Give back ``connection``, whose last reply was read whole (anything else goes
-        to the pool's ``release`` after ``disconnect``, as before)."""
-        if self.keep and len(self.idle) < SPARES_MAX:
-            if self.pid != os.getpid():
-                self._forked()
-            self.idle.append((connection, monotonic()))
-        else:
-            pool.release(connection)
-
-    def _forked(self) -> None:
-        # The parent's connections are not this process's to use or close (its pool
-        # forgot them when it reset after the fork).
-        self.idle = []
-        self.pid = os.getpid()
-
-
-def spares_for(pool: Any) -> Spares:
-    """The :class:`Spares` of ``pool``, made at its first use. No I/O.
-
-    Kept on the pool itself, not in a table of rlocks': the set-aside connections may
-    refer to their pool, and a table's value that refers to its own weak key keeps it
-    alive for ever.
-    """
-    try:
-        found: Spares = pool._rlocks_spares
-    except AttributeError:
-        # (setdefault: two threads at once make one; a lost one could strand a connection)
-        found = vars(pool).setdefault("_rlocks_spares", Spares(pool))
-    return found

@@ -75,7 +75,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
 from ..errors import RLocksError
 from . import identity
-from .clients import io_client, spares_for
+from .clients import io_client
 from .dialogue import adrive, drive
 
 __all__ = [
@@ -564,19 +564,18 @@ def direct_command(client: Any, *args: Any) -> Any:
     pool = _direct_pool(client)
     if pool is None:
         return client.execute_command(*args)
-    spares = spares_for(pool)
-    connection = spares.take(pool)
+    connection = pool.get_connection()
     try:
         connection.send_command(*args)
         reply = connection.read_response()
     except ResponseError:
-        spares.give(pool, connection)
+        pool.release(connection)
         raise
     except BaseException:
         connection.disconnect()
         pool.release(connection)
         raise
-    spares.give(pool, connection)
+    pool.release(connection)
     return reply
 
 
@@ -647,19 +646,18 @@ def _send_on(pool: Any, command: Tuple[Any, ...]) -> bool:
     """Send ``command`` (a script or library load) on a connection of ``pool`` and read
     its answer: True if done, False if Redis refused it. Connection errors (and any
     exception raised meanwhile) propagate, with that connection closed."""
-    spares = spares_for(pool)
-    connection = spares.take(pool)
+    connection = pool.get_connection()
     try:
         connection.send_command(*command, check_health=False)
         connection.read_response()
     except ResponseError:
-        spares.give(pool, connection)
+        pool.release(connection)
         return False
     except BaseException:
         connection.disconnect()
         pool.release(connection)
         raise
-    spares.give(pool, connection)
+    pool.release(connection)
     return True
 
 
@@ -690,10 +688,9 @@ class Call:
         # the EVALSHA form, and the FCALL form of a queue script (see _functions)
         self._packed: Any = None
         self._fpacked: Any = None
-        # (client given, client to send through, its pool or None, the pool's Spares): a
-        # primitive passes one client, so the lookups are made once per Call, not once per
-        # round trip.
-        self._route: Tuple[Any, Any, Any, Any] = (None, None, None, None)
+        # (client given, client to send through, its pool or None): a primitive passes
+        # one client, so the lookups are made once per Call, not once per round trip.
+        self._route: Tuple[Any, Any, Any] = (None, None, None)
 
     def __call__(
         self,
@@ -732,18 +729,16 @@ class Call:
         A connection or timeout error raised before anything was sent is marked so
         :func:`unsent` says so: only then is it certain that the script did not run.
         """
-        given, sender, pool, spares = self._route
+        given, sender, pool = self._route
         if given is not client:
             sender = io_client(client)
             pool = _direct_pool(sender)
-            spares = None if pool is None else spares_for(pool)
-            self._route = (client, sender, pool, spares)
+            self._route = (client, sender, pool)
         client = sender
         if pool is None:
             return run(client, self.script, self.keys, self._args(op), self.replication)
-        assert spares is not None
         try:
-            connection = spares.take(pool)
+            connection = pool.get_connection()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             setattr(exc, _UNSENT, True)
             raise
@@ -778,8 +773,8 @@ class Call:
                 connection.disconnect()
                 pool.release(connection)
                 raise refused from exc
-            # An error reply, read whole: the connection is clean and goes back.
-            spares.give(pool, connection)
+            # An error reply, read whole: the connection is clean and goes back to the pool.
+            pool.release(connection)
             step = _recovery(exc, fcall, done)
             if step is None:
                 if isinstance(exc, NoScriptError):
@@ -804,7 +799,7 @@ class Call:
             connection.disconnect()
             pool.release(connection)
             raise
-        spares.give(pool, connection)
+        pool.release(connection)
         return reply
 
     def _args(self, op: Optional[str]) -> Sequence[Arg]:
