@@ -737,15 +737,17 @@ class Call:
         client = sender
         if pool is None:
             return run(client, self.script, self.keys, self._args(op), self.replication)
+        read: List[Any] = []  # the replies read so far: the script's, then WAIT's
+        sent = False
+        fcall = self.script.function is not None and _functions.get(pool, True)
+        assert pool is _functions_key(client)
+        # Nothing between taking the connection and the try: a signal handler's exception
+        # raised there would strand it, counted in use by its pool for ever.
         try:
             connection = pool.get_connection()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             setattr(exc, _UNSENT, True)
             raise
-        read: List[Any] = []  # the replies read so far: the script's, then WAIT's
-        sent = False
-        fcall = self.script.function is not None and _functions.get(pool, True)
-        assert pool is _functions_key(client)
         try:
             packed = self._fpacked if fcall else self._packed
             if packed is None:
