@@ -478,6 +478,42 @@ def test_sem_grant_marker_outlives_the_queue_keys_expiry_while_holds_live(sem: _
         assert sem.client.pttl(key) > 10 * ELEASE, key  # p1's permits: about 30 s
 
 
+def test_sem_lease_ends_expire_with_the_holds_after_the_longest_hold_is_released(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """The lease ends (L) expire when the holds hash (H) does: after the hold with the
+    latest end is released, H's expiry follows the remaining hold's end, and so must L's.
+    (Before, L kept the released hold's end: once H expired with a dead holder's lease,
+    the counters said "nothing held", nothing read L again, and its dead member made every
+    refusal say "a hold ends in 1 ms" until L's own, longer end. Real server time.)"""
+    sem = _Prim(client, "sem", name, value=2)
+    assert _sacq(sem, None, "p1.a", 1, ttl=3000)[:2] == [1, 1]
+    assert _sacq(sem, None, "p2.a", 1, ttl=60000)[:2] == [1, 1]
+    assert sem.call("release", None, 1, "p2.a", 1)[:3] == [1, 1, 0]
+    h, leases = client.pttl(sem.keys[0]), client.pttl(sem.keys[1])
+    assert 0 < h <= 3000 and 0 < leases <= 3000, (h, leases)
+
+
+def test_sem_lease_ends_persist_while_the_holds_do(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """An unbounded Semaphore whose value grew keeps its holds hash (H) without expiry,
+    since the state left once every lease ends is not the initial one; its lease ends (L)
+    must live as long, or a holder that dies keeps its permit for ever: only a read of L
+    finds its lease over. (Before, L expired with the last lease and H kept the dead
+    holder's permit.)"""
+    sem = _Prim(client, "sem", name, value=1, bounded=0)
+    assert sem.call("release", None, 1)[:2] == [1, 2]  # nobody's permit: the value grows
+    assert _sacq(sem, None, "p1.a", 1, ttl=200)[:2] == [1, 1]
+    assert client.pttl(sem.keys[0]) == -1
+    assert client.pttl(sem.keys[1]) == -1
+    # The holder dies: its lease ends (on the server's clock, which only moves on), and
+    # the next call gives its permit back.
+    time.sleep(0.4)
+    assert _sacq(sem, None, "p2.a", 2, queue=0)[:2] == [1, 2]
+    assert sem.holds() == {"p2.a": 2}
+
+
 def test_sem_release_of_an_owners_permits_leaves_its_grant_for_it_to_adopt(
     sem: _Prim,
 ) -> None:

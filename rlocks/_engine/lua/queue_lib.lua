@@ -532,6 +532,7 @@ local function finish(ctx, status, value, aux)
     if ctx.kind == 'sem' then
         if holds_nothing(ctx) and ctx.free == ctx.value then
             redis.call('DEL', H)
+            if last ~= nil then redis.call('DEL', L) end -- (no hold: no end can be live)
         else
             local was, now = ctx.stored, {fmt(ctx.free), fmt(ctx.value), fmt(ctx.bounded),
                                           fmt(ctx.held)}
@@ -542,11 +543,16 @@ local function finish(ctx, status, value, aux)
             local after = ctx.free + ctx.held
             if ctx.bounded == 1 and after > ctx.value then after = ctx.value end
             -- Only while the state left once every lease ends is the initial one may the
-            -- key vanish with its last lease; otherwise it must persist.
+            -- key vanish with its last lease; otherwise it must persist. L goes with H
+            -- (the ends it lists are how a dead holder's permits come back): a longer
+            -- life outlives H's counters, which then say nothing is held and L is never
+            -- read again; a shorter one leaves H's permits to holders nobody can find dead.
             if last ~= nil and after == ctx.value then
                 redis.call('PEXPIRE', H, last - ctx.now)
+                redis.call('PEXPIRE', L, last - ctx.now)
             else
                 redis.call('PERSIST', H)
+                if last ~= nil then redis.call('PERSIST', L) end
             end
         end
     elseif ctx.kind == 'rw' then
@@ -566,7 +572,7 @@ local function finish(ctx, status, value, aux)
     elseif ctx.lset and last ~= nil then
         redis.call('PEXPIRE', H, last - ctx.now)
     end
-    if ctx.lset then expire_all({L}, last, ctx.now) end
+    if ctx.lset and ctx.kind ~= 'sem' then expire_all({L}, last, ctx.now) end
     if ctx.qdirty or (shared and ctx.tn > 0 and ctx.lset) then
         local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
         if shared and tlast ~= nil and last ~= nil and last > tlast then tlast = last end
