@@ -30,7 +30,10 @@ walk is not atomic and what it saw may have changed; before accusing anyone it *
 it reads every hold (and place ahead) of the cycle again, then every edge again, and gives
 up unless all are still there with the same ``seq``. Why that suffices: an owner whose
 edge has the same ``seq`` at the walk's read and at the confirming read was blocked in one
-acquire throughout, and a blocked owner cannot take a hold it lacks; so each hold read
+acquire throughout, and a blocked owner cannot take a hold it lacks, except the one it
+waits for, by a hand-over it has not noticed yet; an owner that holds anything of what it
+waits for is counted as not blocked at all (a re-entry, a writer's read and a refused
+upgrade never wait), at the walk's read and at the confirming one. So each hold read
 present by the confirmation was held since the walk read its owner's edge. A queue edge is
 confirmed only with the same two sequence numbers (the entry ahead's and the waiter's):
 entries join only at the tail and keep their number while they keep their place, so the
@@ -142,7 +145,8 @@ def _blockers(edge: Edge) -> Reads:
     """``{owner: how it blocks}`` for the waiter of ``edge``: the side it holds (``x``,
     ``r``, ``w``) for each hold of ``edge.key`` that conflicts with ``edge.side``, and
     ``q <side> <its seq> <waiter's seq>`` for the owner of the entry just ahead of
-    ``edge.entry`` in the queue."""
+    ``edge.entry`` in the queue. Nothing when the waiter holds ``edge.key`` itself (a
+    hand-over it has not noticed yet)."""
     key = edge.key
     # The lease ZSET, queue, entries and entry leases beside the hash (``PrimitiveKeys.
     # queued()``'s second to fifth keys).
@@ -157,9 +161,15 @@ def _blockers(edge: Edge) -> Reads:
         yield ("SCRIPT", "LOAD", _HOLDERS.source)
         raw = yield command
     holds, ahead = raw if raw else ((), ())
+    fields = [_text(field) for field in holds or ()]
+    own = (edge.owner,) if edge.side == "x" else ("r:" + edge.owner, "w:" + edge.owner)
+    if any(field in own for field in fields):
+        # It holds what it waits for: a hand-over granted it while it was still inside
+        # its acquire (its edge stays until it notices), since a re-entry, a writer's
+        # read and a refused upgrade never wait. It is not blocked here: it returns.
+        return {}
     owners: Dict[str, str] = {}
-    for field in holds or ():
-        field = _text(field)
+    for field in fields:
         if edge.side == "x":
             owners[field] = "x"
         elif field[:2] == "w:" or (edge.side == "w" and field[:2] == "r:"):
