@@ -371,6 +371,112 @@ def test_asyncio_tasks_in_a_cycle_one_raises(redis_url: str, ns: str, name: str)
     assert _no_edges(redis.Redis.from_url(redis_url), ns)
 
 
+# -- a Condition wait taking its lock back ------------------------------------------------
+#
+# Condition.wait gives its lock up and must return holding it again (threading's does, and
+# the caller's `with` releases it). Its re-acquire waits like any acquire, so it can be part
+# of a cycle: the waiter holds Y while it takes X back, and the notifier holds X while it
+# asks for Y. The re-acquire checks later (X's deadlock_timeout is the longer), so by wait
+# number it would be the victim; it may not give up, so the notifier must be accused.
+
+RESTORE_TIMEOUT = 0.6  # X's: the restoring wait draws its number after the notifier's
+ASK_TIMEOUT = 0.1  # Y's
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_condition_wait_taking_its_lock_back_is_never_the_victim(
+    client: Any, ns: str, name: str, kind: str
+) -> None:
+    lock = _mutex(kind, f"{name}-x", client, ns, deadlock_timeout=RESTORE_TIMEOUT)
+    other = rlocks.RLock(f"{name}-y", client=client, namespace=ns, deadlock_timeout=ASK_TIMEOUT)
+    cond = rlocks.Condition(lock)
+    waiting = threading.Event()
+    out: Dict[str, Any] = {}
+
+    def waiter() -> None:
+        try:
+            with other:
+                with cond:
+                    waiting.set()
+                    out["notified"] = cond.wait(WAIT)
+                    out["held after wait"] = lock._held(lock._owner())  # type: ignore[union-attr]
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            out["waiter"] = exc
+
+    def notifier() -> None:
+        try:
+            waiting.wait(WAIT)
+            with cond:  # free while the other thread waits
+                cond.notify()
+                try:
+                    out["asked"] = other.acquire(timeout=WAIT)
+                except rlocks.DeadlockError as exc:
+                    out["asked"] = exc
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            out["notifier"] = exc
+
+    threads = [threading.Thread(target=waiter), threading.Thread(target=notifier)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert "waiter" not in out and "notifier" not in out, out
+    assert isinstance(out["asked"], rlocks.DeadlockError), out  # the notifier was accused
+    assert out["notified"] is True and out["held after wait"] == 1, out
+    assert not lock.locked() and not other.locked()
+    assert _no_edges(client, ns)
+
+
+def test_an_asyncio_condition_wait_taking_its_lock_back_is_never_the_victim(
+    redis_url: str, ns: str, name: str
+) -> None:
+    async def main() -> Dict[str, Any]:
+        import redis.asyncio as aredis
+
+        aclient = aredis.Redis.from_url(redis_url)
+        lock = rlocks.asyncio.RLock(f"{name}-x", client=aclient, namespace=ns,
+                                    deadlock_timeout=RESTORE_TIMEOUT)
+        other = rlocks.asyncio.RLock(f"{name}-y", client=aclient, namespace=ns,
+                                     deadlock_timeout=ASK_TIMEOUT)
+        cond = rlocks.asyncio.Condition(lock)
+        waiting = asyncio.Event()
+        out: Dict[str, Any] = {}
+
+        async def waiter() -> None:
+            async with other:
+                async with cond:
+                    waiting.set()
+                    out["notified"] = await cond.wait(WAIT)
+                    out["locked after wait"] = await lock.locked()  # by this task: nobody else can
+
+        async def notifier() -> None:
+            await waiting.wait()
+            async with cond:
+                await cond.notify()
+                try:
+                    out["asked"] = await other.acquire(timeout=WAIT)
+                except rlocks.DeadlockError as exc:
+                    out["asked"] = exc
+
+        try:
+            await asyncio.wait_for(asyncio.gather(waiter(), notifier()), 60)
+        finally:
+            await aclient.aclose() if hasattr(aclient, "aclose") else await aclient.close()
+        return out
+
+    out = asyncio.run(main())
+    assert isinstance(out["asked"], rlocks.DeadlockError), out
+    assert out["notified"] is True and out["locked after wait"] is True, out
+    assert _no_edges(redis.Redis.from_url(redis_url), ns)
+
+
+def test_a_restoring_wait_is_stored_so_older_readers_see_no_edge() -> None:
+    edge = deadlock.Edge("o", 7, "w", "ns:rw:{n}", "-", True)
+    assert edge.value() == "7 W - ns:rw:{n}"  # an older rlocks reads no edge from this
+    assert deadlock.Edge.parse("o", edge.value().encode()) == edge
+    assert deadlock.Edge.parse("o", b"7 w - ns:rw:{n}") == edge._replace(restoring=False)
+
+
 # -- processes, single server and cluster -----------------------------------------------
 
 

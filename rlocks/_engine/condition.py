@@ -460,11 +460,12 @@ async def _aacquire_restore(lock: Any, owner: str, saved: Tuple[int, int]) -> No
     for target, levels in ((lock, count), (inner, inner_count)):
         if target is None or not levels:
             continue
-        while True:
-            try:
-                await target._aacquire(owner, levels, None)
-                break
-            except asyncio.CancelledError as exc:
-                cancelled = exc
+        with target._taking_back(owner):  # it must end held: never a deadlock's victim
+            while True:
+                try:
+                    await target._aacquire(owner, levels, None)
+                    break
+                except asyncio.CancelledError as exc:
+                    cancelled = exc
     if cancelled is not None:
         raise cancelled

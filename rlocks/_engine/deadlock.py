@@ -42,10 +42,14 @@ owner of the cycle was blocked, holding (or queued ahead of) what the previous o
 for: a deadlock.
 
 Exactly one victim: the owner of the cycle whose wait has the highest ``seq`` (the wait
-that entered the check last). Every owner of the cycle that checks picks the same one, and
-only the victim raises; the others keep waiting and the victim's own check finds the cycle
-(usually at its first check, since its edge was the last to appear). The victim leaves the
-queue and raises :class:`~rlocks.errors.DeadlockError`; what it holds stays held until its
+that entered the check last), leaving out a wait that may not give up: a Condition wait
+taking its lock back (``Primitive._taking_back``; its edge stores the side in capitals) must
+return holding the lock, as ``threading.Condition.wait`` does, so another member of the
+cycle is accused (a cycle of such waits only is logged and not broken). Every owner of
+the cycle that checks picks the same one, and only the victim raises; the others keep
+waiting and the victim's own check finds the cycle (usually at its first check, since
+its edge was the last to appear). The victim leaves the queue and raises
+:class:`~rlocks.errors.DeadlockError`; what it holds stays held until its
 exception handler releases it, as in PostgreSQL.
 
 Limits: a wait through a Semaphore, or an owner whose primitive has ``deadlock_timeout=None``,
@@ -78,6 +82,9 @@ MAX_OWNERS = 64
 
 _HOLDERS = load("deadlock_holders")
 
+#: An edge's side as stored: capitals for a restoring wait (see Edge.restoring).
+_SIDES = ("x", "r", "w", "X", "R", "W")
+
 #: What a detector step yields: a Redis command (a tuple), answered with its raw reply.
 Reads = Generator[Tuple[Any, ...], Any, Any]
 
@@ -90,9 +97,14 @@ class Edge(NamedTuple):
     side: str  # 'x' RLock, 'r' / 'w' RWLock side
     key: str  # the primitive's holds hash
     entry: str = "-"  # the owner's process's queue entry; '-': the queue blocks it not
+    #: A Condition wait taking its lock back: it may not give up, so never the victim.
+    #: Stored as the side in capitals (an older rlocks reads no edge there: it then
+    #: misses that cycle, never accuses the wrong owner).
+    restoring: bool = False
 
     def value(self) -> str:
-        return f"{self.seq} {self.side} {self.entry} {self.key}"
+        side = self.side.upper() if self.restoring else self.side
+        return f"{self.seq} {side} {self.entry} {self.key}"
 
     @classmethod
     def parse(cls, owner: str, raw: Any) -> Optional["Edge"]:
@@ -101,21 +113,23 @@ class Edge(NamedTuple):
             return None
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         parts = text.split(" ", 3)  # the key may contain spaces: it is last
-        if len(parts) != 4 or parts[1] not in ("x", "r", "w") or not parts[0].isdigit():
+        if len(parts) != 4 or parts[1] not in _SIDES or not parts[0].isdigit():
             return None
-        return cls(owner, int(parts[0]), parts[1], parts[3], parts[2])
+        side = parts[1]
+        return cls(owner, int(parts[0]), side.lower(), parts[3], parts[2], side.isupper())
 
 
 class Detector:
     """One waiting owner's detector state: when to check, and its edge once recorded."""
 
     __slots__ = (
-        "namespace", "owner", "side", "key", "entry", "timeout", "due", "seq", "label", "name"
+        "namespace", "owner", "side", "key", "entry", "timeout", "due", "seq", "label", "name",
+        "restoring",
     )
 
     def __init__(
         self, namespace: str, owner: str, side: str, key: str, timeout: float, since: float,
-        label: str, name: str, entry: str = "-",
+        label: str, name: str, entry: str = "-", restoring: bool = False,
     ) -> None:
         self.namespace = namespace
         self.owner = owner
@@ -127,6 +141,7 @@ class Detector:
         self.seq: Optional[int] = None  # drawn at the first check; then an edge may exist
         self.label = label  # the waiting primitive, as messages describe it
         self.name = name  # and its name, as errors carry it
+        self.restoring = restoring  # a Condition wait taking its lock back: never the victim
 
     def pause(self, pause: float) -> float:
         """``pause`` shortened so the waiter wakes up for its next check."""
@@ -189,7 +204,7 @@ def check(det: Detector) -> Reads:
     """
     if det.seq is None:
         det.seq = int((yield ("INCR", wait_seq_key(det.namespace))))
-    mine = Edge(det.owner, det.seq, det.side, det.key, det.entry)
+    mine = Edge(det.owner, det.seq, det.side, det.key, det.entry, det.restoring)
     yield ("SET", wait_key(det.namespace, det.owner), mine.value(), "PX", det.lease_ms())
     det.due = monotonic() + det.timeout
     found = yield from _walk(det, mine)
@@ -199,9 +214,15 @@ def check(det: Detector) -> Reads:
     held = yield from _confirm(det, cycle, ways)
     if held is None:
         return None
-    # (seq, owner): a total order even if the counter was deleted and numbers repeat.
-    victim = max(cycle, key=lambda edge: (edge.seq, edge.owner))
     described = _describe(det.namespace, cycle, held)
+    eligible = [edge for edge in cycle if not edge.restoring]
+    if not eligible:
+        # Only Condition waits taking their locks back, none of which may give up: as
+        # with threading's Condition, they wait on (see the module docstring).
+        log.warning("deadlock among Condition waits taking their locks back: %s", described)
+        return None
+    # (seq, owner): a total order even if the counter was deleted and numbers repeat.
+    victim = max(eligible, key=lambda edge: (edge.seq, edge.owner))
     if victim.owner != det.owner:
         log.debug("deadlock seen by %s; %s will raise: %s", det.owner, victim.owner, described)
         return None

@@ -16,6 +16,7 @@ whose owner ids are new anyway (see :mod:`.identity`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import inspect
 import logging
@@ -31,10 +32,12 @@ from typing import (
     Dict,
     Generator,
     Hashable,
+    Iterator,
     List,
     Mapping,
     Optional,
     Sequence,
+    Set,
     Tuple,
     Type,
     cast,
@@ -231,6 +234,7 @@ class Primitive(Renewable):
         "_replication",
         "_fair",
         "_deadlock_timeout",
+        "_restoring",
         "_entry_ms",
         "_kept_hub",
         "__weakref__",
@@ -321,6 +325,9 @@ class Primitive(Renewable):
             raise TypeError(f"{label}({name!r}): fair must be a bool, not {type(fair).__name__}")
         self._fair = fair
         self._deadlock_timeout = checks.deadlock_timeout(options.deadlock_timeout, label, name)
+        #: Owners whose acquire in progress takes back what a Condition wait gave up
+        #: (see _taking_back): deadlock detection never makes such a wait the victim.
+        self._restoring: Set[str] = set()
         #: ms a queue entry, and a hand-over grant not adopted yet, lives without
         #: renewal: the most a dead waiter (or a process dead just after being handed
         #: the primitive) delays the next hand-over.
@@ -595,7 +602,21 @@ class Primitive(Renewable):
             self._describe(), self._name,
             # fair: the waiter is granted only after the entry ahead of its process's
             entry=entry if self._fair else "-",
+            restoring=owner in self._restoring,
         )
+
+    @contextlib.contextmanager
+    def _taking_back(self, owner: str) -> Iterator[None]:
+        """Mark ``owner``'s acquires inside the block as a Condition wait taking its lock
+        back (``_acquire_restore``): such an acquire must end holding the lock, as
+        ``threading.Condition.wait`` does, so a deadlock check never picks it as the
+        victim. It still records its wait-for edge, so another member of a cycle through
+        it is accused. Used by the threading and the asyncio restore alike (no I/O)."""
+        self._restoring.add(owner)
+        try:
+            yield
+        finally:
+            self._restoring.discard(owner)
 
     def _context(self) -> Tuple[Arg, ...]:
         """The context ARGV every queue script starts with: now ('' = server TIME), the

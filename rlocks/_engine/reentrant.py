@@ -191,10 +191,12 @@ class ReentrantLock(OwnerViews, SyncPrimitive):
         then those of :meth:`_held_with` it (a writer takes its read side at once)."""
         count, _owner, inner_count = state
         owner = self._owner()
-        self._acquire(owner, count, None)
+        with self._taking_back(owner):  # it must end held: never a deadlock's victim
+            self._acquire(owner, count, None)
         inner = self._held_with()
         if inner is not None and inner_count:
-            inner._acquire(owner, inner_count, None)
+            with inner._taking_back(owner):
+                inner._acquire(owner, inner_count, None)
 
     def _held_with(self) -> Optional["ReentrantLock"]:
         """Another lock whose holds this one's ``Condition`` protocol releases and restores
