@@ -124,7 +124,7 @@ class Detector:
 
     __slots__ = (
         "namespace", "owner", "side", "key", "entry", "timeout", "due", "seq", "label", "name",
-        "restoring",
+        "restoring", "warned",
     )
 
     def __init__(
@@ -142,6 +142,7 @@ class Detector:
         self.label = label  # the waiting primitive, as messages describe it
         self.name = name  # and its name, as errors carry it
         self.restoring = restoring  # a Condition wait taking its lock back: never the victim
+        self.warned = False  # it logged a cycle nobody may break (once per wait, not per check)
 
     def pause(self, pause: float) -> float:
         """``pause`` shortened so the waiter wakes up for its next check."""
@@ -219,7 +220,9 @@ def check(det: Detector) -> Reads:
     if not eligible:
         # Only Condition waits taking their locks back, none of which may give up: as
         # with threading's Condition, they wait on (see the module docstring).
-        log.warning("deadlock among Condition waits taking their locks back: %s", described)
+        level = logging.DEBUG if det.warned else logging.WARNING
+        det.warned = True
+        log.log(level, "deadlock among Condition waits taking their locks back: %s", described)
         return None
     # (seq, owner): a total order even if the counter was deleted and numbers repeat.
     victim = max(eligible, key=lambda edge: (edge.seq, edge.owner))
