@@ -94,6 +94,28 @@ def free_port() -> int:
         return port
 
 
+#: Ports start() tries in turn when the one it chose is taken before its server binds it.
+PORT_TRIES = 5
+
+
+class _PortTaken(Exception):
+    """Another server answers on the port this one was to bind."""
+
+
+def _process_id(sock: socket.socket) -> int:
+    """The ``process_id`` of the server on ``sock`` (``INFO server``), or -1 if it does not
+    say in time (the caller's socket timeout)."""
+    sock.sendall(b"INFO server\r\n")
+    data = b""
+    while b"process_id:" not in data or not data.split(b"process_id:", 1)[1].count(b"\r\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            return -1
+        data += chunk
+    value = data.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0]
+    return int(value) if value.isdigit() else -1
+
+
 class TemporaryRedisServer:
     """Start ``redis-server`` on a free loopback port; stop it and delete its files on exit.
 
@@ -112,6 +134,9 @@ class TemporaryRedisServer:
     ) -> None:
         self.binary = binary or find_redis_server()
         self.extra_args = list(extra_args)
+        # A port of our choosing may be taken by another program between free_port() and
+        # the server's bind (suites running side by side): start() then picks another.
+        self._chosen = port is None
         self.port = port or free_port()
         self.startup_timeout = startup_timeout
         self.process: Optional[subprocess.Popen[bytes]] = None
@@ -122,6 +147,24 @@ class TemporaryRedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> "TemporaryRedisServer":
+        """Start the server and wait until it answers on its port. Raises RuntimeError if
+        it exits or stays silent for ``startup_timeout`` s, or if the port turns out to
+        be another server's (a port given to the constructor; a port chosen here is
+        chosen again, up to :data:`PORT_TRIES` times)."""
+        for attempt in range(PORT_TRIES):
+            try:
+                self._start_once()
+                return self
+            except _PortTaken:
+                self.stop()
+                if not self._chosen or attempt == PORT_TRIES - 1:
+                    raise RuntimeError(
+                        f"port {self.port} belongs to another server, not this redis-server"
+                    ) from None
+                self.port = free_port()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="rlocks-redis-")
         cmd = [
             self.binary,
@@ -140,21 +183,31 @@ class TemporaryRedisServer:
         finally:
             log.close()
         self._wait_ready()
-        return self
 
     def _wait_ready(self) -> None:
+        """Return once this process answers on the port. Raises _PortTaken when another
+        server answers there (this one could not bind it), RuntimeError as start() says."""
         assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if "already in use" in self.log_text():
+                    raise _PortTaken()
                 raise RuntimeError(f"redis-server exited at start-up:\n{self.log_text()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    # A TLS-only server will not answer a plain PING; being connectable
-                    # is then as much as we can check here.
                     s.settimeout(0.5)
-                    if s.recv(64).startswith((b"+PONG", b"-")):
+                    answer = s.recv(64)
+                    if answer.startswith(b"+PONG"):
+                        # Ours, or another server on a port taken before ours could bind
+                        # it (its PONG comes before ours exits): the process id says.
+                        if _process_id(s) != self.process.pid:
+                            raise _PortTaken()
+                        return
+                    if answer.startswith(b"-"):
+                        # A TLS-only server will not answer a plain PING, and a server
+                        # with a password refuses INFO: connectable is what we can check.
                         return
             except OSError:
                 pass
