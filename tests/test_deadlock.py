@@ -17,7 +17,7 @@ import multiprocessing
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import redis
@@ -25,6 +25,7 @@ import redis
 import rlocks
 import rlocks.asyncio
 from rlocks._engine import deadlock, identity
+from rlocks._engine.dialogue import drive
 from rlocks._engine.keys import keys_for, wait_key, wait_seq_key
 
 from . import _procs
@@ -271,6 +272,19 @@ def test_deadlock_timeout_out_of_range_is_a_value_error(value: Any, client: Any,
     assert _no_edges(client, ns) and client.exists(wait_seq_key(ns)) == 0
 
 
+def _checked(
+    client: Any, det: deadlock.Detector, before: Callable[[Tuple[Any, ...]], None] = lambda c: None
+) -> Any:
+    """Run one deadlock check of ``det`` against ``client``: the error or ``None``.
+    ``before`` sees each command just before it is sent (a test's hook to change state)."""
+
+    def perform(command: Tuple[Any, ...]) -> Any:
+        before(command)
+        return client.execute_command(*command)
+
+    return drive(deadlock.check(det), perform)
+
+
 def test_a_cycle_that_changed_before_the_confirmation_accuses_nobody(
     client: Any, ns: str, name: str
 ) -> None:
@@ -300,22 +314,15 @@ def test_a_cycle_that_changed_before_the_confirmation_accuses_nobody(
 
             def run(renumber: bool) -> Any:
                 det = deadlock.Detector(ns, me, "x", theirs._keys.hash, 1.0, 0.0, "me", "me")
-                steps, reply, evals = deadlock.check(det), None, 0
-                error: Any = None
-                while True:
-                    try:
-                        command = steps.send(reply) if error is None else steps.throw(error)
-                    except StopIteration as stop:
-                        return stop.value
-                    reply = error = None
+                evals = [0]
+
+                def before(command: Tuple[Any, ...]) -> None:
                     if command[0] == "EVALSHA" and command[3] == f"{theirs._keys.hash}:leases":
-                        evals += 1
-                        if evals == 2 and renumber:  # the confirmation begins
+                        evals[0] += 1
+                        if evals[0] == 2 and renumber:  # the confirmation begins
                             client.set(wait_key(ns, other[0]), edge._replace(seq=7).value())
-                    try:
-                        reply = client.execute_command(*command)
-                    except redis.exceptions.NoScriptError as exc:
-                        error = exc
+
+                return _checked(client, det, before)
 
             found = run(renumber=False)
             assert isinstance(found, rlocks.DeadlockError), found
@@ -833,21 +840,6 @@ def test_deadlock_holders_names_the_live_entry_just_ahead(client: Any, name: str
     client.zadd(rw.keys[4], {"e:w": 1})  # the writer's entry lease has ended
     assert holders("r2") == (["r:r1.a"], [])
     client.delete(*rw.keys)
-
-
-def _checked(client: Any, det: deadlock.Detector) -> Any:
-    """Run one deadlock check of ``det`` against ``client``: the error or ``None``."""
-    steps, reply, error = deadlock.check(det), None, None
-    while True:
-        try:
-            command = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        reply = error = None
-        try:
-            reply = client.execute_command(*command)
-        except redis.exceptions.NoScriptError as exc:
-            error = exc
 
 
 def test_a_waiter_handed_the_lock_before_it_noticed_is_not_in_a_cycle(
