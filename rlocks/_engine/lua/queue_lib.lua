@@ -572,7 +572,11 @@ local function finish(ctx, status, value, aux)
     elseif ctx.lset and last ~= nil then
         redis.call('PEXPIRE', H, last - ctx.now)
     end
-    if ctx.lset and ctx.kind ~= 'sem' then expire_all({L}, last, ctx.now) end
+    if ctx.lset and ctx.kind ~= 'sem' then
+        -- (L alone: expire_all's table and loop cost more than the command, on the
+        -- uncontended path)
+        if last == nil then redis.call('DEL', L) else redis.call('PEXPIRE', L, last - ctx.now) end
+    end
     if ctx.qdirty or (shared and ctx.tn > 0 and ctx.lset) then
         local tlast = tonumber(redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')[2])
         if shared and tlast ~= nil and last ~= nil and last > tlast then tlast = last end
