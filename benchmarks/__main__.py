@@ -102,8 +102,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"rlocks benchmarks ({'quick' if args.quick else 'full'} run), "
               f"{time.strftime('%Y-%m-%d %H:%M:%S')}", file=out)
         print(f"redis {server_version(client)} ({server_note}); Python "
-              f"{platform.python_version()}; redis-py {_dist_version('redis')}; "
-              f"{os.cpu_count()} CPUs", file=out)
+              f"{platform.python_version()}; redis-py {_dist_version('redis')} "
+              f"({_parser()} reply parser); {os.cpu_count()} CPUs", file=out)
         print("libraries:", file=out)
         lib_meta: Dict[str, Any] = {}
         for a in adapters:
@@ -161,7 +161,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "meta": {"mode": "quick" if args.quick else "full", "url": url,
                          "redis_version": server_version(client),
                          "python": platform.python_version(),
-                         "redis_py": _dist_version("redis"), "cpus": os.cpu_count(),
+                         "redis_py": _dist_version("redis"), "parser": _parser(),
+                         "cpus": os.cpu_count(),
                          "ping_p50_ns": ctx.ping_p50_ns,
                          "evalsha_p50_ns": ctx.evalsha_p50_ns,
                          "blpop_handoff_p50_ns": ctx.blpop_p50_ns,
@@ -202,6 +203,15 @@ def _dist_version(dist: str) -> str:
         return version(dist)
     except Exception:
         return "?"
+
+
+def _parser() -> str:
+    """The reply parser every library of the run shares: redis-py's C one (the hiredis
+    package, rlocks' ``hiredis`` extra) when installed, else its pure-Python one. It
+    weighs on every figure, rlocks' nested replies most (README, Performance)."""
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return "hiredis" if HIREDIS_AVAILABLE else "Python"
 
 
 if __name__ == "__main__":
