@@ -17,6 +17,8 @@ from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import pytest
 import redis
+import redis.asyncio as ra_redis
+from redis.connection import Encoder, PythonRespSerializer
 
 import rlocks
 import rlocks.asyncio as ra
@@ -105,17 +107,35 @@ def test_condition_wait_on_write_lock_of_a_downgraded_writer(
 # -- wake-up channels and the client's encoding -------------------------------------------------
 
 
+def _client(redis_url: str, encoding: str, packer: str, decode: bool) -> redis.Redis:
+    """A client of ``encoding`` whose connections pack str arguments as redis-py's own
+    packer does (``"own"``: in ``encoding``) or as it does when hiredis is installed
+    (``"hiredis"``: as UTF-8, whatever the encoding). The second is hiredis' behaviour
+    without needing hiredis: redis-py's packer given a UTF-8 encoder."""
+    kwargs: Dict[str, Any] = {}
+    if packer == "hiredis":
+        kwargs["command_packer"] = PythonRespSerializer(
+            6000, Encoder("utf-8", "strict", False).encode
+        )
+    pool = redis.ConnectionPool.from_url(
+        redis_url, decode_responses=decode, encoding=encoding, socket_timeout=10, **kwargs
+    )
+    return redis.Redis(connection_pool=pool)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("decode", [False, True])
+@pytest.mark.parametrize("packer", ["own", "hiredis"])
+@pytest.mark.parametrize("encoding,suffix", [("latin-1", "plain"), ("utf-8", "café-ñ")])
 def test_waiter_is_woken_whatever_the_clients_encoding(
-    redis_url: str, name: str, decode: bool
+    redis_url: str, name: str, decode: bool, packer: str, encoding: str, suffix: str
 ) -> None:
-    # The wake-up channel's name goes out encoded with the client's encoding; the hub must
-    # recognise it coming back whether redis-py hands it over as bytes or decoded.
-    c = redis.Redis.from_url(
-        redis_url, decode_responses=decode, encoding="latin-1", socket_timeout=10
-    )
-    lock_name = f"{name}-café-ñ"
+    # The wake-up channel's name goes out as the client's connections pack it; the hub must
+    # recognise it coming back whether redis-py hands it over as bytes or decoded, with
+    # redis-py's packer and with hiredis' (which packs str as UTF-8 whatever the encoding).
+    # A latin-1 client only gets ASCII names (test below), a UTF-8 one any name.
+    c = _client(redis_url, encoding, packer, decode)
+    lock_name = f"{name}-{suffix}"
     ttl = 60.0
     holder = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE)
     waiter = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE)
@@ -135,13 +155,9 @@ def test_waiter_is_woken_whatever_the_clients_encoding(
     t.start()
     try:
         channel = holder._channel()
+        # (asked through the same client, so the name goes out as the hub's did)
         wait_until(
-            lambda: dict(c.pubsub_numsub(channel)).get(
-                channel if decode else channel.encode("latin-1"), 0
-            )
-            >= 1,
-            10,
-            "the waiter's subscription",
+            lambda: c.pubsub_numsub(channel)[0][1] >= 1, 10, "the waiter's subscription"
         )
         released = time.monotonic()
         holder.release()
@@ -153,6 +169,43 @@ def test_waiter_is_woken_whatever_the_clients_encoding(
         t.join(10)
         c.delete(holder._keys.hash)
         c.close()
+
+
+@pytest.mark.parametrize("packer", ["own", "hiredis"])
+def test_a_non_ascii_name_is_refused_on_a_client_that_is_not_utf8(
+    redis_url: str, name: str, packer: str
+) -> None:
+    # redis-py packs "café" as b"caf\xe9" for a latin-1 client, but as b"caf\xc3\xa9"
+    # when hiredis is installed: two processes of one program, one with hiredis, would
+    # hold "one" lock at the same time. Refused whichever packer this process has.
+    c = _client(redis_url, "latin-1", packer, False)
+    utf8 = _client(redis_url, "utf-8", packer, False)
+    # (ports nothing listens on: a Quorum's masters must differ, and nothing connects)
+    quorum = rlocks.Quorum([redis.Redis(port=port, encoding=encoding, socket_timeout=0.1)
+                            for port, encoding in ((1, "utf-8"), (2, "latin-1"), (3, "utf-8"))])
+    before = sorted(c.scan_iter(match=f"{NAMESPACE}:*"))
+    try:
+        made: List[Any] = [
+            lambda: rlocks.RLock(f"{name}-café", client=c, namespace=NAMESPACE),
+            lambda: rlocks.RWLock(f"{name}-café", client=c, namespace=NAMESPACE),
+            lambda: rlocks.BoundedSemaphore(f"{name}-café", 2, client=c, namespace=NAMESPACE),
+            lambda: rlocks.RLock(name, client=c, namespace=f"{NAMESPACE}-ñ"),
+            lambda: rlocks.RLock(f"{name}-café", client=quorum, namespace=NAMESPACE),
+        ]
+        for make in made:
+            with pytest.raises(ValueError, match="not ASCII and the client's encoding is 'latin-1'"):
+                make()
+        # The asyncio twins check alike (no I/O: the client is never used).
+        aclient = ra_redis.Redis.from_url(redis_url, encoding="latin-1")
+        with pytest.raises(ValueError, match="not ASCII"):
+            ra.RLock(f"{name}-café", client=aclient, namespace=NAMESPACE)
+        # An ASCII name is the same bytes whatever packs it, and a UTF-8 client's names too.
+        rlocks.RLock(name, client=c, namespace=NAMESPACE)
+        rlocks.RLock(f"{name}-café", client=utf8, namespace=NAMESPACE)
+        assert sorted(c.scan_iter(match=f"{NAMESPACE}:*")) == before  # nothing written
+    finally:
+        c.close()
+        utf8.close()
 
 
 # -- the engine's module map ------------------------------------------------------------------

@@ -7,16 +7,18 @@ so a bad argument never reaches Redis and never changes anything there.
 
 from __future__ import annotations
 
+import codecs
 import math
 import numbers
 from _thread import TIMEOUT_MAX
-from typing import Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 __all__ = [
     "TIMEOUT_MAX",
     "check_name",
     "check_namespace",
     "check_ttl",
+    "check_wire_names",
     "lock_wait",
     "replication",
     "semaphore_wait",
@@ -52,6 +54,34 @@ def check_name(name: object, kind: str) -> str:
 def check_namespace(namespace: object, kind: str, name: str) -> str:
     """A key namespace: a non-empty ``str`` that encodes to UTF-8."""
     return _text(namespace, "namespace", _label(kind, name) + ":")
+
+
+def check_wire_names(name: str, namespace: str, encodings: Iterable[str], label: str) -> None:
+    """Refuse a non-ASCII ``name`` or ``namespace`` on a client whose encoding is not UTF-8
+    (ValueError naming the encoding; nothing is sent).
+
+    Why: redis-py sends a str argument in the client's ``encoding`` with its own packer,
+    but as UTF-8 whatever the encoding when hiredis is installed (its ``pack_command``; the
+    asyncio client never uses it). So a latin-1 client names ``b"caf\xe9"`` in one process
+    and ``b"caf\xc3\xa9"`` in another that has hiredis: two keys, both holders at once.
+    ASCII names are the same bytes either way, and so is anything a UTF-8 client sends.
+    """
+    for encoding in encodings:
+        try:
+            utf8 = codecs.lookup(encoding).name == "utf-8"
+        except LookupError:
+            utf8 = False
+        if utf8:
+            continue
+        for what, value in (("name", name), ("namespace", namespace)):
+            if not value.isascii():
+                raise ValueError(
+                    f"{label}: the {what} {value!r} is not ASCII and the client's encoding "
+                    f"is {encoding!r}: redis-py sends it in that encoding, but as UTF-8 "
+                    "when hiredis is installed, so processes with and without hiredis "
+                    "would use different keys for one lock. Use an ASCII name or a "
+                    "UTF-8 client (redis-py's default encoding)"
+                )
 
 
 def _real(value: object, what: str, label: str) -> float:

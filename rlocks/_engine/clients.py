@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_URL", "default_client", "io_client", "is_cluster", "pool_of"]
+__all__ = ["DEFAULT_URL", "default_client", "encoding_of", "io_client", "is_cluster", "pool_of"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 SOCKET_TIMEOUT = 10.0  # s, the longest any one of rlocks' own round trips may block
@@ -79,6 +79,20 @@ def is_cluster(client: Any) -> bool:
     except ImportError:  # pragma: no cover - redis-py without cluster support
         return False
     return isinstance(client, RedisCluster)
+
+
+def encoding_of(client: Any) -> str:
+    """The ``encoding`` of ``client`` (redis-py's default: UTF-8): what redis-py decodes
+    replies with, and encodes str arguments with unless hiredis packs them (always as
+    UTF-8, see ``checks.check_wire_names``). No I/O."""
+    get_encoder = getattr(client, "get_encoder", None)
+    if get_encoder is not None:
+        try:
+            return str(get_encoder().encoding)
+        except Exception:  # noqa: BLE001 - a cluster client without a node yet, say
+            pass
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    return str((kwargs or {}).get("encoding", "utf-8"))
 
 
 def pool_of(client: Any) -> Any:

@@ -45,7 +45,7 @@ from typing import (
 
 from ..errors import LockLostError, NotOwnedError, ReplicationError, RLocksError
 from . import callbacks, checks, identity, metrics
-from .clients import default_client, io_client, is_cluster, pool_of
+from .clients import default_client, encoding_of, io_client, is_cluster, pool_of
 from .clock import monotonic
 from .constructors import public_init
 from .deadlock import Detector
@@ -305,6 +305,10 @@ class Primitive(Renewable):
                 "primitive cannot await; pass a plain function, or use rlocks.asyncio"
             )
         client = self._resolve_client(options.client)
+        masters = client.masters if isinstance(client, Quorum) else (client,)
+        checks.check_wire_names(
+            self._name, self._namespace, [encoding_of(c) for c in masters], f"{label}({name!r})"
+        )
         self._client = client
         self._replication = checks.replication(
             options.replicas, options.replica_wait, label, name

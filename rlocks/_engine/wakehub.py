@@ -43,7 +43,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
 
 from . import identity
-from .clients import CONNECT_TIMEOUT, SOCKET_TIMEOUT, io_client
+from .clients import CONNECT_TIMEOUT, SOCKET_TIMEOUT, encoding_of, io_client
 from .clock import monotonic
 from .dialogue import drive, stopped
 
@@ -110,18 +110,6 @@ def _text(value: Any, encoding: str = "utf-8") -> str:
     """A channel name as the str it was subscribed with: bytes are decoded with the
     encoding of the client that sent the name (whatever its decode_responses)."""
     return value.decode(encoding, "replace") if isinstance(value, bytes) else str(value)
-
-
-def _encoding_of(client: Any) -> str:
-    """The encoding ``client`` encodes str arguments with (redis-py's default: UTF-8)."""
-    get_encoder = getattr(client, "get_encoder", None)
-    if get_encoder is not None:
-        try:
-            return str(get_encoder().encoding)
-        except Exception:  # noqa: BLE001 - a cluster client without a node yet, say
-            pass
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-    return str((kwargs or {}).get("encoding", "utf-8"))
 
 
 # Sharded pub/sub messages mean what their plain counterparts mean to the hub.
@@ -254,7 +242,7 @@ class WakeHub:
         self._client = client
         # Channel names arrive as bytes or str depending on decode_responses: matched as
         # the str subscribed, decoded with the encoding that sent them (not always UTF-8).
-        self._encoding = _encoding_of(client)
+        self._encoding = encoding_of(client)
         self._io = io_client(client)  # what the hub sends and subscribes through
         self._mutex = threading.Lock()
         self._channels: Dict[str, _Channel] = {}
