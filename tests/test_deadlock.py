@@ -26,7 +26,7 @@ import rlocks
 import rlocks.asyncio
 from rlocks._engine import deadlock, identity
 from rlocks._engine.dialogue import drive
-from rlocks._engine.keys import keys_for, wait_key, wait_seq_key
+from rlocks._engine.keys import accuse_key, keys_for, wait_key, wait_seq_key
 
 from . import _procs
 from ._servers import LocalCluster, wait_until
@@ -873,6 +873,99 @@ def test_a_waiter_handed_the_lock_before_it_noticed_is_not_in_a_cycle(
         assert _checked(client, det) is None
     finally:
         client.delete(wait_key(ns, "r1.a"), wait_key(ns, "w.a"), *rw.keys)
+
+
+@pytest.mark.timeout(120)
+def test_a_cycle_the_victims_walk_cannot_close_is_reported_by_another_member(
+    client: Any, ns: str, name: str
+) -> None:
+    """A writer blocked by more readers than a walk visits (``MAX_OWNERS``, holders without
+    an edge included) waits, as the youngest wait of a cycle, for one of those readers,
+    which waits for an RLock the writer holds. The writer's own walk stops before it
+    comes back; the reader's closes the cycle at once but accuses the writer, so it
+    leaves an accusation that the writer confirms and raises on."""
+    options: Dict[str, Any] = {"client": client, "namespace": ns,
+                               "deadlock_timeout": DEADLOCK_TIMEOUT}
+    rw = rlocks.RWLock(f"{name}-rw", **options)
+    x = rlocks.RLock(f"{name}-x", **options)
+    done, a_holds, b_reads = threading.Event(), threading.Event(), threading.Event()
+    ready = threading.Semaphore(0)
+    outcome: Dict[str, Any] = {}
+
+    def idle_reader() -> None:
+        with rw.read_lock:
+            ready.release()
+            done.wait(90)
+
+    def reader_b() -> None:  # a reader that then waits for x: the oldest wait
+        with rw.read_lock:
+            b_reads.set()
+            a_holds.wait(30)
+            outcome["b"] = x.acquire(timeout=WAIT)
+            if outcome["b"]:
+                x.release()
+
+    def writer_a() -> None:  # holds x, then waits for the write side: the youngest wait
+        with x:
+            a_holds.set()
+            # (after the reader's first check drew its wait's number: then this wait's is
+            # higher, so this writer is the victim)
+            wait_until(lambda: any(True for _ in client.scan_iter(match=f"{ns}:wait:*")), 10,
+                       "the reader's edge")
+            started = time.monotonic()
+            try:
+                outcome["a"] = rw.write_lock.acquire(timeout=10.0)
+            except rlocks.DeadlockError as exc:
+                outcome["a"] = exc
+            outcome["a_waited"] = time.monotonic() - started
+
+    idle = [threading.Thread(target=idle_reader) for _ in range(deadlock.MAX_OWNERS)]
+    b, a = threading.Thread(target=reader_b), threading.Thread(target=writer_a)
+    try:
+        for t in idle:
+            t.start()
+        for _ in idle:
+            assert ready.acquire(timeout=30)
+        b.start()
+        assert b_reads.wait(30)
+        a.start()
+        a.join(60)
+        b.join(60)
+    finally:
+        done.set()
+        a_holds.set()
+        for t in idle + [a, b]:
+            t.join(30)
+    assert isinstance(outcome.get("a"), rlocks.DeadlockError), outcome
+    assert "holds" in str(outcome["a"]) and repr(f"{name}-x") in str(outcome["a"])
+    # found at one of the writer's first checks after the reader's accusation, not at its
+    # time-out
+    assert outcome["a_waited"] < 10 * DEADLOCK_TIMEOUT, outcome
+    assert outcome["b"] is True  # the reader goes on once the writer gave x back
+    assert _no_edges(client, ns)
+    assert not any(True for _ in client.scan_iter(match=f"{ns}:accuse:*"))
+
+
+def test_a_stale_accusation_accuses_nobody(client: Any, ns: str, name: str) -> None:
+    """An accusation whose cycle is no longer there (a member's edge is gone) is confirmed
+    by the accused wait itself and ignored; one for another wait is ignored unread."""
+    x = rlocks.RLock(f"{name}-x", client=client, namespace=ns)
+    assert x.acquire()
+    key = x._keys.hash
+    try:
+        det = deadlock.Detector(ns, "w.a", "x", key, 1.0, 0.0, "RLock", name)
+        assert _checked(client, det) is None  # draws the wait's number, records its edge
+        holder = identity.thread_owner()
+        mine = deadlock.Edge("w.a", det.seq, "x", key)
+        gone = deadlock.Edge(holder, det.seq - 1, "x", f"{key}-other")  # no such edge
+        for seq in (det.seq, det.seq + 1):  # this wait's, and another's
+            accusation = {"c": [["w.a", mine._replace(seq=seq).value()],
+                                [holder, gone.value()]], "w": ["x", "x"]}
+            client.set(accuse_key(ns, "w.a"), json.dumps(accusation), px=30000)
+            assert _checked(client, det) is None
+    finally:
+        x.release()
+        client.delete(wait_key(ns, "w.a"), accuse_key(ns, "w.a"))
 
 
 @pytest.mark.parametrize("flavour", ["threading", "asyncio"])

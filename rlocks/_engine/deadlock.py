@@ -52,6 +52,17 @@ its edge was the last to appear). The victim leaves the queue and raises
 :class:`~rlocks.errors.DeadlockError`; what it holds stays held until its
 exception handler releases it, as in PostgreSQL.
 
+A victim another member found: a walk visits at most ``MAX_OWNERS`` owners (holders
+without an edge count too), so the victim's own walk may stop before it comes back (a
+writer blocked by more readers than that) while the walk of another member, starting
+elsewhere, closes the cycle. So a member that confirms a cycle whose victim is another
+wait leaves that wait an *accusation* (``lua/deadlock_accuse.lua``: the cycle, turned to
+start at the victim's edge, in ``<ns>:accuse:{<owner>}``), written only while that very
+wait's edge is there (same ``seq``) and expiring with it. Every check reads its own
+accusation first; one for its current wait is confirmed by the accused itself, exactly as
+its own walk's finding would be (so a member that has left since clears it), and then
+raises. The wait's end deletes the accusation with the edge.
+
 Limits: a wait through a Semaphore, or an owner whose primitive has ``deadlock_timeout=None``,
 records no edge, so a cycle through it is not seen. Of the queue, only the entry just
 ahead counts (it waits for the one ahead of it in turn), and only while its lease runs;
@@ -62,6 +73,7 @@ as the wait ended) lives until its lease.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Dict, Generator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -69,7 +81,7 @@ from redis.exceptions import NoScriptError
 
 from ..errors import DeadlockError
 from .clock import monotonic
-from .keys import wait_key, wait_seq_key
+from .keys import accuse_key, wait_key, wait_seq_key
 from .scripts import load
 from .state import parse_key
 
@@ -81,6 +93,7 @@ log = logging.getLogger(__name__)
 MAX_OWNERS = 64
 
 _HOLDERS = load("deadlock_holders")
+_ACCUSE = load("deadlock_accuse")
 
 #: An edge's side as stored: capitals for a restoring wait (see Edge.restoring).
 _SIDES = ("x", "r", "w", "X", "R", "W")
@@ -157,6 +170,17 @@ def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
+def _evalsha(script: Any, keys: Sequence[str], args: Sequence[str]) -> Reads:
+    """Run one of the detector's scripts (one slot); its raw reply."""
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        return (yield command)
+    except NoScriptError:
+        # (SCRIPT LOAD, not EVAL: the documented ACL lines allow only those two.)
+        yield ("SCRIPT", "LOAD", script.source)
+        return (yield command)
+
+
 def _blockers(edge: Edge) -> Reads:
     """``{owner: how it blocks}`` for the waiter of ``edge``: the side it holds (``x``,
     ``r``, ``w``) for each hold of ``edge.key`` that conflicts with ``edge.side``, and
@@ -166,16 +190,11 @@ def _blockers(edge: Edge) -> Reads:
     key = edge.key
     # The lease ZSET, queue, entries and entry leases beside the hash (``PrimitiveKeys.
     # queued()``'s second to fifth keys).
-    command = (
-        "EVALSHA", _HOLDERS.sha, 4, f"{key}:leases", f"{key}:queue", f"{key}:entries",
-        f"{key}:times", "" if edge.entry == "-" else edge.entry,
+    raw = yield from _evalsha(
+        _HOLDERS,
+        (f"{key}:leases", f"{key}:queue", f"{key}:entries", f"{key}:times"),
+        ("" if edge.entry == "-" else edge.entry,),
     )
-    try:
-        raw = yield command
-    except NoScriptError:
-        # (SCRIPT LOAD, not EVAL: the documented ACL lines allow only those two.)
-        yield ("SCRIPT", "LOAD", _HOLDERS.source)
-        raw = yield command
     holds, ahead = raw if raw else ((), ())
     fields = [_text(field) for field in holds or ()]
     own = (edge.owner,) if edge.side == "x" else ("r:" + edge.owner, "w:" + edge.owner)
@@ -208,6 +227,9 @@ def check(det: Detector) -> Reads:
     mine = Edge(det.owner, det.seq, det.side, det.key, det.entry, det.restoring)
     yield ("SET", wait_key(det.namespace, det.owner), mine.value(), "PX", det.lease_ms())
     det.due = monotonic() + det.timeout
+    accused = yield from _accused(det, mine)
+    if accused is not None:
+        return accused
     found = yield from _walk(det, mine)
     if found is None:
         return None
@@ -216,25 +238,81 @@ def check(det: Detector) -> Reads:
     if held is None:
         return None
     described = _describe(det.namespace, cycle, held)
-    eligible = [edge for edge in cycle if not edge.restoring]
-    if not eligible:
+    victim = _victim(cycle)
+    if victim is None:
         # Only Condition waits taking their locks back, none of which may give up: as
         # with threading's Condition, they wait on (see the module docstring).
         level = logging.DEBUG if det.warned else logging.WARNING
         det.warned = True
         log.log(level, "deadlock among Condition waits taking their locks back: %s", described)
         return None
-    # (seq, owner): a total order even if the counter was deleted and numbers repeat.
-    victim = max(eligible, key=lambda edge: (edge.seq, edge.owner))
     if victim.owner != det.owner:
         log.debug("deadlock seen by %s; %s will raise: %s", det.owner, victim.owner, described)
+        yield from _accuse(det, victim, cycle, ways)
         return None
+    return _error(det, described)
+
+
+def _victim(cycle: Sequence[Edge]) -> Optional[Edge]:
+    """The edge of ``cycle`` whose owner must raise: the youngest wait that may give up
+    (``None``: every one is a Condition wait taking its lock back)."""
+    eligible = [edge for edge in cycle if not edge.restoring]
+    if not eligible:
+        return None
+    # (seq, owner): a total order even if the counter was deleted and numbers repeat.
+    return max(eligible, key=lambda edge: (edge.seq, edge.owner))
+
+
+def _error(det: Detector, described: Tuple[Tuple[str, str, str], ...]) -> DeadlockError:
     return DeadlockError(
         f"deadlock: {det.label} acquired by {det.owner} would wait forever: "
         + "; ".join(f"{o} holds {h} and waits for {w}" for o, h, w in described),
         name=det.name,
         cycle=described,
     )
+
+
+def _accuse(det: Detector, victim: Edge, cycle: Sequence[Edge], ways: Sequence[str]) -> Reads:
+    """Leave ``victim`` the cycle ``det`` found and confirmed, turned to start at the
+    victim's edge (as the victim's own walk would have found it); see "A victim another
+    member found" in the module docstring."""
+    at = list(cycle).index(victim)
+    turned = list(cycle[at:]) + list(cycle[:at])
+    text = json.dumps({
+        "c": [[edge.owner, edge.value()] for edge in turned],
+        "w": list(ways[at:]) + list(ways[:at]),
+    })
+    yield from _evalsha(
+        _ACCUSE,
+        (wait_key(det.namespace, victim.owner), accuse_key(det.namespace, victim.owner)),
+        (str(victim.seq), text),
+    )
+
+
+def _accused(det: Detector, mine: Edge) -> Reads:
+    """The error to raise if another member of a cycle accused this wait and the cycle is
+    still there (confirmed here, as by the accuser), else ``None``."""
+    raw = yield ("GET", accuse_key(det.namespace, det.owner))
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(_text(raw))
+        cycle = [Edge.parse(str(owner), value) for owner, value in doc["c"]]
+        ways = [str(way) for way in doc["w"]]
+    except (ValueError, TypeError, KeyError):
+        return None  # not what rlocks writes: no accusation
+    if not cycle or any(edge is None for edge in cycle) or len(ways) != len(cycle):
+        return None
+    edges = [edge for edge in cycle if edge is not None]
+    if edges[0] != mine:
+        return None  # another wait's (or another primitive's) accusation
+    held = yield from _confirm(det, edges, ways)
+    if held is None:
+        return None  # a member left since: no cycle any more
+    victim = _victim(edges)
+    if victim is None or victim.owner != det.owner:
+        return None
+    return _error(det, _describe(det.namespace, edges, held))
 
 
 def _walk(
@@ -314,5 +392,6 @@ def _describe(
 
 
 def drop_edge(det: Detector) -> Tuple[Any, ...]:
-    """The command that deletes ``det``'s edge (its wait ended)."""
-    return ("DEL", wait_key(det.namespace, det.owner))
+    """The command that deletes ``det``'s edge and any accusation of it (its wait ended;
+    one slot: both are tagged by the owner)."""
+    return ("DEL", wait_key(det.namespace, det.owner), accuse_key(det.namespace, det.owner))

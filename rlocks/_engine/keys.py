@@ -23,7 +23,9 @@ import binascii
 from functools import cache, lru_cache
 from typing import List, NamedTuple, Tuple
 
-__all__ = ["PrimitiveKeys", "escape", "fence_key", "keys_for", "wait_key", "wait_seq_key"]
+__all__ = [
+    "PrimitiveKeys", "accuse_key", "escape", "fence_key", "keys_for", "wait_key", "wait_seq_key",
+]
 
 _SLOTS = 16384  # Redis Cluster's hash slots: a key's slot is CRC16(tag) mod 16384
 
@@ -153,6 +155,12 @@ def wait_key(namespace: str, owner: str) -> str:
     and the edges of a cycle are read one key at a time, wherever their slots are.
     """
     return f"{escape(namespace)}:wait:{{{escape(owner)}}}"
+
+
+def accuse_key(namespace: str, owner: str) -> str:
+    """The accusation another member of a deadlock cycle leaves ``owner``'s wait, its
+    victim (see :mod:`.deadlock`): tagged like ``owner``'s edge, so one slot holds both."""
+    return f"{escape(namespace)}:accuse:{{{escape(owner)}}}"
 
 
 def wait_seq_key(namespace: str) -> str:

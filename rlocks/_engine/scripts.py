@@ -55,8 +55,9 @@ Error replies (a ``ResponseError``, nothing changed): ``RLOCKS_BAD_ARG <name>`` 
 malformed ARGV (the engine validates first, so only a bug or a foreign caller sees it);
 ``RLOCKS_SEM_MISMATCH <value> <bounded>`` from a semaphore script when the stored
 semaphore was made with another initial value or kind (``rlocks.semaphore`` turns it into
-a ValueError). ``deadlock_holders.lua`` is the one script outside the contract: a
-read-only list of hold fields, read by :mod:`.deadlock` itself.
+a ValueError). The deadlock detector's two scripts are outside the contract, read by
+:mod:`.deadlock` itself: ``deadlock_holders.lua`` (a read-only list of hold fields) and
+``deadlock_accuse.lua`` (1 or 0: an accusation written or not).
 """
 
 from __future__ import annotations
