@@ -946,6 +946,60 @@ def test_a_cycle_the_victims_walk_cannot_close_is_reported_by_another_member(
     assert not any(True for _ in client.scan_iter(match=f"{ns}:accuse:*"))
 
 
+@pytest.mark.parametrize("flavour", ["threading", "asyncio"])
+def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
+    redis_url: str, client: Any, ns: str, name: str, flavour: str
+) -> None:
+    """Deadlock checks of one hub read one at a time (``WakeHub.reads``, each waiting its
+    turn at most ``READ_TURN``); the deletion of an ended wait's edge used to wait its turn
+    like a read and be skipped. Under many waiters (a bug hunt: 300 threads) an edge was
+    left saying a thread that had moved on still waited, and a real holder's wait for that
+    thread's lock was confirmed as a cycle: a false DeadlockError. Here the turn is held
+    from the moment the wait has an edge until the wait has ended."""
+    holder = rlocks.RLock(name, client=client, namespace=ns)
+    assert holder.acquire()
+    try:
+        if flavour == "threading":
+            waiter = rlocks.RLock(name, client=client, namespace=ns, deadlock_timeout=0.2)
+            out: List[bool] = []
+            t = threading.Thread(target=lambda: out.append(waiter.acquire(timeout=0.6)))
+            t.start()
+            wait_until(lambda: not _no_edges(client, ns), 10, "the waiter's edge")
+            reads = waiter._hub().reads
+            assert reads.acquire(timeout=5)  # another check "reads" until the wait ended
+            try:
+                t.join(10)
+            finally:
+                reads.release()
+            assert out == [False]
+        else:
+
+            async def main() -> bool:
+                aclient = redis.asyncio.Redis.from_url(redis_url)
+                try:
+                    awaiter = rlocks.asyncio.RLock(
+                        name, client=aclient, namespace=ns, deadlock_timeout=0.2
+                    )
+                    task = asyncio.ensure_future(awaiter.acquire(timeout=0.6))
+                    while _no_edges(client, ns):
+                        await asyncio.sleep(0.01)
+                    reads = awaiter._ahub().reads
+                    await reads.acquire()
+                    try:
+                        return await task
+                    finally:
+                        reads.release()
+                finally:
+                    await aclient.aclose()
+
+            assert asyncio.run(main()) is False
+        # Deleted at the wait's end, not left to its lease: the edge was written at the
+        # first check (0.2 s) with a lease of 2 x 0.2 + 1 s, so it would outlive the wait.
+        assert _no_edges(client, ns)
+    finally:
+        holder.release()
+
+
 def test_a_stale_accusation_accuses_nobody(client: Any, ns: str, name: str) -> None:
     """An accusation whose cycle is no longer there (a member's edge is gone) is confirmed
     by the accused wait itself and ignored; one for another wait is ignored unread."""

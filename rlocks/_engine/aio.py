@@ -435,9 +435,11 @@ class AsyncPrimitive(Primitive):
             # Shielded as a script call is: an edge's deletion runs to its end. One read
             # at a time per hub, as in Primitive._perform.
             client = io_client(self._aclient())  # bounded, never re-sent
-            reads = self._ahub().reads
+            # (an ended wait's edge deletion takes no turn: see Op)
+            reads = self._ahub().reads if op.turn else None
             try:
-                await asyncio.wait_for(reads.acquire(), READ_TURN)
+                if reads is not None:
+                    await asyncio.wait_for(reads.acquire(), READ_TURN)
             except asyncio.TimeoutError:
                 # a failed check: the wait goes on, the next check comes later
                 raise TimeoutError("another waiter's deadlock check is reading") from None
@@ -452,7 +454,8 @@ class AsyncPrimitive(Primitive):
                         pass
                     raise
             finally:
-                reads.release()
+                if reads is not None:
+                    reads.release()
         assert op.waiter is not None
         return await _wait_event(op.waiter.channel.confirmed, op.timeout)
 

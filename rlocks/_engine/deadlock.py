@@ -61,14 +61,17 @@ start at the victim's edge, in ``<ns>:accuse:{<owner>}``), written only while th
 wait's edge is there (same ``seq``) and expiring with it. Every check reads its own
 accusation first; one for its current wait is confirmed by the accused itself, exactly as
 its own walk's finding would be (so a member that has left since clears it), and then
-raises. The wait's end deletes the accusation with the edge.
+raises. The wait's end deletes the accusation with the edge. A cycle every member's walk
+of which runs out of owners before it comes back (each blocked by that many holders) is
+still not seen.
 
 Limits: a wait through a Semaphore, or an owner whose primitive has ``deadlock_timeout=None``,
 records no edge, so a cycle through it is not seen. Of the queue, only the entry just
 ahead counts (it waits for the one ahead of it in turn), and only while its lease runs;
 threads of one process that wait behind each other locally (one entry per wake-up hub) are
 followed only through the process's entry. An edge whose deletion failed (the link broke
-as the wait ended) lives until its lease.
+as the wait ended) lives until its lease: the deletion never waits for a read turn (see
+``queued.Op``), so only a broken link leaves one.
 """
 
 from __future__ import annotations

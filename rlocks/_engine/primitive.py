@@ -307,7 +307,9 @@ class Primitive(Renewable):
         client = self._resolve_client(options.client)
         masters = client.masters if isinstance(client, Quorum) else (client,)
         checks.check_wire_names(
-            self._name, self._namespace, [encoding_of(c) for c in masters], f"{label}({name!r})"
+            {"name": self._name, "namespace": self._namespace},
+            [encoding_of(c) for c in masters],
+            f"{label}({name!r})",
         )
         self._client = client
         self._replication = checks.replication(
@@ -785,14 +787,17 @@ class Primitive(Renewable):
             # Bounded and never re-sent, as rlocks' own script calls. One read at a time
             # per hub (WakeHub.reads): every waiter past deadlock_timeout checks, and 64
             # of them took 56 connections of the pool at once.
-            reads = self._hub().reads
-            if not reads.acquire(timeout=READ_TURN):
+            # An ended wait's edge deletion takes no turn (see Op): skipped, the edge
+            # would say a thread that moved on still waits.
+            reads = self._hub().reads if op.turn else None
+            if reads is not None and not reads.acquire(timeout=READ_TURN):
                 # a failed check: the wait goes on, the next check comes later
                 raise TimeoutError("another waiter's deadlock check is reading")
             try:
                 return io_client(client).execute_command(*op.command)
             finally:
-                reads.release()
+                if reads is not None:
+                    reads.release()
         assert op.waiter is not None
         return op.waiter.channel.confirmed.wait(op.timeout)
 

@@ -88,10 +88,15 @@ class Op:
     link ends the step early, its error (one of ``LINK_ERRORS``) the result.
     ``SUBSCRIBE``: wait at most ``timeout`` s for ``waiter``'s channel to be confirmed.
     ``READ``: run the one Redis ``command`` (the deadlock detector's reads and its edge;
-    idempotent, routed by its one key); the result is the raw reply.
+    idempotent, routed by its one key); the result is the raw reply. A ``READ`` waits its
+    turn among the hub's other reads (``WakeHub.reads``), at most ``READ_TURN``, unless
+    ``turn`` is false: the deletion of an edge whose wait ended, which must not be skipped
+    (a left edge says its owner still waits, and could be confirmed into a false cycle).
     """
 
-    __slots__ = ("kind", "call", "waiter", "timeout", "late", "sent", "command", "opid", "hub")
+    __slots__ = (
+        "kind", "call", "waiter", "timeout", "late", "sent", "command", "opid", "hub", "turn",
+    )
 
     def __init__(
         self,
@@ -101,9 +106,11 @@ class Op:
         timeout: float = 0.0,
         command: Tuple[Any, ...] = (),
         hub: Optional[WakeHub] = None,
+        turn: bool = True,
     ) -> None:
         self.kind = kind
         self.hub = hub  # LISTEN: the hub whose table the popped lines go to
+        self.turn = turn  # READ: wait for the hub's read turn (False: the edge's deletion)
         self.command = command
         self.call = call
         self.waiter = waiter
@@ -458,9 +465,10 @@ def _detect(prim: "Primitive", det: deadlock.Detector) -> Generator[Op, Any, Any
 
 
 def _drop_edge(det: deadlock.Detector) -> Generator[Op, Any, None]:
-    """Delete the wait's edge; a failure leaves it to its lease."""
+    """Delete the wait's edge; only a Redis failure leaves it to its lease (it takes no
+    read turn: see Op)."""
     try:
-        yield Op(READ, command=deadlock.drop_edge(det))
+        yield Op(READ, command=deadlock.drop_edge(det), turn=False)
     except Exception as exc:  # noqa: BLE001
         log.debug("deadlock edge of %s left to its lease: %r", det.owner, exc)
 
