@@ -33,8 +33,9 @@ import click
 import redis
 
 from . import __version__, top
+from ._engine import checks
 from ._engine import state as _state
-from ._engine.clients import DEFAULT_URL
+from ._engine.clients import DEFAULT_URL, encoding_of
 
 __all__ = ["cli", "main"]
 
@@ -324,6 +325,19 @@ def list_command(pattern: str, kind: Optional[str]) -> None:
         click.echo(line)
 
 
+def _find(client: Any, namespace: str, name: str, code: Optional[str]) -> Any:
+    """``state.find``, after the check a primitive makes of its name: over a client of
+    another encoding than UTF-8, a non-ASCII name could name other keys than the
+    programs' (see README, "Non-ASCII names need a UTF-8 client")."""
+    try:
+        checks.check_wire_names(
+            {"name": name, "namespace": namespace}, [encoding_of(client)], "rlocks"
+        )
+    except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
+    return _state.find(client, namespace, name, code)
+
+
 @cli.command("inspect")
 @click.argument("name")
 @_kind_option
@@ -334,7 +348,7 @@ def inspect_command(name: str, kind: Optional[str]) -> None:
     When several kinds use NAME, all are shown (--kind picks one).
     """
     settings = _settings()
-    states = _state.find(settings.client(), settings.namespace, name, _kind_code(kind))
+    states = _find(settings.client(), settings.namespace, name, _kind_code(kind))
     if not states:
         raise _not_found(name, settings)
     if settings.json:
@@ -371,7 +385,7 @@ def watch_command(name: str, kind: Optional[str], interval: float, count: Option
             if frame:
                 time.sleep(interval)
             frame += 1
-            states = _state.find(client, settings.namespace, name, code)
+            states = _find(client, settings.namespace, name, code)
             stamp = time.strftime("%H:%M:%S")
             if settings.json:
                 _emit_json({"time": time.time(), "name": name,
@@ -464,7 +478,7 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
         raise UsageFailure("release needs --force: it ends holds that other processes own "
                            "(they will get LockLostError)")
     client = settings.client()
-    states = _state.find(client, settings.namespace, name, _kind_code(kind))
+    states = _find(client, settings.namespace, name, _kind_code(kind))
     if not states:
         raise _not_found(name, settings)
     if len(states) > 1:

@@ -18,10 +18,12 @@ from typing import Any, Dict, Iterator, List, Set, Tuple
 import pytest
 import redis
 import redis.asyncio as ra_redis
+from click.testing import CliRunner
 from redis.connection import Encoder, PythonRespSerializer
 
 import rlocks
 import rlocks.asyncio as ra
+from rlocks import cli
 from rlocks._engine.identity import thread_owner
 
 from ._servers import wait_until
@@ -194,10 +196,24 @@ def test_a_non_ascii_name_is_refused_on_a_client_that_is_not_utf8(
         for make in made:
             with pytest.raises(ValueError, match="not ASCII and the client's encoding is 'latin-1'"):
                 make()
+        # A Condition's own name too (its keys carry it), threading and asyncio.
+        plain = rlocks.RLock(name, client=c, namespace=NAMESPACE)
+        with pytest.raises(ValueError, match="the name 'café' is not ASCII"):
+            rlocks.Condition(plain, name="café")
         # The asyncio twins check alike (no I/O: the client is never used).
         aclient = ra_redis.Redis.from_url(redis_url, encoding="latin-1")
         with pytest.raises(ValueError, match="not ASCII"):
             ra.RLock(f"{name}-café", client=aclient, namespace=NAMESPACE)
+        with pytest.raises(ValueError, match="the name 'café' is not ASCII"):
+            ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE), name="café")
+        # The CLI looks the name up only as a primitive would name it.
+        result = CliRunner().invoke(
+            cli.cli, ["--url", f"{redis_url}?encoding=latin-1", "inspect", f"{name}-café"]
+        )
+        assert result.exit_code == 2 and "not ASCII" in result.output, result.output
+        # An encoding that does not send ASCII as ASCII is refused whatever the name.
+        with pytest.raises(ValueError, match="does not send ASCII text as ASCII"):
+            rlocks.RLock(name, client=redis.Redis(port=1, encoding="utf-16"))
         # An ASCII name is the same bytes whatever packs it, and a UTF-8 client's names too.
         rlocks.RLock(name, client=c, namespace=NAMESPACE)
         rlocks.RLock(f"{name}-café", client=utf8, namespace=NAMESPACE)

@@ -11,7 +11,7 @@ import codecs
 import math
 import numbers
 from _thread import TIMEOUT_MAX
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, Mapping, Optional, Tuple
 
 __all__ = [
     "TIMEOUT_MAX",
@@ -56,24 +56,34 @@ def check_namespace(namespace: object, kind: str, name: str) -> str:
     return _text(namespace, "namespace", _label(kind, name) + ":")
 
 
-def check_wire_names(name: str, namespace: str, encodings: Iterable[str], label: str) -> None:
-    """Refuse a non-ASCII ``name`` or ``namespace`` on a client whose encoding is not UTF-8
-    (ValueError naming the encoding; nothing is sent).
+def check_wire_names(values: Mapping[str, str], encodings: Iterable[str], label: str) -> None:
+    """Refuse ``values`` (what each is, e.g. ``"name"``, -> the text) that a client of one
+    of ``encodings`` cannot send as the same bytes in every process: a non-ASCII one when
+    the encoding is not UTF-8, and any at all when the encoding changes ASCII text (UTF-16,
+    EBCDIC: rlocks' keys, ids and arguments are ASCII). ValueError naming the encoding;
+    no I/O.
 
     Why: redis-py sends a str argument in the client's ``encoding`` with its own packer,
     but as UTF-8 whatever the encoding when hiredis is installed (its ``pack_command``; the
     asyncio client never uses it). So a latin-1 client names ``b"caf\xe9"`` in one process
     and ``b"caf\xc3\xa9"`` in another that has hiredis: two keys, both holders at once.
-    ASCII names are the same bytes either way, and so is anything a UTF-8 client sends.
+    ASCII text is the same bytes either way, and so is anything a UTF-8 client sends.
     """
     for encoding in encodings:
         try:
-            utf8 = codecs.lookup(encoding).name == "utf-8"
+            codec = codecs.lookup(encoding).name
+            keeps_ascii = _ASCII_PROBE.encode(encoding) == _ASCII_PROBE.encode("ascii")
         except LookupError:
-            utf8 = False
-        if utf8:
+            continue  # redis-py itself cannot encode with it: its first command says so
+        if codec == "utf-8":
             continue
-        for what, value in (("name", name), ("namespace", namespace)):
+        if not keeps_ascii:
+            raise ValueError(
+                f"{label}: the client's encoding {encoding!r} does not send ASCII text as "
+                "ASCII, which rlocks' keys and arguments are: use a UTF-8 client "
+                "(redis-py's default encoding)"
+            )
+        for what, value in values.items():
             if not value.isascii():
                 raise ValueError(
                     f"{label}: the {what} {value!r} is not ASCII and the client's encoding "
@@ -82,6 +92,10 @@ def check_wire_names(name: str, namespace: str, encodings: Iterable[str], label:
                     "would use different keys for one lock. Use an ASCII name or a "
                     "UTF-8 client (redis-py's default encoding)"
                 )
+
+
+#: Every ASCII character a key or an argument of rlocks may carry, and then some.
+_ASCII_PROBE = "".join(chr(c) for c in range(32, 127))
 
 
 def _real(value: object, what: str, label: str) -> float:

@@ -56,7 +56,7 @@ from typing import Any, Callable, ClassVar, Coroutine, Generator, Optional, Tupl
 from ..errors import NotOwnedError
 from . import checks
 from .aio import _wait_event, async_hub_for
-from .clients import io_client
+from .clients import encoding_of, io_client
 from .clock import monotonic
 from .dialogue import adrive, drive
 from .keys import escape
@@ -181,7 +181,10 @@ class ConditionCore:
                 "built): use a lock on a single server or a Redis Cluster"
             )
         if name is not None:
-            name = checks.check_name(name, f"{self._label}({lock._name!r})")
+            label = f"{self._label}({lock._name!r})"
+            name = checks.check_name(name, label)
+            # (the lock's name and namespace were checked so when it was made)
+            checks.check_wire_names({"name": name}, [encoding_of(lock.client)], label)
         self._lock: Any = lock
         self._name = name
         # Next to the lock's hash, so in its hash tag (one cluster slot with the lock).
