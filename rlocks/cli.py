@@ -311,8 +311,10 @@ def list_command(pattern: str, kind: Optional[str]) -> None:
     """
     settings = _settings()
     code = _kind_code(kind)
+    client = settings.client()
+    _wire_checked(client, settings.namespace, "pattern", pattern)
     states = _state.list_primitives(
-        settings.client(), settings.namespace, pattern, kinds=None if code is None else [code]
+        client, settings.namespace, pattern, kinds=None if code is None else [code]
     )
     if settings.json:
         _emit_json([state.to_dict() for state in states])
@@ -325,16 +327,21 @@ def list_command(pattern: str, kind: Optional[str]) -> None:
         click.echo(line)
 
 
-def _find(client: Any, namespace: str, name: str, code: Optional[str]) -> Any:
-    """``state.find``, after the check a primitive makes of its name: over a client of
-    another encoding than UTF-8, a non-ASCII name could name other keys than the
-    programs' (see README, "Non-ASCII names need a UTF-8 client")."""
+def _wire_checked(client: Any, namespace: str, what: str, text: str) -> None:
+    """The check a primitive makes of its name, for a name or pattern the CLI looks up:
+    over a client of another encoding than UTF-8, non-ASCII text could name other keys
+    than the programs' (see README, "Non-ASCII names need a UTF-8 client")."""
     try:
         checks.check_wire_names(
-            {"name": name, "namespace": namespace}, [encoding_of(client)], "rlocks"
+            {what: text, "namespace": namespace}, [encoding_of(client)], "rlocks"
         )
     except ValueError as exc:
         raise UsageFailure(str(exc)) from None
+
+
+def _find(client: Any, namespace: str, name: str, code: Optional[str]) -> Any:
+    """``state.find`` of a name that passed :func:`_wire_checked`."""
+    _wire_checked(client, namespace, "name", name)
     return _state.find(client, namespace, name, code)
 
 
@@ -435,6 +442,7 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
         except top.RichMissing as exc:
             raise Failure(str(exc)) from None
     client = settings.client()
+    _wire_checked(client, settings.namespace, "pattern", pattern)
     code = _kind_code(kind)
 
     def read() -> List[_state.PrimitiveState]:

@@ -211,6 +211,11 @@ def test_a_non_ascii_name_is_refused_on_a_client_that_is_not_utf8(
             cli.cli, ["--url", f"{redis_url}?encoding=latin-1", "inspect", f"{name}-café"]
         )
         assert result.exit_code == 2 and "not ASCII" in result.output, result.output
+        for command in (["list", "café*"], ["top", "--json", "café*"]):
+            result = CliRunner().invoke(
+                cli.cli, ["--url", f"{redis_url}?encoding=latin-1", *command]
+            )
+            assert result.exit_code == 2 and "pattern 'café*' is not ASCII" in result.output, result.output
         # An encoding that does not send ASCII as ASCII is refused whatever the name.
         with pytest.raises(ValueError, match="does not send ASCII text as ASCII"):
             rlocks.RLock(name, client=redis.Redis(port=1, encoding="utf-16"))
