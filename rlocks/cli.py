@@ -385,6 +385,7 @@ def watch_command(name: str, kind: Optional[str], interval: float, count: Option
     settings = _settings()
     client = settings.client()
     code = _kind_code(kind)
+    _wire_checked(client, settings.namespace, "name", name)  # (once, not per refresh)
     redraw = sys.stdout.isatty() and not settings.json
     frame = 0
     try:
@@ -392,7 +393,7 @@ def watch_command(name: str, kind: Optional[str], interval: float, count: Option
             if frame:
                 time.sleep(interval)
             frame += 1
-            states = _find(client, settings.namespace, name, code)
+            states = _state.find(client, settings.namespace, name, code)
             stamp = time.strftime("%H:%M:%S")
             if settings.json:
                 _emit_json({"time": time.time(), "name": name,

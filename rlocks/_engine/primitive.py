@@ -618,8 +618,9 @@ class Primitive(Renewable):
         ``threading.Condition.wait`` does, so a deadlock check never picks it as the
         victim. It still records its wait-for edge, so another member of a cycle through
         it is accused. Used by the threading and the asyncio restore alike (no I/O)."""
-        self._restoring.add(owner)
         try:
+            # (inside the try: an interrupt right after the add cannot leave the mark)
+            self._restoring.add(owner)
             yield
         finally:
             self._restoring.discard(owner)
