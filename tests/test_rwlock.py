@@ -1,4 +1,4 @@
-"""rlocks RWLock on a real Redis: sharing, exclusion, reentrancy, writer preference,
+"""rlocks RWLock on a real Redis: sharing, exclusion, reentrancy, arrival order,
 downgrade, refused upgrade, per-owner leases, and readers/writers in real processes."""
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def _error_of(fn: Any) -> Any:
     return None
 
 
-# -- writer preference and claims -------------------------------------------------------------
+# -- arrival order and claims -----------------------------------------------------------------
 
 
 def test_waiting_writer_holds_new_readers_back(client: "redis.Redis[bytes]", name: str) -> None:
