@@ -208,7 +208,7 @@ def _dist_version(dist: str) -> str:
 def _parser() -> str:
     """The reply parser every library of the run shares: redis-py's C one (the hiredis
     package, rlocks' ``hiredis`` extra) when installed, else its pure-Python one. It
-    weighs on every figure, rlocks' nested replies most (README, Performance)."""
+    weighs on every figure (README, Performance)."""
     from redis.utils import HIREDIS_AVAILABLE
 
     return "hiredis" if HIREDIS_AVAILABLE else "Python"

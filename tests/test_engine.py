@@ -37,9 +37,15 @@ def test_kinds_do_not_collide() -> None:
 
 
 def test_decode_accepts_the_contract_and_nothing_else() -> None:
-    assert decode([1, 3]) == Reply(1, 3) and decode([0, -1]).retry_after == -1.0
-    assert decode([0, 1500]).retry_after == 1.5
-    for bad in (None, [1], [2, 0], ["x", 1], 7):
+    assert decode(b"1 3") == Reply(1, 3) and decode("0 -1").retry_after == -1.0
+    assert decode(b"0 1500").retry_after == 1.5
+    token = 1764030000123456  # 16 digits: a fencing token in server microseconds
+    assert decode(f"1 1 30000 {token}".encode()) == Reply(1, 1, -1, 30000, (), (), token)
+    assert decode(b"1 0 0 0\ng p2:1 7\nw p3:1") == Reply(1, 0, -1, 0, ("g p2:1 7", "w p3:1"))
+    assert decode("1 2 0 9 1,-1") == Reply(1, 2, -1, 0, (), (1, -1), 9)  # renew's items
+    assert decode(b"3 2 -1 0").queued and decode(b"4 1 0 0").status == 4
+    for bad in (None, b"1", b"2 0", b"x 1", 7, [1, 3], b"1 1 0 0 1,x", b"1 0 0 0 1 2",
+                b"9 0 0 0", b"", b"1 2 3", "1 2 3"):
         with pytest.raises(RLocksError, match="unexpected"):
             decode(bad, "rlock_acquire")
 

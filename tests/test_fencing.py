@@ -75,7 +75,7 @@ def test_acquire_reply_and_hand_over_line_carry_the_token(
     # rlock acquire: owner, entry, ttl, add, reentry, wait (now = T0 ms: tokens in µs)
     first = rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 0, 1)
     assert first == [1, 1, 30000, [], [], T0 * 1000]
-    # re-entry issues none: a four-element reply, the caller keeps its token
+    # re-entry issues none (token 0): the caller keeps its token
     assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 1, 1) == [1, 2, 30000, []]
     assert rl.raw("acquire", T0, "p2.a", "p2", 30000, 1, 0, 1)[:2] == [3, 1]
     sub = client.pubsub()
@@ -119,7 +119,7 @@ def test_renew_item_t_issues_a_held_side_a_fresh_token(
     gone; a semaphore refuses the item before changing anything."""
     rl = _fresh(client, "rlock", name)
     assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 0, 1)[5] == T0 * 1000
-    # renew: ttl, items (kind, id); the token is the sixth element, after the statuses
+    # renew: ttl, items (kind, id); the token comes with the items' statuses
     assert rl.raw("renew", T0, 30000, "h", "p1.a", "t", "p1.a") == [
         1, 2, 0, [], [1, 1], T0 * 1000 + 1]
     assert rl.raw("renew", T0, 30000, "t", "p2.a") == [1, 0, 0, [], [-1]]

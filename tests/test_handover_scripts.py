@@ -26,7 +26,7 @@ import rlocks
 from rlocks._engine import scripts
 from rlocks._engine.keys import fence_key
 
-from .conftest import NAMESPACE, snapshot
+from .conftest import NAMESPACE, reply_list, snapshot
 
 LUA = Path(rlocks.__file__).parent / "_engine" / "lua"
 PUB = "PUBLISH"
@@ -49,11 +49,8 @@ def _run(client: "redis.Redis[bytes]", name: str, keys: Sequence[str], args: Seq
 
 
 def _norm(reply: Any) -> Any:
-    if isinstance(reply, bytes):
-        return reply.decode()
-    if isinstance(reply, list):
-        return [_norm(x) for x in reply]
-    return reply
+    """A script's text reply as a list (``conftest.reply_list``)."""
+    return reply_list(reply)
 
 
 def _plain(reply: Any) -> Any:

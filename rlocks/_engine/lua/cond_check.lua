@@ -8,19 +8,19 @@
 -- ARGV[3]  wake-up channel prefix
 -- ARGV[4]  'PUBLISH' or 'SPUBLISH'
 --
--- Returns {status, value}:
---   { 1, 1 }   notified: the entry is deleted (the notification is taken)
---   { 0, ms }  still waiting; its lease was renewed to ms
---   {-1, 0 }   gone: the lease ended before this look (the waiter stalled); a
---              notification it had was passed on to the oldest live waiter
+-- Returns 'status value' (scripts.py's one reply contract):
+--   '1 1'   notified: the entry is deleted (the notification is taken)
+--   '0 ms'  still waiting; its lease was renewed to ms
+--   '-1 0'  gone: the lease ended before this look (the waiter stalled); a
+--           notification it had was passed on to the oldest live waiter
 local entry, lease_ms, prefix, publish = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now = pruned(prefix, publish)
 if redis.call('ZSCORE', KEYS[1], entry) then
     redis.call('ZADD', KEYS[2], now + lease_ms, entry)
     keep_alive(KEYS[1], KEYS[2])
-    return {0, lease_ms}
+    return answer(0, lease_ms)
 end
 if redis.call('ZREM', KEYS[2], entry) == 1 then
-    return {1, 1}
+    return answer(1, 1)
 end
-return {-1, 0}
+return answer(-1, 0)

@@ -8,8 +8,8 @@
 -- ARGV[3]  wake-up channel prefix (the owner is appended)
 -- ARGV[4]  'PUBLISH', or 'SPUBLISH' on Redis Cluster
 --
--- Returns {status, value}:
---   { 1, n }  queued; n = entries waiting now, this one included (it is the newest)
+-- Returns 'status value' (scripts.py's one reply contract):
+--   '1 n'  queued; n = entries waiting now, this one included (it is the newest)
 local entry, lease_ms, prefix, publish = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now = pruned(prefix, publish)
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -20,4 +20,4 @@ end
 redis.call('ZADD', KEYS[1], number, entry)
 redis.call('ZADD', KEYS[2], now + lease_ms, entry)
 keep_alive(KEYS[1], KEYS[2])
-return {1, redis.call('ZCARD', KEYS[1])}
+return answer(1, redis.call('ZCARD', KEYS[1]))

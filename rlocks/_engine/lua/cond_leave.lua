@@ -9,12 +9,12 @@
 -- ARGV[3]  wake-up channel prefix
 -- ARGV[4]  'PUBLISH' or 'SPUBLISH'
 --
--- Returns {status, value}:
---   { 1, p }  it had been notified: the entry is deleted; p = 1 if the notification was
---             passed on to another waiter, 0 if it was kept (or nobody else waits)
---   { 0, 0 }  it was still waiting: the entry is deleted, nothing else changed
---   {-1, 0 }  gone already (its lease had ended); nothing changed but the pruning of
---              dead entries every cond_* script does first
+-- Returns 'status value' (scripts.py's one reply contract):
+--   '1 p'  it had been notified: the entry is deleted; p = 1 if the notification was
+--          passed on to another waiter, 0 if it was kept (or nobody else waits)
+--   '0 0'  it was still waiting: the entry is deleted, nothing else changed
+--   '-1 0' gone already (its lease had ended); nothing changed but the pruning of
+--          dead entries every cond_* script does first
 local entry = ARGV[1]
 local pass_on = tonumber(ARGV[2])
 local prefix = ARGV[3]
@@ -23,13 +23,13 @@ local publish = ARGV[4]
 pruned(prefix, publish)
 if redis.call('ZREM', KEYS[1], entry) == 1 then
     redis.call('ZREM', KEYS[2], entry)
-    return {0, 0}
+    return answer(0, 0)
 end
 if redis.call('ZREM', KEYS[2], entry) == 1 then
     local passed = 0
     if pass_on == 1 then
         passed = notify(KEYS[1], 1, prefix, publish)
     end
-    return {1, passed}
+    return answer(1, passed)
 end
-return {-1, 0}
+return answer(-1, 0)

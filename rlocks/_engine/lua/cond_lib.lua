@@ -12,8 +12,15 @@
 -- An entry id is "<owner>/<serial>"; the waiter listens on the channel
 -- <channel prefix> .. <owner> (each thread or task waits on one thing at a time).
 --
--- Replies follow the {status, value} contract of scripts.py with its three statuses, said
--- of the caller's entry: 1 notified (or done), 0 still waiting, -1 gone.
+-- Replies follow the one reply contract of scripts.py, in its short form 'status value'
+-- (see answer), with three statuses said of the caller's entry: 1 notified (or done),
+-- 0 still waiting, -1 gone.
+
+-- The reply: 'status value', two integers in one line of text (scripts.py's contract; a
+-- text reply is one element for the client to parse, where a table is one per value).
+local function answer(status, value)
+    return string.format('%d %d', status, value)
+end
 
 local function server_ms()
     local t = redis.call('TIME')

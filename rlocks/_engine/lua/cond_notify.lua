@@ -8,8 +8,8 @@
 --
 -- Entries whose lease ended are dropped first, so no notification goes to a dead waiter.
 --
--- Returns {status, value}:
---   { 1, n }  n = entries notified (0: nobody was waiting)
+-- Returns 'status value' (scripts.py's one reply contract):
+--   '1 n'  n = entries notified (0: nobody was waiting)
 local n = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local publish = ARGV[3]
@@ -17,4 +17,4 @@ local publish = ARGV[3]
 pruned(prefix, publish)
 local notified = notify(KEYS[1], n, prefix, publish)
 keep_alive(KEYS[1], KEYS[2])
-return {1, notified}
+return answer(1, notified)

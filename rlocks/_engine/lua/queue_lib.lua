@@ -47,12 +47,17 @@
 --            (a hand-over grant lives its entry's 'l' until its owner adopts it)
 --   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
 --
--- ONE reply shape for every script: {status, value, aux, wakes[, items, token]}
+-- ONE reply shape for every script, one line of text and then the wake-up lines:
+--   '<status> <value> <aux> <token>[ <items>]' ['\n' <wake> ...]
+-- integers in decimal, items comma-joined: one element for the client to parse, where a
+-- table is one per value (redis-py's own parser reads each at a cost). Inside the library
+-- a reply is the table {status, value, aux, wakes[, items[, token]]}; reply_text turns it
+-- into the text as the function returns.
 --    1  OK        acquire: granted, value = the caller's holds now (on that side),
 --                 aux = the hold's lease left (ms). release: value = holds left.
 --                 leave: the entry was removed (value 0) or re-pointed (value = its
 --                 position; 0 when the next waiter was granted at once, see wakes).
---                 renew: value = items renewed; a fifth element lists each item's status.
+--                 renew: value = items renewed; items: each item's status.
 --    2  ADOPTED   acquire: the caller's waiter had been handed the primitive (a wake-up
 --                 it missed); adopted now, NOTHING added; value = holds, aux = lease ms
 --    3  QUEUED    acquire: the caller's entry waits; value = its position (1 = head),
@@ -74,13 +79,14 @@
 --   granted (the waiter now holds what its entry asked, with the short lease; token =
 --   the grant's fencing token; a semaphore's line is 'g <waiter>'),
 --   'w <waiter>' = woken to try again (fair = 0 only).
---   items: renew only, each item's status; {} in other replies that carry a token.
+--   items: renew only, each item's status (absent from every other reply, and from a
+--   renew of no item).
 --   token: acquire replies 1 and 2 of rlock and rw when the caller's hold on that side
 --   is new (a fresh grant, or the adopted hand-over grant): its fencing token; absent
---   (a 4-element reply) when the call issued none (re-entry keeps the caller's token).
+--   (0 in the text) when the call issued none (re-entry keeps the caller's token).
 --   Also renew replies with a 't' item whose hold exists: the token issued to it.
 --   And QUEUED replies of rlock and rw: the last token issued so far (F), so that a
---   grant line whose token is above it was made after this call (absent when F is 0).
+--   grant line whose token is above it was made after this call (0 when F is 0).
 --
 -- Fencing tokens (rlock and rw; a semaphore issues none): every fresh hold of a side
 -- gets token = max(F + 1, server TIME in microseconds; ARGV[1] * 1000 when given) and F
@@ -598,6 +604,23 @@ local function finish(ctx, status, value, aux)
         return {status, value, aux, ctx.wakes, {}, ctx.token}
     end
     return {status, value, aux, ctx.wakes}
+end
+
+-- The reply table as the text every script answers (the header's reply shape); an error
+-- reply goes through as it is. Called once, by the function (or EVAL form) around each
+-- operation file (scripts.py), so the library's own code keeps the table.
+local function reply_text(reply)
+    if reply.err then return reply end
+    local head = string.format('%d %d %d %d', reply[1], reply[2], reply[3] or 0, reply[6] or 0)
+    local items = reply[5]
+    if items ~= nil and #items > 0 then
+        local parts = {}
+        for k, item in ipairs(items) do parts[k] = fmt(item) end
+        head = head .. ' ' .. table.concat(parts, ',')
+    end
+    local wakes = reply[4]
+    if wakes == nil or #wakes == 0 then return head end
+    return head .. '\n' .. table.concat(wakes, '\n')
 end
 
 -- acquire, shared by every primitive. a = {owner, waiter, entry, side, ttl, add, reentry,

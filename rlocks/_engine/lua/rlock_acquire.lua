@@ -14,9 +14,9 @@
 --           owner); 0 = a single try, nothing queued
 --           2 = as 1, and the entry's wake-up lines go to its list, not its channel (b = 1)
 --
--- Replies: 1 granted (value = holds, aux = lease ms; a fresh hold adds a sixth element,
--- its fencing token; re-entry adds none); 2 adopted a hand-over grant to this owner it
--- had not seen (nothing added; sixth element: the grant's token); 3 queued (value = position, aux = ms to the
+-- Replies: 1 granted (value = holds, aux = lease ms; a fresh hold carries
+-- its fencing token; re-entry: token 0); 2 adopted a hand-over grant to this owner it
+-- had not seen (nothing added; token: the grant's); 3 queued (value = position, aux = ms to the
 -- holder's lease end); 0 busy (queue = 0); -1 re-entry refused (the hold is gone).
 -- Re-entry is granted at once, never queued. fair = 1: granted only when free and no
 -- other live entry is ahead of the caller's.

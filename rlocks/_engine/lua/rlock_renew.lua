@@ -11,8 +11,9 @@
 --           revoked when its short lease ends, whatever its hold's lease says); 't'
 --           <owner> issue that owner's hold a fresh fencing token (after a lost reply)
 --
--- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there: the hold is
--- lost / the entry left or expired / no grant to adopt)[, token of a 't' item]}. Dead state found on the way is
+-- Reply: status 1, value = items done, aux 0, token = a 't' item's new token (0: none),
+-- items = per-item statuses (1 done, -1 not there: the hold is lost / the entry left or
+-- expired / no grant to adopt), then the wake lines. Dead state found on the way is
 -- recovered and handed over (wakes).
 local ctx, i = context('rlock')
 local ttl = renew_args(ctx, i)

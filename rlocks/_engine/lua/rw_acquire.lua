@@ -18,8 +18,8 @@
 -- a reader when nobody writes, and only with no live entry ahead of the caller's. A
 -- release hands over to the next writer, or to every reader queued before the next one.
 -- Replies: 1 granted (value = holds on that side, aux = lease ms; a fresh hold of that
--- side, a downgrade's read hold included, adds a sixth element, its fencing token); 2
--- adopted a missed hand-over grant (nothing added; sixth element: its token); 3 queued (value = position, aux = ms to the earliest
+-- side, a downgrade's read hold included, carries its fencing token); 2
+-- adopted a missed hand-over grant (nothing added; token: its own); 3 queued (value = position, aux = ms to the earliest
 -- holder lease end); 0 busy (queue = 0); -1 re-entry refused; -2 upgrade refused (the
 -- owner reads but does not write: two upgraders would deadlock).
 local ctx, i = context('rw')

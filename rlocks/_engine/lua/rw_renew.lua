@@ -9,8 +9,8 @@
 --           'e' <entry> renew the queue entry; 'a' <waiter> adopt its hand-over grant;
 --           't' 'r:<owner>' / 'w:<owner>' issue that hold a fresh fencing token
 --
--- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)[, token of
--- a 't' item]}.
+-- Reply: status 1, value = items done, aux 0, token = a 't' item's new token (0: none),
+-- items = per-item statuses (1 done, -1 not there), then the wake lines.
 local ctx, i = context('rw')
 local ttl = renew_args(ctx, i)
 if bad then return redis.error_reply(bad) end

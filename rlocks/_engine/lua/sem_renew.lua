@@ -8,8 +8,8 @@
 -- ARGV[8..] pairs (kind, id): 'h' <owner> renew that owner's permits; 'e' <entry> renew
 --           the queue entry; 'a' <waiter> adopt that waiter's hand-over grant
 --
--- Reply: {1, items done, 0, wakes, per-item statuses (1 done, -1 not there)};
--- error RLOCKS_SEM_MISMATCH.
+-- Reply: status 1, value = items done, aux 0, token 0, items = per-item statuses (1 done,
+-- -1 not there), then the wake lines; error RLOCKS_SEM_MISMATCH.
 local ctx, i = context('sem')
 local ttl = renew_args(ctx, i)
 if bad then return redis.error_reply(bad) end
