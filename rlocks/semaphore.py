@@ -209,10 +209,12 @@ class _SemaphoreCore(Primitive):
         left = n - own
         if left:
             # threading lets any thread release another's permit: take them from other
-            # threads of this process, live ones first. Permits already known lost are
-            # back in the pool: releasing one sends nothing (the loss was reported when
-            # it was found, to the thread that took it).
-            holds = list(self._holds.items())
+            # threads of this process, live ones first (a fork child's copy still lists
+            # its parent's threads: they are not this process's, see _holds_here).
+            # Permits already known lost are back in the pool: releasing one sends
+            # nothing (the loss was reported when it was found, to the thread that took
+            # it).
+            holds = self._holds_here()
             others = [o for o, h in holds if o != owner and not h.lost]
             others += [o for o, h in holds if o != owner and h.lost]
             for other in others:

@@ -183,6 +183,58 @@ def test_fork_child_owns_nothing_of_its_parents_hold(
         client.delete(key)
 
 
+@pytest.mark.parametrize("bounded", [False, True], ids=["Semaphore", "BoundedSemaphore"])
+def test_fork_childs_semaphore_release_never_gives_back_its_parents_permits(
+    client: "redis.Redis[bytes]", name: str, bounded: bool
+) -> None:
+    # A semaphore lets any thread release permits other threads of *this process* took
+    # through the object. The child's copy of the object still lists the parent's thread:
+    # those permits are not the child's process's, so its release is a release of nobody's
+    # permit (counted for a Semaphore, refused for a full BoundedSemaphore), and the
+    # parent keeps its permit in Redis and in its books.
+    key = f"{NAMESPACE}:sem:{{{name}}}"
+    cls = rlocks.BoundedSemaphore if bounded else rlocks.Semaphore
+    sem = cls(name, 1, client=client, ttl=10.0, namespace=NAMESPACE)
+    assert sem.acquire()
+    parent_owner = thread_owner()
+
+    def child(pipe: Pipe) -> None:
+        report: dict = {"owned": sem.owned()}
+        try:
+            sem.release()
+            report["release"] = "returned"
+        except ValueError:
+            report["release"] = "ValueError"
+        report["hash"] = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+        pipe.send(report)
+
+    pid, pipe = fork(child)
+    try:
+        report = checked(pipe.recv(20))
+        assert report["owned"] is False
+        # The parent's permit is still held, under the parent's owner, either way.
+        assert report["hash"].get(parent_owner) == "1", report
+        if bounded:
+            # one permit in circulation already: a release of nobody's is refused
+            assert report["release"] == "ValueError"
+            assert report["hash"]["#free"] == "0"
+        else:
+            # counted as threading counts it: the value grows past the initial one
+            assert report["release"] == "returned"
+            assert report["hash"]["#free"] == "1"
+        assert reap(pid) == 0
+        pid = 0
+        assert sem.owned()
+        sem.release()  # the parent's own permit, still its own
+        assert client.hget(key, parent_owner) is None
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        pipe.close()
+        client.delete(key, f"{key}:leases")
+
+
 @pytest.mark.timeout(30)
 def test_fork_children_of_one_parent_get_distinct_owner_ids(
     client: "redis.Redis[bytes]", name: str

@@ -1543,18 +1543,21 @@ class Primitive(Renewable):
         err.lock = self  # type: ignore[attr-defined]
         return err
 
-    def _local_owners(self) -> List[Tuple[str, int]]:
-        """Owners of *this* process that hold something here, with their counts (no I/O).
+    def _holds_here(self) -> List[Tuple[str, Hold]]:
+        """The local holds of *this* process's owners on this object (no I/O).
 
         A fork child inherits its parent's table, but none of those owners is its own
-        (owner ids are drawn anew in a child): they are not listed.
+        (owner ids are drawn anew in a child): they are not listed, so nothing the child
+        does on this object can give back or count what its parent holds.
         """
         mine = identity.process_token() + ":"
-        return [
-            (owner, hold.count)
-            for owner, hold in list(self._holds.items())
-            if owner.startswith(mine)
-        ]
+        return [(owner, hold) for owner, hold in list(self._holds.items())
+                if owner.startswith(mine)]
+
+    def _local_owners(self) -> List[Tuple[str, int]]:
+        """Owners of *this* process that hold something here, with their counts (no I/O;
+        see :meth:`_holds_here`)."""
+        return [(owner, hold.count) for owner, hold in self._holds_here()]
 
     # -- fork, copy, pickle --------------------------------------------------------------
 
