@@ -202,26 +202,3 @@ def script_calls(client: "redis.Redis[bytes]") -> int:
     return sum(int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
                - int(stats.get(f"cmdstat_{command}", {}).get("failed_calls", 0))
                for command in ("evalsha", "fcall"))
-
-
-def reply_list(raw: Any) -> Any:
-    """A script's text reply (``rlocks/_engine/scripts.py``: ``status value [aux token[
-    items]]``, then wake-up lines) as a list the script tests compare whole: ``[status,
-    value]``, or ``[status, value, aux, wakes]`` followed by ``items`` when there are any
-    or a token, then the token when there is one. Anything else is returned as it is."""
-    if isinstance(raw, bytes):
-        raw = raw.decode()
-    if not isinstance(raw, str):
-        return raw
-    head, *wakes = raw.split("\n")
-    fields = head.split(" ")
-    if len(fields) == 2:
-        return [int(fields[0]), int(fields[1])]
-    out: List[Any] = [int(fields[0]), int(fields[1]), int(fields[2]), wakes]
-    items = [int(i) for i in fields[4].split(",")] if len(fields) > 4 else []
-    token = int(fields[3])
-    if items or token:
-        out.append(items)
-    if token:
-        out.append(token)
-    return out

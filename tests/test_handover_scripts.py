@@ -26,7 +26,7 @@ import rlocks
 from rlocks._engine import scripts
 from rlocks._engine.keys import fence_key
 
-from .conftest import NAMESPACE, reply_list, snapshot
+from .conftest import NAMESPACE, snapshot
 
 LUA = Path(rlocks.__file__).parent / "_engine" / "lua"
 PUB = "PUBLISH"
@@ -48,9 +48,17 @@ def _run(client: "redis.Redis[bytes]", name: str, keys: Sequence[str], args: Seq
     return script(keys=list(keys), args=list(args), client=client)
 
 
-def _norm(reply: Any) -> Any:
-    """A script's text reply as a list (``conftest.reply_list``)."""
-    return reply_list(reply)
+def _norm(raw: Any) -> List[Any]:
+    """A queue script's text reply, read by the engine's own decoder, as the list these
+    tests compare whole: ``[status, value, aux, wakes]``, then ``items`` when there are
+    any or a token, then the token when there is one."""
+    reply = scripts.decode(raw)
+    out: List[Any] = [reply.status, reply.value, reply.aux, list(reply.wakes)]
+    if reply.items or reply.token:
+        out.append(list(reply.items))
+    if reply.token:
+        out.append(reply.token)
+    return out
 
 
 def _plain(reply: Any) -> Any:
