@@ -95,11 +95,10 @@ ENTRIES = {"a": "pa/1", "b": "pb/1"}
 
 def _contended(probe: _Probe, n: int) -> None:
     threads = {"a": ("h:1:a:1", "h:1:a:2"), "b": ("h:2:b:1", "h:2:b:2")}
-    entries = ENTRIES
     # Thread a1 holds; thread b1 is its process's queued waiter.
     pipe = probe.client.pipeline(transaction=False)
     probe.acquire(pipe, threads["a"][0], None)
-    probe.acquire(pipe, threads["b"][0], entries["b"])
+    probe.acquire(pipe, threads["b"][0], ENTRIES["b"])
     if [_status(r) for r in pipe.execute()] != [b"1", b"3"]:
         raise RuntimeError("contended: could not set up the holder and the queued waiter")
     holder, process, other = threads["a"][0], "a", "b"
@@ -108,7 +107,7 @@ def _contended(probe: _Probe, n: int) -> None:
         pipe = probe.client.pipeline(transaction=False)
         for _ in range(BATCH):
             sibling = next(t for t in threads[process] if t != holder)
-            probe.acquire(pipe, sibling, entries[process])  # QUEUED behind the other
+            probe.acquire(pipe, sibling, ENTRIES[process])  # QUEUED behind the other
             probe.release(pipe, holder)  # hands over to the other process's entry
             queued[process] = sibling
             holder, process, other = queued[other], other, process
