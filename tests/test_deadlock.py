@@ -122,8 +122,13 @@ def _ring(kinds: List[str], names: List[str]) -> List[Tuple[Tuple[str, str], Tup
     ]
 
 
+def _edges(client: Any, namespace: str) -> List[Any]:
+    """The wait-for edges (``<namespace>:wait:<owner>``) of ``namespace``."""
+    return list(client.scan_iter(match=f"{namespace}:wait:*"))
+
+
 def _no_edges(client: Any, namespace: str) -> bool:
-    return not any(True for _ in client.scan_iter(match=f"{namespace}:wait:*"))
+    return not _edges(client, namespace)
 
 
 @pytest.fixture
@@ -912,8 +917,7 @@ def test_a_cycle_the_victims_walk_cannot_close_is_reported_by_another_member(
             a_holds.set()
             # (after the reader's first check drew its wait's number: then this wait's is
             # higher, so this writer is the victim)
-            wait_until(lambda: any(True for _ in client.scan_iter(match=f"{ns}:wait:*")), 10,
-                       "the reader's edge")
+            wait_until(lambda: bool(_edges(client, ns)), 10, "the reader's edge")
             started = time.monotonic()
             try:
                 outcome["a"] = rw.write_lock.acquire(timeout=10.0)
@@ -957,23 +961,44 @@ def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
     like a read and be skipped. Under many waiters (a bug hunt: 300 threads) an edge was
     left saying a thread that had moved on still waited, and a real holder's wait for that
     thread's lock was confirmed as a cycle: a false DeadlockError. Here the turn is held
-    from the moment the wait has an edge until the wait has ended."""
+    from the moment the wait has an edge until the wait has ended.
+
+    Nothing here races the clock: the wait ends when the test releases the holder (it was
+    a 0.6 s time-out, and a slow run could miss the edge's whole life), and the edge loses
+    its lease once the turn is held (no check can renew or rewrite it then), so only the
+    ended wait's own deletion can remove it."""
     holder = rlocks.RLock(name, client=client, namespace=ns)
     assert holder.acquire()
+
+    def pin_the_edge() -> None:
+        # (called with the read turn held: no check of this hub is reading or writing)
+        edges = _edges(client, ns)
+        assert len(edges) == 1, edges
+        assert client.persist(edges[0]) == 1
+        holder.release()
+
     try:
         if flavour == "threading":
             waiter = rlocks.RLock(name, client=client, namespace=ns, deadlock_timeout=0.2)
             out: List[bool] = []
-            t = threading.Thread(target=lambda: out.append(waiter.acquire(timeout=0.6)))
+
+            def wait() -> None:
+                got = waiter.acquire(timeout=60)
+                out.append(got)
+                if got:
+                    waiter.release()
+
+            t = threading.Thread(target=wait)
             t.start()
-            wait_until(lambda: not _no_edges(client, ns), 10, "the waiter's edge")
+            wait_until(lambda: bool(_edges(client, ns)), 30, "the waiter's edge")
             reads = waiter._hub().reads
             assert reads.acquire(timeout=5)  # another check "reads" until the wait ended
             try:
-                t.join(10)
+                pin_the_edge()
+                t.join(30)
             finally:
                 reads.release()
-            assert out == [False]
+            assert out == [True]
         else:
 
             async def main() -> bool:
@@ -982,24 +1007,36 @@ def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
                     awaiter = rlocks.asyncio.RLock(
                         name, client=aclient, namespace=ns, deadlock_timeout=0.2
                     )
-                    task = asyncio.ensure_future(awaiter.acquire(timeout=0.6))
-                    while _no_edges(client, ns):
+
+                    async def wait() -> bool:  # (a task owns what it acquired)
+                        got = await awaiter.acquire(timeout=60)
+                        if got:
+                            await awaiter.release()
+                        return got
+
+                    task = asyncio.ensure_future(wait())
+                    deadline = time.monotonic() + 30
+                    while not _edges(client, ns):
+                        assert time.monotonic() < deadline, "no edge for the waiter in 30 s"
                         await asyncio.sleep(0.01)
                     reads = awaiter._ahub().reads
-                    await reads.acquire()
+                    await asyncio.wait_for(reads.acquire(), 5)
                     try:
-                        return await task
+                        pin_the_edge()
+                        return await asyncio.wait_for(task, 30)
                     finally:
                         reads.release()
                 finally:
                     await aclient.aclose()
 
-            assert asyncio.run(main()) is False
-        # Deleted at the wait's end, not left to its lease: the edge was written at the
-        # first check (0.2 s) with a lease of 2 x 0.2 + 1 s, so it would outlive the wait.
-        assert _no_edges(client, ns)
+            assert asyncio.run(main()) is True
+        # Deleted at the wait's end: the edge had no lease left to end it.
+        assert _edges(client, ns) == []
     finally:
-        holder.release()
+        if holder.owned():  # (pin_the_edge was not reached)
+            holder.release()
+        for key in _edges(client, ns):
+            client.delete(key)
 
 
 def test_a_stale_accusation_accuses_nobody(client: Any, ns: str, name: str) -> None:
