@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import redis
 
@@ -28,11 +28,13 @@ from rlocks.server import (
 
 __all__ = [
     "LocalCluster",
+    "RENEWED_TTL",
     "TEST_SERVERS",
     "TlsFiles",
     "make_tls_files",
     "server_version",
     "server_binary_for",
+    "wait_renewed",
     "wait_until",
 ]
 
@@ -96,6 +98,35 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.01) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+#: The ttl (s) of a hold whose renewals a test waits for (``wait_renewed``): renewed every
+#: second, so the hold is lost only if its renewer comes 2 s late.
+RENEWED_TTL = 3.0
+
+
+def wait_renewed(client: Any, key: Any, times: int = 2, timeout: float = 30.0) -> None:
+    """Wait until ``key``'s expiry has been pushed back ``times`` times: a renewal writes
+    the hold's end, which moves the expiry of the hold's keys later (so would another
+    hold written there: use it on a key with one holder). AssertionError if the key is
+    gone meanwhile, or after ``timeout`` s.
+
+    A test of "the renewer keeps the hold" waits for the renewals themselves instead of
+    sleeping past a short lease: such a sleep fails whenever a loaded machine makes the
+    renewer a fraction of a second late, and proves no more than this does. Give the
+    hold a ttl of a few seconds (renewed every ttl / 3), so that only a renewer late by
+    two thirds of it could lose the hold before the renewals are seen.
+    """
+    deadline = time.monotonic() + timeout
+    seen, last = 0, client.pttl(key)
+    while seen < times:
+        assert last > 0, f"{key!r} has no expiry or is gone (PTTL {last})"
+        assert time.monotonic() < deadline, f"{key!r} renewed {seen} of {times} times"
+        time.sleep(0.01)
+        now = client.pttl(key)
+        if now > last:
+            seen += 1
+        last = now
 
 
 # -- Redis Cluster -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import rlocks.asyncio as ra
 from rlocks._engine import aio, identity
 
 from ._proxy import FaultyLink
+from ._servers import RENEWED_TTL, wait_renewed
 from .conftest import NAMESPACE
 
 
@@ -279,18 +280,16 @@ def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str
         lost = asyncio.Event()
         loop = asyncio.get_running_loop()
         # A plain on_lost runs on rlocks' callback thread: it reaches the loop thread-safely.
-        # ttl 1 s: with 0.3 s a loaded machine renewed too late once (a full run here).
         lock = ra.RLock(
-            name, client=c, namespace=NAMESPACE, ttl=1.0,
+            name, client=c, namespace=NAMESPACE, ttl=RENEWED_TTL,
             on_lost=lambda _l: loop.call_soon_threadsafe(lost.set),
         )
         await lock.acquire()
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end:  # three leases long
-            assert await c.exists(key("rlock", name))
-            await asyncio.sleep(0.05)
+        # (in a thread, so that this loop, whose task renews, goes on running)
+        await asyncio.to_thread(wait_renewed, redis.Redis.from_url(url), key("rlock", name))
+        assert not lost.is_set()
         await c.delete(key("rlock", name))
-        await asyncio.wait_for(lost.wait(), 3)
+        await asyncio.wait_for(lost.wait(), 10)
         with pytest.raises(rlocks.LockLostError):
             await lock.release()
 
@@ -500,7 +499,7 @@ def test_a_cancelled_renewer_or_hub_task_is_started_again_by_the_next_use(
 
     async def main() -> None:
         c = aclient(url)
-        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=1)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=RENEWED_TTL)
         other = ra.RLock(f"{name}-2", client=c, namespace=NAMESPACE, ttl=1)
         holder = ra.RLock(f"{name}-2", client=c, namespace=NAMESPACE, ttl=1)
         wake = other._channel()
@@ -526,7 +525,8 @@ def test_a_cancelled_renewer_or_hub_task_is_started_again_by_the_next_use(
         await asyncio.gather(*rlocks_tasks, return_exceptions=True)
 
         assert await lock.acquire()
-        await asyncio.sleep(2.5)  # more than two leases: only renewal keeps it
+        # only a renewer task (started again by this acquire) pushes the lease back
+        await asyncio.to_thread(wait_renewed, client, key("rlock", name))
         assert client.hget(key("rlock", name), identity.task_owner()) == b"1"
         await lock.release()
 

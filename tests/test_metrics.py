@@ -28,6 +28,7 @@ import rlocks.metrics
 from rlocks._engine import state as engine_inspect
 from rlocks._engine.waiting import hub_for
 
+from ._servers import RENEWED_TTL
 from ._threads import joined
 from ._threads import started as in_thread
 from .conftest import NAMESPACE
@@ -208,10 +209,10 @@ def test_known_wait_and_time_out(otel: Telemetry, client: Any, name: str) -> Non
 def test_known_loss_renewals_and_error(otel: Telemetry, client: Any, name: str) -> None:
     lost = threading.Event()
     lock = rlocks.RLock(
-        name, client=client, namespace=NAMESPACE, ttl=1.5, on_lost=lambda _: lost.set()
+        name, client=client, namespace=NAMESPACE, ttl=RENEWED_TTL, on_lost=lambda _: lost.set()
     )
     _, t0, t1 = timed(lock.acquire)
-    # Renewed every ttl/3 = 0.5 s: wait for two renewals of this lock.
+    # Renewed every ttl/3 = 1 s: wait for two renewals of this lock.
     wait_for(lambda: otel.total("rlocks.renewals", name=name) >= 2, "two renewals")
     assert otel.total("rlocks.renewals", name=name, kind="rlock", side="-") >= 2
 

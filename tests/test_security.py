@@ -32,7 +32,7 @@ import rlocks
 from rlocks._engine import clients
 from rlocks.server import TemporaryRedisServer, free_port
 
-from ._servers import make_tls_files, server_version, wait_until
+from ._servers import RENEWED_TTL, make_tls_files, server_version, wait_renewed, wait_until
 from .conftest import NAMESPACE, has_functions, without_counters
 
 # -- hostile names -------------------------------------------------------------------------
@@ -174,17 +174,17 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     fcalls = _fcalls(client)
     lost: List[Any] = []
     prims = {
-        "rlock": rlocks.RLock("r", client=limited, namespace=ACL_NAMESPACE, ttl=1.5, on_lost=lost.append),
-        "write": rlocks.RWLock("w", client=limited, namespace=ACL_NAMESPACE, ttl=1.5, on_lost=lost.append).write_lock,
-        "sem": rlocks.Semaphore("s", 1, client=limited, namespace=ACL_NAMESPACE, ttl=1.5, on_lost=lost.append),
+        "rlock": rlocks.RLock("r", client=limited, namespace=ACL_NAMESPACE, ttl=RENEWED_TTL, on_lost=lost.append),
+        "write": rlocks.RWLock("w", client=limited, namespace=ACL_NAMESPACE, ttl=RENEWED_TTL, on_lost=lost.append).write_lock,
+        "sem": rlocks.Semaphore("s", 1, client=limited, namespace=ACL_NAMESPACE, ttl=RENEWED_TTL, on_lost=lost.append),
     }
     for kind, prim in prims.items():
         assert prim.acquire(timeout=5), kind
         if kind != "sem":
             assert prim.locked()
-    # Renewal: hold for longer than a lease (1.5 s: a 0.6 s lease was lost once at a load
-    # average of 14 on 2 cores, where a renewal can come 0.5 s late).
-    time.sleep(2.5)
+    # Renewal, by this user's commands: each lease is pushed back twice.
+    for prim in prims.values():
+        wait_renewed(client, prim._keys.hash)
     assert not lost
     # Waiting and wake-up: another process's waiter is simulated by a thread that waits on
     # a second object (for the semaphore, a second process owner is needed, so the thread
@@ -278,9 +278,9 @@ def test_acquire_wait_release_over_tls(tls_server: Dict[str, Any]) -> None:
     )
     assert secure.ping()
     assert secure.connection_pool.connection_class is redis.SSLConnection
-    lock = rlocks.RLock("tls", client=secure, namespace=NAMESPACE, ttl=1.5)
+    lock = rlocks.RLock("tls", client=secure, namespace=NAMESPACE, ttl=RENEWED_TTL)
     assert lock.acquire()
-    time.sleep(2.0)  # renewal over TLS keeps the lease past its first end
+    wait_renewed(secure, lock._keys.hash)  # renewal over TLS
     result: Dict[str, Any] = {}
 
     def waiter() -> None:
