@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
@@ -282,13 +282,24 @@ def alternating_worker(
 
 
 def pingpong_worker(
-    spec: Dict[str, Any], kind: str, name: str, namespace: str, data: str, seconds: float
+    spec: Dict[str, Any],
+    kind: str,
+    name: str,
+    namespace: str,
+    data: str,
+    seconds: float,
+    entry_lease: Optional[float] = None,
 ) -> None:
     """Two threads, for ``seconds``: acquire the mutex ``(kind, name)``, hold 5 ms,
     release, pause 2 ms; each acquire ``rpush {data}:waits "<when it returned> <its
-    wait>"`` (monotonic s: system-wide on Linux, so comparable across processes)."""
+    wait>"`` (monotonic s: system-wide on Linux, so comparable across processes).
+    ``entry_lease`` (None: the default) is passed on to the primitive."""
     client = make_client(spec)
-    extra = {"deadlock_timeout": None} if kind in ("rlock", "write", "read") else {}
+    extra: Dict[str, Any] = (
+        {"deadlock_timeout": None} if kind in ("rlock", "write", "read") else {}
+    )
+    if entry_lease is not None:
+        extra["entry_lease"] = entry_lease
     failed: List[BaseException] = []
     try:
         _prim, acquire, release, _nesting = make_mutex(
