@@ -20,7 +20,7 @@ from rlocks._engine.keys import escape
 from rlocks._engine.waiting import hub_for
 from rlocks.server import TemporaryRedisServer
 
-from ._servers import wait_until
+from ._servers import RENEWED_TTL, wait_renewed, wait_until
 from ._threads import hub_waiters, parked, pause_at_hand_over
 from .conftest import NAMESPACE, SCRIPT_CALLS, has_functions, script_calls, snapshot
 
@@ -398,15 +398,15 @@ def test_renewal_finding_the_hold_gone_calls_on_lost(client: Any, name: str) -> 
 
 
 def test_renewal_keeps_a_short_lease_alive(client: Any, name: str) -> None:
-    # ttl 1 s: a 0.3 s lease left a loaded machine 0.2 s to renew (lost in a full run).
-    lock = make(name, client, ttl=1.0)
+    # Renewals are waited for, not slept through (a 0.3 s lease, then a 1 s one, slept
+    # through for three leases, left a loaded machine 0.2 s, then 0.67 s: both lost).
+    lost: List[Any] = []
+    lock = make(name, client, ttl=RENEWED_TTL, on_lost=lost.append)
     lock.acquire()
-    owner = identity.thread_owner().encode()
-    end = time.monotonic() + 3.0  # three leases long
-    while time.monotonic() < end:
-        assert client.hget(hash_key(name), owner) == b"1"
-        time.sleep(0.02)
-    lock.release()
+    wait_renewed(client, hash_key(name))
+    assert client.hget(hash_key(name), identity.thread_owner()) == b"1"
+    lock.release()  # raises LockLostError if the lease ever lapsed
+    assert lost == []
 
 
 def test_without_auto_renew_the_lease_ends(client: Any, name: str) -> None:
@@ -486,12 +486,15 @@ def test_a_renewal_failing_with_an_oserror_is_retried_then_the_hold_lost(
     # One policy for both renewers (renewal.UNREACHABLE): Redis could not be reached this
     # time, so retry until the lease is over, then report the hold lost. The threading
     # renewer used to take an OSError for a bug: an ERROR with its traceback per retry.
+    # A 4.5 s lease: the first attempt is due at 1.5 s (a third), retries every 1 s
+    # (renewal.RETRY) until the lease ends at 4.5 s, about four attempts. Two are counted
+    # unless the first came 3 s late, past the lease end (a 0.6 s lease allowed 0.4 s).
     caplog.set_level(logging.DEBUG, logger="rlocks")
     client = SocketErrorRedis.from_url(redis_url)
     lost = threading.Event()
-    lock = make(name, client, ttl=0.6, on_lost=lambda _: lost.set())
+    lock = make(name, client, ttl=4.5, on_lost=lambda _: lost.set())
     lock.acquire()
-    assert lost.wait(10)
+    assert lost.wait(30)
     assert client.failed >= 2  # retried before the lease was over
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert any("renewal of" in r.getMessage() and "failed, retrying" in r.getMessage()
@@ -522,8 +525,16 @@ def test_release_wakes_one_waiter_not_all(counting: CountingRedis, name: str) ->
     counting.commands.clear()
     counting.sent.clear()
     lock.release()
-    assert wait_for(lambda: len(entered) == 1)
-    time.sleep(0.3)
+    # The window ends at a state, not after a pause: one waiter entered and the other
+    # five parked again with no wake-up pending (a woken waiter's event stays set until
+    # it runs; it clears it before any attempt and parks only after that attempt). Every
+    # attempt this release caused is then counted, however late the machine runs them.
+    assert wait_for(
+        lambda: len(entered) == 1
+        and all(parked(t) for i, t in enumerate(threads) if i not in entered)
+        and not any(w.event.is_set() for w in hub_waiters(lock)),
+        timeout=15,
+    )
     # The waiters' script calls (not our release): the woken waiter's adoption of its
     # grant and the next local head's new queue entry. A script this server had not seen
     # yet costs an EVALSHA answered NOSCRIPT and a SCRIPT LOAD before the call itself (an
@@ -537,11 +548,17 @@ def test_release_wakes_one_waiter_not_all(counting: CountingRedis, name: str) ->
     stop.set()
     for t in threads:
         t.join(15)
+        assert not t.is_alive(), "a waiter did not finish"
     assert sorted(entered) == list(range(6))
 
 
 def test_timeout_is_honoured_while_held(client: Any, name: str) -> None:
-    lock = make(name, client)
+    # Held by this thread until the contender is done, so only the deadline ends the
+    # wait: 3 s of slack over the 0.3 s time-out. Nothing else wakes the contender within
+    # 5 s (the 30 s lease, a 30 s queue entry, no deadlock checks, a listening head's BLPOP
+    # of at most 5 s), so one that overslept its deadline is past the bound, and one that
+    # ignored it is still waiting when the join gives up.
+    lock = make(name, client, ttl=30, entry_lease=30.0, deadlock_timeout=None)
     lock.acquire()
     result: List[Any] = []
 
@@ -552,20 +569,27 @@ def test_timeout_is_honoured_while_held(client: Any, name: str) -> None:
 
     t = threading.Thread(target=contender)
     t.start()
-    t.join(5)
-    lock.release()
-    assert result[0] is False and 0.25 <= result[1] < 2.0
+    try:
+        t.join(10)
+        assert not t.is_alive(), "acquire(timeout=0.3) did not return"
+    finally:
+        lock.release()  # lets a hung contender finish, whatever happened
+        t.join(10)
+    assert result[0] is False and 0.25 <= result[1] < 3.3, result
 
 
 def test_crashed_holder_without_release_is_waited_out(client: Any, name: str) -> None:
     # A hold left by an owner that vanished (a field nobody renews) ends with its lease;
-    # a waiter must notice without any wake-up message.
+    # a waiter must notice without any wake-up message. It looks again at least every
+    # third of its queue entry's lease (2 s), so it notices within about a second of the
+    # 0.4 s lease's end; 3 s of slack here. One that waited for a message would sleep
+    # until its 30 s deadline.
     client.hset(hash_key(name), "ghost-owner", 1)
     client.pexpire(hash_key(name), 400)
     lock = make(name, client)
     start = time.monotonic()
-    assert lock.acquire(timeout=5)
-    assert time.monotonic() - start < 1.5
+    assert lock.acquire(timeout=30)
+    assert time.monotonic() - start < 3.4
     lock.release()
 
 
