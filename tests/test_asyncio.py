@@ -296,6 +296,30 @@ def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str
     run(main)
 
 
+def test_holds_through_the_default_client_are_renewed_with_the_loops_others(
+    url: str, name: str, client: Any
+) -> None:
+    """A primitive built with ``client=None`` (the loop's client for ``RLOCKS_URL``) was
+    never renewed: the loop's renewer grouped its renewals by the primitive's own client
+    attribute, None, and its task died at the first pass (AttributeError). The hold ended
+    after ttl while its task held it, another owner was granted the lock, on_lost was not
+    called, and every other hold of that loop went unrenewed too (a bug hunt)."""
+
+    async def main() -> None:
+        lost: List[Any] = []
+        default = ra.RLock(name, namespace=NAMESPACE, ttl=RENEWED_TTL, on_lost=lost.append)
+        other = ra.RLock(f"{name}-2", client=aclient(url), namespace=NAMESPACE,
+                         ttl=RENEWED_TTL, on_lost=lost.append)
+        assert await default.acquire() and await other.acquire()
+        for held in (name, f"{name}-2"):
+            await asyncio.to_thread(wait_renewed, client, key("rlock", held))
+        assert lost == []
+        await default.release()  # raises LockLostError if the lease had lapsed
+        await other.release()
+
+    run(main)
+
+
 def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:
     async def main_with_handoff() -> None:
         c = aclient(url)

@@ -335,6 +335,11 @@ class AsyncPrimitive(Primitive):
     def _renewer(self) -> Renewer:
         return loop_renewer()
 
+    def _renewal_client(self) -> Any:
+        # Asked by the loop's renewer task, on that loop: a primitive built with
+        # client=None renews through that loop's default client, as it acquired.
+        return self._aclient()
+
     def _ahub(self) -> AsyncWakeHub:
         """:meth:`Primitive._hub` for the running event loop: its hub, kept by this object
         while it is used from that loop (no I/O)."""

@@ -384,6 +384,9 @@ class Primitive(Renewable):
         """Where this primitive's leases are renewed: its connection pool's renewer."""
         return renewer_for(self._client)
 
+    def _renewal_client(self) -> Any:
+        return self._client
+
     # -- read-only facts -----------------------------------------------------------------
 
     @property

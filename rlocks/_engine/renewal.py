@@ -100,8 +100,6 @@ class Renewable:
 
     __slots__ = ()
 
-    #: The client (or :class:`.quorum.Quorum`) its renewals go through: one pipeline a pool.
-    _client: Any
     #: The replication WAIT its writes ask for, if any (one WAIT ends a batch).
     _replication: Replication
     #: The renew script (loaded again after NOSCRIPT).
@@ -109,6 +107,11 @@ class Renewable:
 
     def _describe(self) -> str:
         """How log lines name it."""
+        raise NotImplementedError
+
+    def _renewal_client(self) -> Any:
+        """The client (or :class:`.quorum.Quorum`) its renewals go through, asked by its
+        renewer when they are due (one pipeline a pool). No I/O."""
         raise NotImplementedError
 
     def _renewal_arguments(self, lease: "Lease") -> Tuple[Sequence[str], Sequence[Arg]]:
@@ -313,8 +316,8 @@ class Renewer:
                 # Nobody can release it any more: let the lease run out on the server.
                 self.cancel(lease)
                 continue
-            key = id(pool_of(primitive._client))
-            group = groups.setdefault(key, (primitive._client, []))
+            client = primitive._renewal_client()
+            group = groups.setdefault(id(pool_of(client)), (client, []))
             script = primitive._renew_script
             group[1].append((lease, primitive, script))
         return list(groups.values())
