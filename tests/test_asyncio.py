@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import threading
@@ -318,6 +319,40 @@ def test_holds_through_the_default_client_are_renewed_with_the_loops_others(
         await other.release()
 
     run(main)
+
+
+def test_a_renewal_bug_in_one_group_leaves_the_loops_other_holds_renewed(
+    url: str, name: str, client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loop's renewer task outlives an unexpected error in one client's renewals, as
+    the threading renewer does: it logs it, treats it as a failed renewal of that group
+    (its hold reported lost at its lease's end) and renews the others. It used to die,
+    and every hold of the loop lapsed unnoticed."""
+
+    class Broken(ra.RLock):
+        def _renewal_arguments(self, lease: Any) -> Any:
+            raise RuntimeError("a bug in building a renewal")
+
+    async def main() -> None:
+        lost: List[Any] = []
+        broken = Broken(name, client=aclient(url), namespace=NAMESPACE, ttl=RENEWED_TTL,
+                        on_lost=lost.append)
+        healthy = ra.RLock(f"{name}-2", client=aclient(url), namespace=NAMESPACE,
+                           ttl=RENEWED_TTL, on_lost=lost.append)
+        assert await broken.acquire() and await healthy.acquire()
+        await asyncio.to_thread(wait_renewed, client, key("rlock", f"{name}-2"), 3)
+        assert await eventually(lambda: _lost(lost, broken), 3 * RENEWED_TTL)
+        assert lost == [broken]
+        await healthy.release()
+        with pytest.raises(rlocks.LockLostError):
+            await broken.release()
+
+    async def _lost(lost: List[Any], prim: Any) -> bool:
+        return prim in lost
+
+    run(main)
+    assert any(r.levelno == logging.ERROR and "renewal failed unexpectedly" in r.getMessage()
+               and r.exc_info is not None for r in caplog.records)
 
 
 def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:

@@ -480,6 +480,32 @@ class SocketErrorRedis(redis.Redis):  # type: ignore[type-arg]
         return pipe
 
 
+def test_a_renewal_bug_in_one_pool_leaves_the_other_pools_holds_renewed(
+    redis_url: str, client: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected error in one pool's renewals (a bug, not Redis out of reach) is
+    logged with its traceback and treated as a failed renewal of that pool's holds only:
+    its hold is reported lost at its lease's end, the other pool's hold goes on being
+    renewed (the asyncio twin: test_asyncio)."""
+
+    class Broken(rlocks.RLock):
+        def _renewal_arguments(self, lease: Any) -> Any:
+            raise RuntimeError("a bug in building a renewal")
+
+    lost = threading.Event()
+    broken = Broken(name, client=redis.Redis.from_url(redis_url), namespace=NAMESPACE,
+                    ttl=RENEWED_TTL, on_lost=lambda _: lost.set())
+    healthy = make(f"{name}-2", client, ttl=RENEWED_TTL)
+    assert broken.acquire() and healthy.acquire()
+    wait_renewed(client, hash_key(f"{name}-2"), 3)
+    assert lost.wait(3 * RENEWED_TTL)
+    healthy.release()
+    with pytest.raises(rlocks.LockLostError):
+        broken.release()
+    assert any(r.levelno == logging.ERROR and "renewal failed unexpectedly" in r.getMessage()
+               and r.exc_info is not None for r in caplog.records)
+
+
 def test_a_renewal_failing_with_an_oserror_is_retried_then_the_hold_lost(
     redis_url: str, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -196,10 +196,22 @@ class AsyncRenewer(Renewer):
                 assert self._event is not None
                 self._event.clear()
             if batch:
-                # Concurrently: one slow or unreachable Redis must not delay the others.
-                await asyncio.gather(
-                    *(self._arenew_on(client, items) for client, items in self._groups(batch))
+                try:
+                    groups = self._groups(batch)
+                except Exception as exc:  # noqa: BLE001 - see Renewer._unexpected
+                    self._unexpected([(lease, lease.ref()) for lease in batch], exc)
+                    continue
+                # Concurrently: one slow or unreachable Redis must not delay the others,
+                # nor one group's unexpected error end the others' renewals.
+                results = await asyncio.gather(
+                    *(self._arenew_on(client, items) for client, items in groups),
+                    return_exceptions=True,
                 )
+                for (_client, items), result in zip(groups, results):
+                    if isinstance(result, BaseException):
+                        if not isinstance(result, Exception):
+                            raise result  # a cancel of the renewer task goes on
+                        self._unexpected([(lease, prim) for lease, prim, _ in items], result)
                 continue
             await _wait_event(self._event, max(0.0, pause))
 

@@ -252,15 +252,15 @@ class Renewer:
             if batch is None:
                 return
             try:
-                self._renew(batch)
+                groups = self._groups(batch)
             except Exception as exc:  # noqa: BLE001 - the renewer must outlive any one failure
-                log.exception("lease renewal failed unexpectedly")
-                # Treat it as a failed renewal: retry later (not at once, in a hot loop),
-                # and report the hold lost once its lease is over.
-                for lease in batch:
-                    primitive = lease.ref()
-                    if primitive is not None:
-                        self._failed(lease, primitive, exc)
+                self._unexpected([(lease, lease.ref()) for lease in batch], exc)
+                continue
+            for client, items in groups:
+                try:
+                    self._renew_on(client, items)
+                except Exception as exc:  # noqa: BLE001 - as above, one group at a time
+                    self._unexpected([(lease, primitive) for lease, primitive, _ in items], exc)
 
     def _next_batch(self) -> Optional[List[Lease]]:
         """Block until some leases are due; return them (``None``: thread should exit)."""
@@ -302,10 +302,6 @@ class Renewer:
             elif lease.due < next_due:
                 next_due = lease.due
         return due, next_due
-
-    def _renew(self, batch: List[Lease]) -> None:
-        for client, items in self._groups(batch):
-            self._renew_on(client, items)
 
     def _groups(self, batch: List[Lease]) -> List[Tuple[Any, List[Item]]]:
         """Live leases of ``batch`` by connection pool: one pipeline each (no I/O)."""
@@ -457,6 +453,18 @@ class Renewer:
         if not waits:
             return None
         return max(w[0] for w in waits), max(w[1] for w in waits)
+
+    def _unexpected(
+        self, leases: Sequence[Tuple[Lease, Optional["Renewable"]]], error: Exception
+    ) -> None:
+        """A renewal that raised what its dialogue does not expect (a bug, not Redis out of
+        reach), for either driver: logged with its traceback, and each lease treated as a
+        failed renewal, retried later (not at once, in a hot loop) and reported lost once
+        its lease is over. The renewer goes on: its other holds must not lapse with it."""
+        log.error("lease renewal failed unexpectedly", exc_info=error)
+        for lease, primitive in leases:
+            if primitive is not None:
+                self._failed(lease, primitive, error)
 
     def _failed(self, lease: Lease, primitive: "Renewable", error: Exception) -> None:
         now = monotonic()
