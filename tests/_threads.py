@@ -60,6 +60,20 @@ def parked(thread: threading.Thread) -> bool:
     return False
 
 
+def listening(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is in a LISTEN step of its queue dialogue (``Primitive._perform``:
+    its BLPOP, sent or about to be); beside :func:`parked` it tells a listening waiter
+    from one asleep on its wake-up event (no I/O)."""
+    from rlocks._engine.queued import LISTEN
+
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
+            return bool(frame.f_locals["op"].kind == LISTEN)
+        frame = frame.f_back
+    return False
+
+
 def hub_waiters(prim: Any) -> List[Any]:
     """The threads of this process that ``prim``'s wake-up hub has waiting on its channel,
     in their local order (no I/O)."""
@@ -90,4 +104,4 @@ def pause_at_hand_over(monkeypatch: Any, prim: Any) -> Tuple[threading.Event, th
     return woken, go
 
 
-__all__: List[str] = ["in_thread", "joined", "parked", "pause_at_hand_over", "started"]
+__all__: List[str] = ["in_thread", "joined", "listening", "parked", "pause_at_hand_over", "started"]

@@ -25,6 +25,7 @@ import redis
 import rlocks
 import rlocks.asyncio
 from rlocks._engine import deadlock, identity
+from rlocks._engine import state as ins
 from rlocks._engine.dialogue import drive
 from rlocks._engine.keys import accuse_key, keys_for, wait_key, wait_seq_key
 
@@ -486,36 +487,59 @@ def test_an_asyncio_condition_wait_taking_its_lock_back_is_never_the_victim(
 def test_a_cycle_of_restoring_waits_only_accuses_nobody_and_warns_once_per_wait(
     client: Any, ns: str, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A cycle of Condition waits taking their locks back only: nobody may give up, so
+    nobody is accused; each wait warns of it once, then logs it at debug level at every
+    later check (it warned at every check).
+
+    The cycle lasts until the test has seen four reports of it (the two waits may warn
+    twice at most, so two or more are repeats); then the test breaks it by force-releasing
+    ``a``. No time-out decides how many checks ran (it was a 4 s one, and a loaded run
+    once saw no check finish in 1.5 s)."""
     # Built with the restore's mark around plain acquires (with exclusive holds a real one
     # hardly arises: each restore's blocker was held from before its own wait).
     a = rlocks.RLock(f"{name}-a", client=client, namespace=ns, deadlock_timeout=0.1)
     b = rlocks.RLock(f"{name}-b", client=client, namespace=ns, deadlock_timeout=0.1)
     both = threading.Barrier(2)
     out: Dict[str, Any] = {}
+    seen = 4  # reports of the cycle before the test breaks it
 
     def member(first: Any, second: Any, key: str) -> None:
-        with first:
-            both.wait(WAIT)
-            with second._taking_back(second._owner()):
-                try:
-                    # (4 s: the warning needs one check of each wait to complete, at 0.1 s
-                    # intervals; 1.5 s once saw none on a CI lane of three busy suites)
-                    out[key] = second.acquire(timeout=4.0)
-                except BaseException as exc:  # noqa: BLE001 - checked below
-                    out[key] = exc
+        try:
+            with first:
+                both.wait(WAIT)
+                with second._taking_back(second._owner()):
+                    try:
+                        out[key] = second.acquire(timeout=WAIT)
+                    except BaseException as exc:  # noqa: BLE001 - checked below
+                        out[key] = exc
+                if out[key] is True:
+                    second.release()
+        except rlocks.LockLostError:
+            out[f"{key} lost"] = True  # its first lock was force-released meanwhile
+
+    def said() -> List[logging.LogRecord]:
+        # (records of the members' threads; a copy, they may still be adding)
+        return [r for r in list(caplog.records) if "taking their locks back" in r.getMessage()]
 
     caplog.set_level(logging.DEBUG, logger="rlocks._engine.deadlock")
     threads = [threading.Thread(target=member, args=(a, b, "a")),
                threading.Thread(target=member, args=(b, a, "b"))]
     for t in threads:
         t.start()
+    try:
+        wait_until(lambda: len(said()) >= seen, 30, f"{seen} reports of the cycle")
+    finally:
+        # Breaks the cycle: a goes to b's thread, which then gives b up to a's thread,
+        # whose release of a, no longer its, finds the hold lost.
+        ins.force_release(client, ns, "rlock", f"{name}-a")
     for t in threads:
         t.join(60)
-    # Nobody accused: the first to time out gives its lock up, then the other may get it.
-    assert sorted(out.values()) in ([False, False], [False, True]), out
-    said = [r for r in caplog.records if "taking their locks back" in r.getMessage()]
-    warned = [r for r in said if r.levelno == logging.WARNING]
-    assert len(said) > len(warned) >= 1  # checked again and again, warned once per wait
+        assert not t.is_alive()
+    # Nobody accused: both waits ended holding what they asked for.
+    assert out == {"a": True, "b": True, "a lost": True}, out
+    reports = said()
+    warned = [r for r in reports if r.levelno == logging.WARNING]
+    assert len(reports) > len(warned) >= 1  # checked again and again, warned once per wait
     assert len(warned) <= 2
     assert _no_edges(client, ns)
 
@@ -676,10 +700,25 @@ def test_heavy_nested_contention_without_a_cycle_raises_no_deadlock(
 # -- a wait behind a queued entry (strict FIFO) -----------------------------------------
 
 
+def _counting_checks(count: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """``deadlock.check`` calling ``count(det)`` after each check that finished (found a
+    cycle or not): a test waits for checks to have run, not for time to pass."""
+    check = deadlock.check
+
+    def counted(det: Any) -> Any:
+        found = yield from check(det)
+        count(det)
+        return found
+
+    return counted
+
+
 def queued_writer(spec: Dict[str, Any], ns: str, name: str, data: str, wait: float) -> None:
     """In a process of its own: take ``name``'s write side (it queues behind the readers),
-    report ``dead``/``acquired``/``timeout`` to ``{data}:out``."""
+    report ``dead``/``acquired``/``timeout`` to ``{data}:out``; each of its deadlock checks
+    that finished counts in ``{data}:writer-checks``."""
     client = _procs.make_client(spec)
+    deadlock.check = _counting_checks(lambda det: client.incr(f"{data}:writer-checks"))
     try:
         writer = rlocks.RWLock(
             name, client=client, namespace=ns, deadlock_timeout=DEADLOCK_TIMEOUT
@@ -701,18 +740,26 @@ def queued_writer(spec: Dict[str, Any], ns: str, name: str, data: str, wait: flo
 
 
 def _behind_a_queued_writer(
-    client: Any, redis_url: str, ns: str, name: str, cycle: bool, wait: float
+    client: Any, redis_url: str, ns: str, name: str, cycle: bool, wait: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> List[str]:
     """Thread A holds RLock ``L``; thread B (same process) reads RWLock ``R``; a writer
     in another process queues for ``R``; then A asks to read ``R``: granted to nobody but
     a reader, it still waits behind the queued writer (FIFO). With ``cycle``, B then asks
-    for ``L``: A waits for the writer, the writer for B's read, B for A. Returns the three
-    outcomes."""
+    for ``L``: A waits for the writer, the writer for B's read, B for A. Without, B holds
+    on until A's wait and the writer's have each finished three more deadlock checks
+    after both recorded their edges. Returns the three outcomes."""
+    checks: Dict[str, int] = {}  # this process's finished deadlock checks, by owner
+
+    def count(det: Any) -> None:
+        checks[det.owner] = checks.get(det.owner, 0) + 1
+
+    monkeypatch.setattr(deadlock, "check", _counting_checks(count))
     lock = rlocks.RLock(f"{name}-L", client=client, namespace=ns, deadlock_timeout=DEADLOCK_TIMEOUT)
     rw = rlocks.RWLock(f"{name}-R", client=client, namespace=ns, deadlock_timeout=DEADLOCK_TIMEOUT)
     data = f"{ns}:data"
     errors: List[BaseException] = []
-    a_holds, b_holds, a_queued, b_done = (threading.Event() for _ in range(4))
+    a_holds, b_holds, a_queued, b_done, a_ended = (threading.Event() for _ in range(5))
 
     def outcome(acquire: Any) -> str:
         try:
@@ -722,8 +769,11 @@ def _behind_a_queued_writer(
             return "dead"
         return "acquired" if got else "timeout"
 
+    a_owner: List[str] = []
+
     def thread_a() -> None:
         try:
+            a_owner.append(identity.thread_owner())
             with lock:
                 a_holds.set()
                 assert b_holds.wait(30)
@@ -731,6 +781,7 @@ def _behind_a_queued_writer(
                            "the writer queued")
                 a_queued.set()  # (set just before: B's wait for L may start with A's)
                 result = outcome(rw.read_lock.acquire)
+                a_ended.set()
                 if result == "acquired":
                     rw.read_lock.release()
                 if not cycle:
@@ -751,12 +802,24 @@ def _behind_a_queued_writer(
                     client.rpush(f"{data}:out", result)
                     return
                 # No cycle: hold the read side while A and the writer wait and check
-                # (each edge recorded, then several checks' worth), then let them go.
+                # (each edge recorded, then three finished checks each, counted rather
+                # than timed: a loaded run may check nothing in a given second), then
+                # let them go. A wait that ended meanwhile (accused) ends this at once:
+                # its outcome fails the test.
                 wait_until(
                     lambda: all(client.exists(wait_key(ns, o)) for o in owners), 30,
                     "both waits recorded an edge",
                 )
-                time.sleep(4 * DEADLOCK_TIMEOUT)  # checks run meanwhile; none may accuse
+                a_from = checks.get(a_owner[0], 0)
+                writer_from = int(client.get(f"{data}:writer-checks") or 0)
+
+                def checked_or_ended() -> bool:
+                    if a_ended.is_set() or client.llen(f"{data}:out"):
+                        return True
+                    return (checks.get(a_owner[0], 0) >= a_from + 3
+                            and int(client.get(f"{data}:writer-checks") or 0) >= writer_from + 3)
+
+                wait_until(checked_or_ended, 30, "three more deadlock checks of each wait")
             b_done.set()
             client.rpush(f"{data}:out", "released")
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
@@ -795,12 +858,13 @@ def _behind_a_queued_writer(
 
 @pytest.mark.slow
 def test_a_reader_queued_behind_a_waiting_writer_is_part_of_a_cycle(
-    client: Any, redis_url: str, ns: str, name: str
+    client: Any, redis_url: str, ns: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The queue is an edge too: a reader that only readers hold back, but that waits
     behind a queued writer (FIFO), waits for that writer; a cycle through it raises
     DeadlockError in one waiter (before the fix, all three waited until their timeout)."""
-    outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=True, wait=WAIT)
+    outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=True, wait=WAIT,
+                                       monkeypatch=monkeypatch)
     assert outcomes.count("dead") == 1 and outcomes.count("acquired") == 2, outcomes
     message = client.lindex(f"{ns}:data:messages", 0).decode()
     assert f"{name}-L" in message and f"{name}-R" in message, message
@@ -810,12 +874,13 @@ def test_a_reader_queued_behind_a_waiting_writer_is_part_of_a_cycle(
 
 @pytest.mark.slow
 def test_a_reader_queued_behind_a_writer_outside_any_cycle_is_not_accused(
-    client: Any, redis_url: str, ns: str, name: str
+    client: Any, redis_url: str, ns: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same queue edge without a cycle (the reader holding the write side's way
     never waits for the first lock): both waiters record edges and check, nobody is
     accused, and all proceed once the reader releases."""
-    outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=False, wait=WAIT)
+    outcomes = _behind_a_queued_writer(client, redis_url, ns, name, cycle=False, wait=WAIT,
+                                       monkeypatch=monkeypatch)
     assert outcomes == ["acquired", "acquired", "released"], outcomes
     assert _no_edges(client, ns)
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Set, Tuple
 
 import pytest
 import redis
@@ -263,53 +263,58 @@ def test_fork_children_of_one_parent_get_distinct_owner_ids(
     assert len(set(seen)) == len(seen) == 5, seen
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_fork_child_waiting_on_its_parent_is_woken_by_the_release(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
     # The parent has a running wake-up hub (a contended acquire below starts it) and a
     # renewer when it forks. The child must build its own hub, not use the parent's
     # subscriber connection, and must be woken by the release, long before the lease ends.
+    # A child never woken looks again when the hold's lease would end (20-30 s left of
+    # the renewed 30 s one; neither the 30 s entry lease nor a deadlock check, off here,
+    # cuts that pause short: with the defaults it found the lock free within 1 s anyway).
+    # The bound on the wake-up, a third of that, leaves seconds of slack under load.
     key = hash_key(name)
-    ttl = 10.0
-    lock = rlocks.RLock(name, client=client, ttl=ttl, namespace=NAMESPACE)
+    ttl = 30.0
+    woken_within = 10.0
+    lock = rlocks.RLock(name, client=client, ttl=ttl, entry_lease=ttl, deadlock_timeout=None,
+                        namespace=NAMESPACE)
     assert lock.acquire()
     contender = threading.Thread(target=lambda: lock.acquire(timeout=0.05) and lock.release())
     contender.start()
     contender.join()
-    # Each process hears its wake-ups on its own channel: count the processes subscribed.
+    # Each process hears its wake-ups on its own channel (named after its hub's entry).
     channels = f"{key}:wake:*"
 
     def child(pipe: Pipe) -> None:
         began = time.monotonic()
         acquired = lock.acquire(timeout=20)
         waited = time.monotonic() - began
-        lock.release()
+        if acquired:
+            lock.release()
         pipe.send({"acquired": acquired, "waited": waited, "owner": thread_owner()})
 
-    def subscribers() -> int:
-        return len(client.pubsub_channels(channels))
+    def others() -> Set[bytes]:
+        # (the parent's own channel may still be there or not: its hub lingers a while
+        # after its waiter left; so compare names, not counts)
+        return set(client.pubsub_channels(channels)) - {lock._channel().encode()}
 
-    # The parent's hub stays subscribed for a while after its waiter left (it lingers):
-    # wait for that, then the child's own hub is the second subscriber.
-    deadline = time.monotonic() + 10
-    while subscribers() < 1:
-        assert time.monotonic() < deadline, "the parent's hub never subscribed"
-        time.sleep(0.005)
-    before = subscribers()
-
+    queue = lock._keys.queued()[2]
+    assert not others()
     pid, pipe = fork(child)
     try:
-        deadline = time.monotonic() + 10
-        while subscribers() <= before:
-            assert time.monotonic() < deadline, "the child never subscribed to wake-ups"
+        # Subscribed on a channel of its own, and queued: the release must hand it over
+        # (before it queued, the release would leave it free for the child's first ask).
+        deadline = time.monotonic() + 20
+        while not (others() and client.zcard(queue) == 1):
+            assert time.monotonic() < deadline, "the child never subscribed and queued"
             time.sleep(0.005)
         released = time.monotonic()
         lock.release()
-        report = checked(pipe.recv(20))
+        report = checked(pipe.recv(40))
         woken_after = time.monotonic() - released
         assert report["acquired"] is True
-        assert woken_after < ttl / 4, f"child took {woken_after:.3f} s: not woken"
+        assert woken_after < woken_within, f"child took {woken_after:.3f} s: not woken"
         assert reap(pid) == 0
         pid = 0
         assert not client.exists(key)

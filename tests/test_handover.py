@@ -30,6 +30,7 @@ from rlocks._engine.scripts import run
 
 from . import _procs
 from ._servers import wait_until
+from ._threads import listening, parked
 
 SPAWN = multiprocessing.get_context("spawn")
 NS = "rlocks-handover-test"
@@ -58,13 +59,14 @@ def _pids(client: Any, key: str) -> List[int]:
     return [int(x) for x in client.lrange(key, 0, -1)]
 
 
-def _one_async(kind: str, name: str, client: Any) -> Any:
-    """An asyncio primitive of ``kind`` ("rlock", "write" or "sem") on ``client``."""
+def _one_async(kind: str, name: str, client: Any, **options: Any) -> Any:
+    """An asyncio primitive of ``kind`` ("rlock", "write" or "sem") on ``client``, built
+    with ``options`` (e.g. ``entry_lease``)."""
     if kind == "rlock":
-        return rlocks.asyncio.RLock(name, client=client, namespace=NS)
+        return rlocks.asyncio.RLock(name, client=client, namespace=NS, **options)
     if kind == "write":
-        return rlocks.asyncio.RWLock(name, client=client, namespace=NS).write_lock
-    return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS)
+        return rlocks.asyncio.RWLock(name, client=client, namespace=NS, **options).write_lock
+    return rlocks.asyncio.Semaphore(name, 1, client=client, namespace=NS, **options)
 
 
 def _reap(*procs: Any) -> None:
@@ -667,6 +669,13 @@ def test_the_entry_lease_is_the_one_the_constructor_was_given(
     assert results == [True]
 
 
+# The cancel-racing-a-grant test's entry lease, and its bound on the cancel, the give-back
+# and task c's turn: a few round trips normally, the whole entry lease on the bug; the
+# bound leaves a loaded machine seconds of slack and is a third of what the bug costs.
+CANCEL_LEASE_S = 30.0
+CANCEL_BOUND_S = 10.0
+
+
 @pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
 def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
     redis_url: str, kind: str, name: str, monkeypatch: pytest.MonkeyPatch
@@ -680,7 +689,11 @@ def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
 
         client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
 
-        a, b, c = (_one_async(kind, name, client) for _ in range(3))
+        # A long entry lease makes the bug cost far more than the bound below allows: a
+        # grant b kept instead of giving it back would stand until its entry lease ran
+        # out (30 s), while giving it back takes a few round trips.
+        a, b, c = (_one_async(kind, name, client, entry_lease=CANCEL_LEASE_S)
+                   for _ in range(3))
         assert await a.acquire()
         queue = a._keys.queued()[2]
         task_b = asyncio.ensure_future(b.acquire())
@@ -709,9 +722,11 @@ def test_a_cancel_racing_a_grant_gives_it_back_and_the_next_task_gets_it(
         cancelled = time.monotonic()
         with pytest.raises(asyncio.CancelledError):
             await task_b
-        assert await asyncio.wait_for(task_c, 20)
+        done, _ = await asyncio.wait([task_c], timeout=CANCEL_BOUND_S)
         # Given back at once by b, not revoked when its grant's entry lease ran out.
-        assert time.monotonic() - cancelled < ENTRY_S / 2
+        assert task_c in done, f"task c waited over {CANCEL_BOUND_S} s: b kept its grant"
+        assert task_c.result()
+        assert time.monotonic() - cancelled < CANCEL_BOUND_S
         assert len(seen[0]) == 1  # c's hold, and nothing of b's
         assert not await client.exists(a._keys.hash)
         await client.aclose()
@@ -1082,7 +1097,7 @@ def _one(kind: str, name: str, client: Any) -> Any:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
-def test_a_listening_waiter_reads_its_grant_from_the_list_and_nothing_is_published(
+def test_alistening_waiter_reads_its_grant_from_the_list_and_nothing_is_published(
     client: "redis.Redis[bytes]", kind: str, name: str
 ) -> None:
     holder, other = _one(kind, name, client), _one(kind, name, client)
@@ -1148,18 +1163,23 @@ def test_one_listener_per_hub_the_other_waiters_are_woken_through_the_hub(
     queues = [keys_for(NS, "rlock", f"{name}-{i}").queued()[2] for i in range(3)]
     wait_until(lambda: all(client.zcard(q) == 1 for q in queues), 15, "all three to queue")
     # One of them listens (one BLPOP holds a connection), the other two wait on the hub.
+    # Checked once all three sleep (parked: a waiter sleeps in the step it chose, on its
+    # event or in its BLPOP), so no waiter can still be on its way to a second BLPOP; the
+    # BLPOP's line may be run before the server has it, hence the wait for CLIENT LIST.
     label = f"one-listener-{os.getpid()}"
-    wait_until(lambda: _blocked(client, label) == 1, 15, "the listener's BLPOP")
-    deadline = time.monotonic() + 0.5
-    while time.monotonic() < deadline:
-        assert _blocked(client, label) <= 1
-        time.sleep(0.02)
+    threads = [thread for thread, _ in runs]
+
+    def one_listens() -> bool:
+        return (all(parked(t) for t in threads) and sum(map(listening, threads)) == 1
+                and _blocked(client, label) == 1)
+
+    wait_until(one_listens, 15, "one waiter in its BLPOP and two asleep on the hub")
     assert hub._listener is not None
     for lock in locks:
         lock.release()
     for thread, got in runs:
         thread.join(30)
-        assert got == [True]
+        assert not thread.is_alive() and got == [True]
     own.close()
 
 
@@ -1171,17 +1191,23 @@ def test_a_task_cancelled_in_its_blpop_leaves_the_queue_and_the_client_stays_usa
     async def main() -> None:
         import redis.asyncio
 
-        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
+        label = f"cancelled-blpop-{os.getpid()}"
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10, client_name=label)
+
+        async def in_blpop() -> bool:
+            # the server has the BLPOP: a connection of this pool blocked (CLIENT LIST)
+            return any(c.get("name") == label and "b" in c.get("flags", "")
+                       for c in await client.client_list())
 
         holder, other = (_one_async(kind, name, client) for _ in range(2))
         assert await holder.acquire()
         hub = aio.async_hub_for(client, NS)
         task = asyncio.ensure_future(other.acquire())
         deadline = time.monotonic() + 15
-        while hub._listener is None or await client.zcard(_queue_key(kind, name)) != 1:
-            assert time.monotonic() < deadline, "the task never listened"
+        while (hub._listener is None or await client.zcard(_queue_key(kind, name)) != 1
+               or not await in_blpop()):
+            assert time.monotonic() < deadline, "the task never blocked in its BLPOP"
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # in its BLPOP by now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -1210,12 +1236,13 @@ def test_on_a_small_pool_waiters_wait_on_the_hub_not_in_a_blpop(
     assert holder.acquire()
     thread, got = _takes_and_releases(other)
     wait_until(lambda: small.zcard(_queue_key("rlock", name)) == 1, 15, "the waiter to queue")
-    deadline = time.monotonic() + 0.5
-    while time.monotonic() < deadline:
-        assert _blocked(client, label) == 0
-        time.sleep(0.02)
+    # Once it sleeps on its event its choice is made, so no window is needed: a listening
+    # waiter would be in its LISTEN step (BLPOP) instead, every time it sleeps.
+    wait_until(lambda: parked(thread) or listening(thread), 15, "the waiter to sleep")
+    assert not listening(thread)
+    assert _blocked(client, label) == 0
     assert waiting.hub_for(small, NS)._listener is None
     holder.release()
     thread.join(30)
-    assert got == [True]
+    assert not thread.is_alive() and got == [True]
     small.close()
