@@ -7,6 +7,7 @@ session's server). Faults are real too: SIGKILL and SIGSTOP of a master's proces
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import signal
@@ -234,6 +235,30 @@ def test_rlock_exclusion_and_reentry(masters: Masters, name: str) -> None:
     assert masters.holders(key) == []
     assert not lock.locked()
     assert in_thread(lambda: (lock.acquire(blocking=False), lock.release())[0]) is True
+
+
+def test_a_renewal_bug_on_a_quorum_is_logged_and_the_hold_reported_lost(
+    three: Masters, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a quorum renewal (each master's call returns what it raised as its
+    result) is logged at ERROR with its traceback, naming the primitive, and the hold is
+    reported lost at its lease's end as a failure, not as Redis out of reach."""
+
+    class Broken(rlocks.RLock):
+        def _renewal_arguments(self, lease: Any) -> Any:
+            raise RuntimeError("a bug in building a renewal")
+
+    lost = threading.Event()
+    lock = Broken(name, client=three.quorum(PATIENT), ttl=1.5, on_lost=lambda _: lost.set())
+    assert lock.acquire(blocking=False)
+    assert lost.wait(10)
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    assert any(r.levelno == logging.ERROR and "renewal failed unexpectedly" in r.getMessage()
+               and repr(name) in r.getMessage() and r.exc_info is not None
+               for r in caplog.records)
+    assert any(r.levelno == logging.WARNING and "renewal failed (RuntimeError" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_waiter_gets_the_lock_when_released(masters: Masters, name: str) -> None:

@@ -196,11 +196,7 @@ class AsyncRenewer(Renewer):
                 assert self._event is not None
                 self._event.clear()
             if batch:
-                try:
-                    groups = self._groups(batch)
-                except Exception as exc:  # noqa: BLE001 - see Renewer._unexpected
-                    self._unexpected([(lease, lease.ref()) for lease in batch], exc)
-                    continue
+                groups = self._groups(batch)
                 # Concurrently: one slow or unreachable Redis must not delay the others,
                 # nor one group's unexpected error end the others' renewals.
                 results = await asyncio.gather(
@@ -209,9 +205,11 @@ class AsyncRenewer(Renewer):
                 )
                 for (_client, items), result in zip(groups, results):
                     if isinstance(result, BaseException):
-                        if not isinstance(result, Exception):
-                            raise result  # a cancel of the renewer task goes on
-                        self._unexpected([(lease, prim) for lease, prim, _ in items], result)
+                        # A cancel of this task raises from the gather itself; a group
+                        # cancelled on its own, unasked, fails like an unexpected error.
+                        error = result if isinstance(result, Exception) else RuntimeError(
+                            f"renewal interrupted: {result!r}")
+                        self._unexpected([(lease, prim) for lease, prim, _ in items], error)
                 continue
             await _wait_event(self._event, max(0.0, pause))
 

@@ -251,15 +251,10 @@ class Renewer:
             batch = self._next_batch()
             if batch is None:
                 return
-            try:
-                groups = self._groups(batch)
-            except Exception as exc:  # noqa: BLE001 - the renewer must outlive any one failure
-                self._unexpected([(lease, lease.ref()) for lease in batch], exc)
-                continue
-            for client, items in groups:
+            for client, items in self._groups(batch):
                 try:
                     self._renew_on(client, items)
-                except Exception as exc:  # noqa: BLE001 - as above, one group at a time
+                except Exception as exc:  # noqa: BLE001 - the renewer must outlive any one failure
                     self._unexpected([(lease, primitive) for lease, primitive, _ in items], exc)
 
     def _next_batch(self) -> Optional[List[Lease]]:
@@ -304,7 +299,8 @@ class Renewer:
         return due, next_due
 
     def _groups(self, batch: List[Lease]) -> List[Tuple[Any, List[Item]]]:
-        """Live leases of ``batch`` by connection pool: one pipeline each (no I/O)."""
+        """Live leases of ``batch`` by connection pool: one pipeline each (no I/O). A
+        lease whose client cannot be had is a failed renewal of its own (``_unexpected``)."""
         groups: Dict[int, Tuple[Any, List[Item]]] = {}
         for lease in batch:
             primitive = lease.ref()
@@ -312,7 +308,11 @@ class Renewer:
                 # Nobody can release it any more: let the lease run out on the server.
                 self.cancel(lease)
                 continue
-            client = primitive._renewal_client()
+            try:
+                client = primitive._renewal_client()
+            except Exception as exc:  # noqa: BLE001 - that lease's failure, not the batch's
+                self._unexpected([(lease, primitive)], exc)
+                continue
             group = groups.setdefault(id(pool_of(client)), (client, []))
             script = primitive._renew_script
             group[1].append((lease, primitive, script))
@@ -393,6 +393,9 @@ class Renewer:
                     lease,
                 )
             else:
+                if error is not None and not isinstance(error, UNREACHABLE):
+                    # (a master's call returns any Exception as its result: a bug too)
+                    self._log_unexpected([(lease, primitive)], error)
                 self._failed(lease, primitive, error or RuntimeError("no majority answered"))
 
     def _apply(self, items: List[Item], results: List[Any], sent: float) -> None:
@@ -461,18 +464,28 @@ class Renewer:
         reach), for either driver: logged with its traceback, and each lease treated as a
         failed renewal, retried later (not at once, in a hot loop) and reported lost once
         its lease is over. The renewer goes on: its other holds must not lapse with it."""
-        log.error("lease renewal failed unexpectedly", exc_info=error)
+        self._log_unexpected(leases, error)
         for lease, primitive in leases:
             if primitive is not None:
                 self._failed(lease, primitive, error)
+
+    @staticmethod
+    def _log_unexpected(
+        leases: Sequence[Tuple[Lease, Optional["Renewable"]]], error: Exception
+    ) -> None:
+        named = [p._describe() for _, p in leases if p is not None]
+        log.error(
+            "lease renewal failed unexpectedly (%d lease(s): %s%s)",
+            len(leases), ", ".join(named[:3]), ", ..." if len(named) > 3 else "",
+            exc_info=error,
+        )
 
     def _failed(self, lease: Lease, primitive: "Renewable", error: Exception) -> None:
         now = monotonic()
         if now >= lease.expires:
             self.cancel(lease)
-            primitive._hold_lost(
-                lease.owner, f"renewal could not reach Redis ({error})", lease
-            )
+            why = "could not reach Redis" if isinstance(error, UNREACHABLE) else "failed"
+            primitive._hold_lost(lease.owner, f"renewal {why} ({error!r})", lease)
         else:
             log.debug("renewal of %r failed, retrying: %s", primitive, error)
             lease.due = now + min(RETRY, lease.period)
