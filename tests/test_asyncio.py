@@ -275,7 +275,9 @@ async def _present(c: Any, k: str) -> bool:
     return bool(await c.exists(k))
 
 
-def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str) -> None:
+def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(
+    url: str, name: str, client: Any
+) -> None:
     async def main() -> None:
         c = aclient(url)
         lost = asyncio.Event()
@@ -287,7 +289,7 @@ def test_renewal_task_keeps_a_short_lease_and_reports_a_loss(url: str, name: str
         )
         await lock.acquire()
         # (in a thread, so that this loop, whose task renews, goes on running)
-        await asyncio.to_thread(wait_renewed, redis.Redis.from_url(url), key("rlock", name))
+        await asyncio.to_thread(wait_renewed, client, key("rlock", name))
         assert not lost.is_set()
         await c.delete(key("rlock", name))
         await asyncio.wait_for(lost.wait(), 10)
@@ -308,15 +310,19 @@ def test_holds_through_the_default_client_are_renewed_with_the_loops_others(
 
     async def main() -> None:
         lost: List[Any] = []
+        own = aclient(url)
         default = ra.RLock(name, namespace=NAMESPACE, ttl=RENEWED_TTL, on_lost=lost.append)
-        other = ra.RLock(f"{name}-2", client=aclient(url), namespace=NAMESPACE,
+        other = ra.RLock(f"{name}-2", client=own, namespace=NAMESPACE,
                          ttl=RENEWED_TTL, on_lost=lost.append)
-        assert await default.acquire() and await other.acquire()
-        for held in (name, f"{name}-2"):
-            await asyncio.to_thread(wait_renewed, client, key("rlock", held))
-        assert lost == []
-        await default.release()  # raises LockLostError if the lease had lapsed
-        await other.release()
+        try:
+            assert await default.acquire() and await other.acquire()
+            for held in (name, f"{name}-2"):
+                await asyncio.to_thread(wait_renewed, client, key("rlock", held))
+            assert lost == []
+            await default.release()  # raises LockLostError if the lease had lapsed
+            await other.release()
+        finally:
+            await own.aclose()
 
     run(main)
 
@@ -335,17 +341,22 @@ def test_a_renewal_bug_in_one_group_leaves_the_loops_other_holds_renewed(
 
     async def main() -> None:
         lost: List[Any] = []
-        broken = Broken(name, client=aclient(url), namespace=NAMESPACE, ttl=RENEWED_TTL,
+        own, other = aclient(url), aclient(url)  # two pools: two groups of one batch
+        broken = Broken(name, client=own, namespace=NAMESPACE, ttl=RENEWED_TTL,
                         on_lost=lost.append)
-        healthy = ra.RLock(f"{name}-2", client=aclient(url), namespace=NAMESPACE,
+        healthy = ra.RLock(f"{name}-2", client=other, namespace=NAMESPACE,
                            ttl=RENEWED_TTL, on_lost=lost.append)
-        assert await broken.acquire() and await healthy.acquire()
-        await asyncio.to_thread(wait_renewed, client, key("rlock", f"{name}-2"), 3)
-        assert await eventually(lambda: _lost(lost, broken), 3 * RENEWED_TTL)
-        assert lost == [broken]
-        await healthy.release()
-        with pytest.raises(rlocks.LockLostError):
-            await broken.release()
+        try:
+            assert await broken.acquire() and await healthy.acquire()
+            await asyncio.to_thread(wait_renewed, client, key("rlock", f"{name}-2"), 3)
+            assert await eventually(lambda: _lost(lost, broken), 3 * RENEWED_TTL)
+            assert lost == [broken]
+            await healthy.release()
+            with pytest.raises(rlocks.LockLostError):
+                await broken.release()
+        finally:
+            await own.aclose()
+            await other.aclose()
 
     async def _lost(lost: List[Any], prim: Any) -> bool:
         return prim in lost

@@ -1061,6 +1061,7 @@ def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
             try:
                 pin_the_edge()
                 t.join(30)
+                assert not t.is_alive(), "the waiter's acquire did not return"
             finally:
                 reads.release()
             assert out == [True]

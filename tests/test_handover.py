@@ -1097,7 +1097,7 @@ def _one(kind: str, name: str, client: Any) -> Any:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
-def test_alistening_waiter_reads_its_grant_from_the_list_and_nothing_is_published(
+def test_a_listening_waiter_reads_its_grant_from_the_list_and_nothing_is_published(
     client: "redis.Redis[bytes]", kind: str, name: str
 ) -> None:
     holder, other = _one(kind, name, client), _one(kind, name, client)

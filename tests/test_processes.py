@@ -22,6 +22,7 @@ import rlocks
 from rlocks._engine.identity import thread_owner
 
 from . import _workers
+from ._servers import wait_renewed
 from .conftest import NAMESPACE
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -125,14 +126,7 @@ def test_sigkilled_holder_is_replaced_within_its_ttl(
 
         # The holder's renewer is alive: wait until it has extended the lease once (the
         # PTTL goes up), so the kill below interrupts a hold that was being kept alive.
-        last = [client.pttl(hash_key(name))]
-
-        def renewed() -> bool:
-            now = client.pttl(hash_key(name))
-            grew, last[0] = now > last[0], now
-            return grew
-
-        wait_for(renewed, 3 * ttl, "the holder to renew its lease")
+        wait_renewed(client, hash_key(name), times=1, timeout=3 * ttl)
 
         contender = rlocks.RLock(name, client=client, ttl=5.0, namespace=NAMESPACE)
         assert not contender.acquire(blocking=False)
