@@ -123,6 +123,92 @@ def test_waiter_rides_through_a_server_restart(server: TemporaryRedisServer, kin
         server.stop()
 
 
+@pytest.mark.parametrize("flavour", ["threading", "asyncio"])
+@pytest.mark.timeout(90)
+def test_a_condition_wait_cut_by_a_restart_raises_holding_its_lock(
+    server: TemporaryRedisServer, flavour: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis goes away while a thread (or task) waits on a Condition: ``wait`` raises the
+    link error holding the lock again, as its docstring says, so the caller's ``with``
+    releases it. The lock's take-back used to raise at its first refused connection: the
+    error left ``wait`` without the lock, and the ``with``'s release then raised
+    NotOwnedError over it (a bug hunt, 10 of 10). The server stays away until the waiter
+    is seen retrying its take-back, so the window is the test's, not the clock's."""
+    caplog.set_level(logging.DEBUG, logger="rlocks._engine.waiting")
+    out: Dict[str, Any] = {}
+    waiting_now = threading.Event()
+
+    def threads() -> None:
+        lock = rlocks.RLock("cond-restart", client=no_retry_client(server.url, 2.0),
+                            namespace=NAMESPACE, ttl=30)
+        cond = rlocks.Condition(lock)
+        out["key"] = lock._keys.hash
+        try:
+            with cond:
+                waiting_now.set()
+                try:
+                    out["waited"] = cond.wait(timeout=60)
+                except redis.RedisError as exc:
+                    out["error"], out["owned"] = exc, lock.owned()
+                    raise
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            out["with"] = exc
+
+    def tasks() -> None:
+        async def main() -> None:
+            client: Any = redis.asyncio.Redis.from_url(
+                server.url, socket_timeout=2, socket_connect_timeout=2,
+                retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+            )
+            lock = rlocks.asyncio.RLock("cond-restart", client=client, namespace=NAMESPACE,
+                                        ttl=30)
+            cond = rlocks.asyncio.Condition(lock)
+            out["key"] = lock._keys.hash
+            try:
+                async with cond:
+                    waiting_now.set()
+                    try:
+                        out["waited"] = await cond.wait(timeout=60)
+                    except redis.RedisError as exc:
+                        out["error"], out["owned"] = exc, lock.owned()
+                        raise
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                out["with"] = exc
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=threads if flavour == "threading" else tasks)
+    thread.start()
+    admin = redis.Redis.from_url(server.url)
+    assert waiting_now.wait(30)
+    # In its wait: the lock's hash is gone (given back) while the thread is still inside.
+    wait_until(lambda: not admin.exists(out["key"]), 30, "the wait to let go")
+    admin.close()
+    server.stop()
+
+    def retrying() -> bool:
+        return any(r.thread == thread.ident and "retrying" in r.getMessage()
+                   for r in list(caplog.records))
+
+    try:
+        wait_until(lambda: retrying() or not thread.is_alive(), 60,
+                   "the waiter to retry taking its lock back")
+    finally:
+        server = TemporaryRedisServer(port=server.port).start()  # same port, empty
+        try:
+            thread.join(60)
+        finally:
+            server.stop()
+    assert not thread.is_alive()
+    out.pop("key")
+    assert "waited" not in out, out  # the look met the stopped server
+    assert isinstance(out.get("error"), redis.ConnectionError), out
+    assert out["owned"] is True, out
+    assert out["with"] is out["error"], out  # the with released it and let the error go on
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_semaphore_waiter_rides_through_a_server_restart(server: TemporaryRedisServer) -> None:

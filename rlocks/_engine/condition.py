@@ -63,7 +63,7 @@ from .keys import escape
 from .primitive import Primitive
 from .quorum import Quorum
 from .scripts import Call, Reply, Script, arun, load
-from .waiting import hub_for
+from .waiting import backoff, hub_for, take_back_pauses
 from .wakehub import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub
 
 __all__ = ["ConditionCore", "wait_for_steps"]
@@ -455,7 +455,8 @@ async def _aacquire_restore(lock: Any, owner: str, saved: Tuple[int, int]) -> No
     """Take back what :func:`_arelease_save` gave, waiting as long as it takes.
 
     As ``asyncio.Condition.wait`` does, a cancellation meanwhile does not stop it (the
-    caller's ``async with`` must find the lock held); it is re-raised once held.
+    caller's ``async with`` must find the lock held); it is re-raised once held. A link
+    error (Redis restarting) is ridden through the same way; other errors are raised.
     """
     count, inner_count = saved
     inner = getattr(lock, "_read", None)
@@ -463,12 +464,21 @@ async def _aacquire_restore(lock: Any, owner: str, saved: Tuple[int, int]) -> No
     for target, levels in ((lock, count), (inner, inner_count)):
         if target is None or not levels:
             continue
-        with target._taking_back(owner):  # it must end held: never a deadlock's victim
+        pauses = backoff()
+        # It must end held: never a deadlock's victim, and a link error is ridden through
+        # (waiting.take_back_pauses), or wait() would raise without the lock.
+        with target._taking_back(owner):
             while True:
                 try:
                     await target._aacquire(owner, levels, None)
                     break
                 except asyncio.CancelledError as exc:
                     cancelled = exc
+                except Exception as exc:  # noqa: BLE001 - raised again unless a link error
+                    pause = take_back_pauses(exc, pauses)
+                    try:
+                        await asyncio.sleep(pause)
+                    except asyncio.CancelledError as late:
+                        cancelled = late
     if cancelled is not None:
         raise cancelled

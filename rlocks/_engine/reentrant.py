@@ -9,12 +9,14 @@ Condition support) the same.
 
 from __future__ import annotations
 
+import time
 from typing import Optional, Tuple
 
 from ..errors import NotOwnedError
 from . import checks
 from .primitive import Primitive, SyncPrimitive
 from .state import PrimitiveState
+from .waiting import backoff, take_back_pauses
 
 __all__ = ["OwnerViews", "ReentrantLock"]
 
@@ -188,15 +190,26 @@ class ReentrantLock(OwnerViews, SyncPrimitive):
 
     def _acquire_restore(self, state: Tuple[int, str, int]) -> None:
         """Re-acquire, blocking, the levels ``_release_save`` gave back: this lock's first,
-        then those of :meth:`_held_with` it (a writer takes its read side at once)."""
+        then those of :meth:`_held_with` it (a writer takes its read side at once).
+
+        Blocks while Redis cannot be reached (a restart), trying again with a growing
+        pause; raises other errors (and an interrupt) without the levels."""
         count, _owner, inner_count = state
         owner = self._owner()
-        with self._taking_back(owner):  # it must end held: never a deadlock's victim
-            self._acquire(owner, count, None)
         inner = self._held_with()
-        if inner is not None and inner_count:
-            with inner._taking_back(owner):
-                inner._acquire(owner, inner_count, None)
+        for lock, levels in ((self, count), (inner, inner_count)):
+            if lock is None or not levels:
+                continue
+            pauses = backoff()
+            # It must end held: never a deadlock's victim, and a link error is ridden
+            # through (waiting.take_back_pauses), or wait() would raise without the lock.
+            with lock._taking_back(owner):
+                while True:
+                    try:
+                        lock._acquire(owner, levels, None)
+                        break
+                    except Exception as exc:  # noqa: BLE001 - raised again unless a link error
+                        time.sleep(take_back_pauses(exc, pauses))
 
     def _held_with(self) -> Optional["ReentrantLock"]:
         """Another lock whose holds this one's ``Condition`` protocol releases and restores

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import redis.exceptions
 
@@ -39,6 +39,8 @@ __all__ = [
     "LINK_ERRORS",
     "SILENT",
     "WaitPlan",
+    "backoff",
+    "take_back_pauses",
     "existing_hub",
     "hub_for",
     "link_lost",
@@ -108,6 +110,32 @@ LINK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 SILENT = redis.exceptions.TimeoutError
 #: ConnectionErrors that waiting longer does not cure: they are raised at once.
 _NOT_TRANSIENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+def take_back_pauses(error: BaseException, pauses: Iterator[float]) -> float:
+    """After taking a ``Condition``'s lock back failed with ``error``: seconds to pause
+    before trying again, or ``error`` raised again when waiting cannot cure it.
+
+    ``Condition.wait`` must return, or raise, holding the lock (the caller's ``with``
+    releases it), so a link error there (Redis restarting: refused, then LOADING) is
+    ridden through for as long as it lasts, as ``threading.Condition.wait`` always takes
+    its lock back. Only a link error is (a refused login, or a reply other than a grant,
+    is raised). Retrying the acquire is safe: the engine settles a call whose reply was
+    lost before its next one (``Primitive._pop_unsettled``). ``pauses``: from
+    :func:`backoff`.
+    """
+    if not isinstance(error, LINK_ERRORS) or isinstance(error, _NOT_TRANSIENT):
+        raise error
+    link_lost(error)
+    return next(pauses)
+
+
+def backoff() -> Iterator[float]:
+    """Pauses (s) doubling from the first of ``RECONNECT_BACKOFF`` to its largest."""
+    pause, most = RECONNECT_BACKOFF
+    while True:
+        yield pause
+        pause = min(2.0 * pause, most)
 
 
 class WaitPlan:
