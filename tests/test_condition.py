@@ -665,6 +665,53 @@ def test_asyncio_condition_notify_wait_and_timeout(redis_url: str, name: str) ->
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(60)
+def test_asyncio_a_task_cancelled_after_its_notify_passes_it_on(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    """A task notified, then cancelled while it takes the lock back, raises
+    CancelledError instead of returning True: its notification goes to the next waiter,
+    as asyncio.Condition.wait does since Python 3.13 (gh-112202). It was spent: the
+    other waiter slept on (a bug hunt, 10 of 10)."""
+
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
+            lock_queue = cond.lock._keys.queued()[2]
+            outcomes: Dict[int, Any] = {}
+
+            async def waiter(i: int) -> None:
+                async with cond:
+                    try:
+                        outcomes[i] = await cond.wait(timeout=30)
+                    except asyncio.CancelledError:
+                        outcomes[i] = "cancelled"
+                        raise
+
+            first = asyncio.ensure_future(waiter(1))
+            while await aclient.zcard(queue_of(cond)) != 1 or await cond.locked():
+                await asyncio.sleep(0.005)
+            second = asyncio.ensure_future(waiter(2))
+            while await aclient.zcard(queue_of(cond)) != 2 or await cond.locked():
+                await asyncio.sleep(0.005)
+            async with cond:
+                await cond.notify(1)
+                # The first has looked (its entry is spent) and queues for the lock.
+                while (await aclient.zcard(queue_of(cond)) != 1
+                       or await aclient.zcard(lock_queue) != 1):
+                    await asyncio.sleep(0.005)
+                first.cancel()
+            done, _ = await asyncio.wait({first, second}, timeout=20)
+            assert done == {first, second}, outcomes
+            assert outcomes == {1: "cancelled", 2: True}, outcomes
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+    assert snapshot(client) == {}
+
+
 def test_asyncio_cancelled_waiter_leaves_the_queue_and_holds_the_lock_again(
     client: "redis.Redis[bytes]", redis_url: str, name: str
 ) -> None:

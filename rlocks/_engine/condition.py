@@ -358,9 +358,24 @@ class ConditionCore:
                 await _aacquire_restore(lock, owner, saved)
                 raise cancelled
             try:
-                return await self._adrive(hub, waiter, plan, entry, fresh)
-            finally:
+                notified = await self._adrive(hub, waiter, plan, entry, fresh)
+            except BaseException:
                 await _aacquire_restore(lock, owner, saved)
+                raise
+            try:
+                await _aacquire_restore(lock, owner, saved)
+            except asyncio.CancelledError:
+                if notified:
+                    # Cancelled while taking the lock back after its notification: the
+                    # task raises instead of returning True, so the notification goes
+                    # to the next waiter (held again: notify is allowed), as
+                    # asyncio.Condition.wait does since Python 3.13 (gh-112202).
+                    try:
+                        await asyncio.shield(self._await(self._notify(1)))
+                    except Exception:  # noqa: BLE001 - the cancel is what propagates
+                        pass  # (the notification is then lost, as before this pass-on)
+                raise
+            return notified
         finally:
             hub.unregister(waiter)
 
