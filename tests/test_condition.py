@@ -194,19 +194,46 @@ def test_scripts_enter_notify_leave_and_pass_on(client: "redis.Redis[bytes]", na
     assert cond._look(a)(client).busy  # waiting: lease renewed
     assert cond._notify(1)(client) == Reply(GRANTED, 1)  # the oldest: a
     assert waiting(client, cond) == 2
-    # a timed out just as it was notified: it keeps the notification (wait() -> True)
+    # a timed out just as it was notified: it keeps the notification (wait() -> True),
+    # and its entry stays NOTIFIED until it holds the lock again (cond_done)
     assert cond._leave(a, False)(client) == Reply(GRANTED, 0)
-    assert cond._leave(a, False)(client).not_owner  # gone now
+    assert client.zscore(cond._keys[1], a) is not None
+    assert cond._done(a)(client) == Reply(GRANTED, 0)
+    assert cond._done(a)(client).not_owner  # gone now
+    assert cond._leave(a, False)(client).not_owner
     # b is notified, then unwinds an error: its notification goes to c
     assert cond._notify(1)(client) == Reply(GRANTED, 1)
     assert cond._leave(b, True)(client) == Reply(GRANTED, 1)
+    # c looks: notified, and the look (again) keeps the entry until cond_done
     assert cond._look(c)(client) == Reply(GRANTED, 1)
+    assert cond._look(c)(client) == Reply(GRANTED, 1)
+    assert cond._done(c)(client) == Reply(GRANTED, 0)
     assert cond._look(c)(client).not_owner
     # a waiter that times out un-notified just leaves
     cond._enter(a)(client)
     assert cond._leave(a, False)(client) == Reply(BUSY, 0)
     assert cond._notify(5)(client) == Reply(GRANTED, 0)
     assert snapshot(client) == {}  # nothing left behind
+
+
+def test_scripts_a_notified_entry_dead_before_cond_done_passes_its_notification_on(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # The waiter looked (notified) and died while taking the lock back: its kept entry's
+    # lease ends, and the next look of a live waiter gets the notification.
+    cond = _script_env(client, name)
+    dead, live = "dead/1", "live/2"
+    cond._enter(dead)(client)
+    cond._enter(live)(client)
+    assert cond._notify(1)(client) == Reply(GRANTED, 1)
+    assert cond._look(dead)(client) == Reply(GRANTED, 1)  # it saw it, and kept it ...
+    assert 4000 < client.pttl(cond._keys[1]) <= 5001  # (the look renewed the lease)
+    assert cond._look(live)(client).busy  # ... so the live one still waits
+    client.zadd(cond._keys[1], {dead: 1})  # the dead entry's lease ends
+    assert cond._look(live)(client) == Reply(GRANTED, 1)
+    assert cond._done(live)(client) == Reply(GRANTED, 0)
+    assert cond._done(dead)(client).not_owner
+    assert snapshot(client) == {}
 
 
 def test_scripts_pass_a_dead_waiters_notification_on(
@@ -219,12 +246,14 @@ def test_scripts_pass_a_dead_waiters_notification_on(
     assert cond._notify(1)(client) == Reply(GRANTED, 1)  # spent on the dead one ...
     client.zadd(cond._keys[1], {dead: 1})  # ... whose lease then ends (long ago)
     assert cond._look(live)(client) == Reply(GRANTED, 1)  # ... and comes to the live one
+    assert cond._done(live)(client) == Reply(GRANTED, 0)
     # a dead WAITING entry is dropped, never notified
     cond._enter(dead)(client)
     cond._enter(live)(client)
     client.zadd(cond._keys[1], {dead: 1})
     assert cond._notify(1)(client) == Reply(GRANTED, 1)
     assert cond._look(live)(client) == Reply(GRANTED, 1)
+    assert cond._done(live)(client) == Reply(GRANTED, 0)
     assert snapshot(client) == {}
 
 
@@ -281,6 +310,8 @@ def test_wait_gives_up_every_level_and_takes_them_back(
         assert cond.wait(20) is True
         assert got_in == [True]
         assert lock._recursion_count() == 3
+        # the lock back, the notified entry was ended (cond_done): none is left over
+        assert client.exists(*cond._keys) == 0
     helper.join(10)
     assert not lock.locked()
 
@@ -443,6 +474,43 @@ def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock
     assert later == ["second"] and waiting(client, cond) == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_waiter_interrupted_while_taking_the_lock_back_passes_its_notification_on(
+    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The main thread is notified and looks (so it knows), then an interrupt ends its
+    # take-back of the lock: its wait raises without the lock (as threading.Condition's
+    # does), so it will not act on the notification, which must go to the next waiter.
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    me = thread_owner()
+    original = type(lock)._acquire_restore
+
+    def interrupted_restore(self: Any, state: Any) -> None:
+        if thread_owner() == me:
+            raise KeyboardInterrupt("interrupted while taking the lock back")
+        original(self, state)
+
+    monkeypatch.setattr(type(lock), "_acquire_restore", interrupted_restore)
+    later: List[str] = []
+
+    def queue_then_notify() -> None:
+        wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
+        second = Recorder(waiter(cond, 20, later, "second"), "second")
+        wait_until(lambda: waiting(client, cond) == 2, 10, "second waiter queued")
+        with cond:
+            cond.notify()  # the oldest: the main thread
+        assert second.join(25) is True
+
+    helper = Recorder(queue_then_notify)
+    lock.acquire()
+    with pytest.raises(KeyboardInterrupt):
+        cond.wait(20)
+    assert not lock._is_owned()
+    helper.join(30)
+    assert later == ["second"] and waiting(client, cond) == 0
+
+
 @pytest.mark.timeout(30)
 def test_a_lost_lock_at_wait_raises_and_leaves_no_entry(
     client: "redis.Redis[bytes]", name: str
@@ -545,6 +613,49 @@ def test_a_killed_waiter_does_not_swallow_a_notify(
     client: "redis.Redis[bytes]", redis_url: str, name: str, wait_lease: bool
 ) -> None:
     _killed_waiter_scenario(client, {"url": redis_url}, name, wait_lease)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_waiter_killed_while_taking_the_lock_back_leaves_its_notification(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    # The child is notified, looks (so it knows), and waits for the lock, which this
+    # process keeps: SIGKILLed there, before its wait returned, it must not take the
+    # notification with it. Its entry, kept NOTIFIED until the lock is back, ends with
+    # its lease (one ttl after the look) and the live waiter gets the notification at
+    # its next look (every ttl / 3): about 4 s. Taken at the look (the old code), the
+    # notification was gone, and the live waiter slept to its 30 s time-out.
+    ttl = 3.0
+    keys = {k: f"{NAMESPACE}:data:{name}:{k}" for k in ("entered", "woken", "errors")}
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=ttl)
+    cond = rlocks.Condition(lock)
+    lock_queue = lock._keys.queued()[2]
+    child = SPAWN.Process(
+        target=_cond_workers.waiter_worker, args=({"url": redis_url}, name, NAMESPACE, ttl, keys)
+    )
+    child.start()
+    try:
+        wait_until(
+            lambda: client.llen(keys["entered"]) == 1 or not child.is_alive(), 30,
+            "the child waits",
+        )
+        assert child.is_alive(), f"the child exited with {child.exitcode}"
+        wait_until(lambda: waiting(client, cond) == 1, 10, "the child's entry")
+        live = Recorder(waiter(cond, 30, [], "live"))
+        wait_until(lambda: waiting(client, cond) == 2, 10, "the live waiter's entry")
+        with cond:
+            cond.notify()  # the oldest: the child
+            # Its look saw the notification, and its take-back queued for the lock.
+            wait_until(lambda: client.zcard(lock_queue) == 1, 15, "the child's take-back")
+            os.kill(child.pid or 0, signal.SIGKILL)
+            child.join(10)
+            killed = time.monotonic()
+        assert live.join(40) is True, "the live waiter timed out: the notification was lost"
+        assert live.ended_at is not None and live.ended_at - killed < 15
+        assert client.llen(keys["woken"]) == 0 and client.llen(keys["errors"]) == 0
+    finally:
+        _stop(child)
 
 
 @pytest.mark.slow
@@ -651,6 +762,7 @@ def test_asyncio_condition_notify_wait_and_timeout(redis_url: str, name: str) ->
                 state["ready"] = True
                 await cond.notify_all()
             assert await asyncio.wait_for(task, 10) is True
+            assert await aclient.exists(*cond._keys) == 0  # the entry ended (cond_done)
             async with cond:
                 started = time.monotonic()
                 assert await cond.wait(0.2) is False
@@ -664,7 +776,6 @@ def test_asyncio_condition_notify_wait_and_timeout(redis_url: str, name: str) ->
     asyncio.run(main())
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.timeout(60)
 def test_asyncio_a_task_cancelled_after_its_notify_passes_it_on(
     client: "redis.Redis[bytes]", redis_url: str, name: str

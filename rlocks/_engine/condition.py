@@ -13,7 +13,8 @@ waiters everywhere, oldest first.
 ``wait`` runs, like ``threading.Condition.wait``: join the queue while still holding the
 lock (so a notify made after the lock is let go cannot miss the entry), give up every
 level of the lock (``_release_save``), wait, take the levels back
-(``_acquire_restore``). Four round trips when the notification is prompt.
+(``_acquire_restore``), end the notified entry (``cond_done``). Five round trips when
+the notification is prompt.
 
 Why the entry is the notification
 ---------------------------------
@@ -26,17 +27,25 @@ one slice at most, never loses it. Each look also renews the entry's lease.
 Why leases
 ----------
 A waiter whose process died leaves an entry nobody renews. Every script first drops the
-entries whose lease ended; an entry already notified but never taken gives its
+entries whose lease ended; an entry already notified but never used gives its
 notification to the oldest live waiter instead. A live waiter renews every ``ttl / 3``,
 so its entry never expires; a notification spent on a waiter that died just before is
 passed on within one ``ttl`` (when any live waiter next looks, or any notify runs).
+
+A notified entry is only *used* once its waiter holds the lock again: the look that
+finds it notified keeps it (its lease renewed) while the waiter takes the lock back, and
+``cond_done`` ends it then. So a waiter that dies after its look, while it waits for the
+lock, leaves the notification to the next waiter like any dead waiter. A take-back that
+outlasts the lease (the lock kept longer than ``ttl`` by others) lets the notification go
+to the next waiter too: a spurious wake-up there, never a lost one.
 
 Time-outs and errors
 --------------------
 A waiter whose time is up leaves with ``cond_leave``, which also tells whether a notify
 took its entry meanwhile: then ``wait`` returns True (it consumed that notification,
-which therefore is not lost), else False. A waiter interrupted by an exception leaves
-with the notification passed on, as it will not act on it. A waiter that finds its
+which therefore is not lost, and is kept until the lock is back, as after a look), else
+False. A waiter interrupted by an exception, while waiting or while taking the lock back,
+leaves with the notification passed on, as it will not act on it. A waiter that finds its
 entry gone (it stalled longer than its lease) returns True: it cannot know whether it
 missed a notify, and a spurious wake-up is allowed by the Condition protocol (callers
 re-check their predicate; ``wait_for`` does).
@@ -50,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import operator
 from typing import Any, Callable, ClassVar, Coroutine, Generator, Optional, Tuple, TypeVar, Union
 
@@ -68,9 +78,12 @@ from .wakehub import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub
 
 __all__ = ["ConditionCore", "wait_for_steps"]
 
+log = logging.getLogger(__name__)
+
 _ENTER = load("cond_enter", prelude="cond_lib")
 _CHECK = load("cond_check", prelude="cond_lib")
 _LEAVE = load("cond_leave", prelude="cond_lib")
+_DONE = load("cond_done", prelude="cond_lib")
 _NOTIFY = load("cond_notify", prelude="cond_lib")
 
 # Entry ids are "<owner>/<serial>": unique per wait, even for one owner's successive waits.
@@ -262,7 +275,10 @@ class ConditionCore:
         return self._call(_CHECK, entry, self._lock._ttl_ms)
 
     def _leave(self, entry: str, pass_on: bool) -> Call:
-        return self._call(_LEAVE, entry, 1 if pass_on else 0)
+        return self._call(_LEAVE, entry, 1 if pass_on else 0, self._lock._ttl_ms)
+
+    def _done(self, entry: str) -> Call:
+        return self._call(_DONE, entry)
 
     def _notify(self, count: int) -> Call:
         return self._call(_NOTIFY, count)
@@ -286,9 +302,21 @@ class ConditionCore:
                 self._leave_quietly(client, entry)
                 raise
             try:
-                return self._drive(client, hub, waiter, plan, entry, fresh)
-            finally:
+                notified = self._drive(client, hub, waiter, plan, entry, fresh)
+            except BaseException:
                 lock._acquire_restore(saved)
+                raise
+            try:
+                lock._acquire_restore(saved)
+            except BaseException:
+                if notified:
+                    # It raises instead of acting on its notification: pass it on (its
+                    # entry was kept NOTIFIED until now for this).
+                    self._leave_quietly(client, entry)
+                raise
+            if notified:
+                self._end_quietly(client, entry)
+            return notified
         finally:
             hub.unregister(waiter)
 
@@ -324,6 +352,17 @@ class ConditionCore:
             self._leave(entry, True)(client)
         except Exception:  # noqa: BLE001 - the first error is what propagates
             pass
+
+    def _end_quietly(self, client: Any, entry: str) -> None:
+        """End a notified entry once the lock is held again (``cond_done``). If that
+        fails (Redis unreachable), the entry ends with its lease, and its notification
+        goes to the next waiter then: a spurious wake-up there, never a lost one; the
+        wait still returns True.
+        """
+        try:
+            self._done(entry)(client)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.debug("%s: entry %s left to its lease", self._describe(), entry, exc_info=True)
 
     # -- the asyncio driver ------------------------------------------------------------
 
@@ -364,17 +403,25 @@ class ConditionCore:
                 raise
             try:
                 await _aacquire_restore(lock, owner, saved)
-            except asyncio.CancelledError:
+            except BaseException:
                 if notified:
-                    # Cancelled while taking the lock back after its notification: the
-                    # task raises instead of returning True, so the notification goes
-                    # to the next waiter (held again: notify is allowed), as
-                    # asyncio.Condition.wait does since Python 3.13 (gh-112202).
+                    # Cancelled (or failed) while taking the lock back after its
+                    # notification: the task raises instead of returning True, so the
+                    # notification goes to the next waiter, as asyncio.Condition.wait
+                    # does since Python 3.13 (gh-112202). The entry was kept NOTIFIED
+                    # until now for this.
+                    await asyncio.shield(self._aleave_quietly(entry))
+                raise
+            if notified:
+                _, cancelled = await _to_the_end(self._aend_quietly(entry))
+                if cancelled is not None:
+                    # Cancelled as the notification was used: the task raises, so it
+                    # goes on to the next waiter all the same (held: notify is allowed).
                     try:
                         await asyncio.shield(self._await(self._notify(1)))
                     except Exception:  # noqa: BLE001 - the cancel is what propagates
-                        pass  # (the notification is then lost, as before this pass-on)
-                raise
+                        pass  # (then lost: Redis unreachable as the task was cancelled)
+                    raise cancelled
             return notified
         finally:
             hub.unregister(waiter)
@@ -417,6 +464,13 @@ class ConditionCore:
             await self._await(self._leave(entry, True))
         except Exception:  # noqa: BLE001 - see _leave_quietly
             pass
+
+    async def _aend_quietly(self, entry: str) -> None:
+        """:meth:`_end_quietly`, awaited."""
+        try:
+            await self._await(self._done(entry))
+        except Exception:  # noqa: BLE001 - see _end_quietly
+            log.debug("%s: entry %s left to its lease", self._describe(), entry, exc_info=True)
 
 
 # -- the Condition protocol of the asyncio locks (threading's is on ReentrantLock) ----------

@@ -4,10 +4,14 @@
 -- A Condition is two sorted sets in its lock's hash tag (one cluster slot):
 --   KEYS[1]  the queue:  member = waiter entry id, score = arrival number (oldest lowest)
 --   KEYS[2]  the leases: member = waiter entry id, score = end of its lease, server ms
--- An entry in both sets is WAITING; in the leases only, NOTIFIED (its waiter has not seen
--- it yet); in neither, GONE. So the queue is always a subset of the leases, and a key that
--- is empty does not exist. Removing an entry from the queue IS the notification: the
--- published message only makes the waiter look sooner.
+-- An entry in both sets is WAITING; in the leases only, NOTIFIED (its waiter has not
+-- taken the lock back yet: it may have looked, but it has not used the notification); in
+-- neither, GONE. So the queue is always a subset of the leases, and a key that is empty
+-- does not exist. Removing an entry from the queue IS the notification: the published
+-- message only makes the waiter look sooner. A NOTIFIED entry ends only when its waiter
+-- holds the lock again (cond_done), or passes it on (cond_leave), or its lease ends (then
+-- prune passes it on): so a waiter that dies anywhere before its wait returns leaves the
+-- notification to the next waiter.
 --
 -- An entry id is "<owner>/<serial>"; the waiter listens on the channel
 -- <channel prefix> .. <owner> (each thread or task waits on one thing at a time).
