@@ -436,7 +436,24 @@ def test_named_conditions_of_one_lock_are_independent(
     assert rec.join(10) is True
 
 
-@pytest.mark.timeout(30)
+def _notify_me_with_a_second_waiter(client: Any, cond: Any, later: List[str]) -> Recorder:
+    """A helper thread: once this thread's entry queued, a second waiter queues behind it
+    (appending "second" to ``later`` when woken); then one notify, which goes to this
+    thread (the oldest). The helper's join asserts the second waiter got a notification
+    too: the one this thread leaves unused."""
+
+    def queue_then_notify() -> None:
+        wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
+        second = Recorder(waiter(cond, 20, later, "second"), "second")
+        wait_until(lambda: waiting(client, cond) == 2, 10, "second waiter queued")
+        with cond:
+            cond.notify()  # the oldest: the main thread
+        assert second.join(25) is True
+
+    return Recorder(queue_then_notify)
+
+
+@pytest.mark.timeout(60)
 def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock_again(
     client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -456,21 +473,12 @@ def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock
 
     monkeypatch.setattr(engine.ConditionCore, "_look", failing_look)
     later: List[str] = []
-
-    def queue_then_notify() -> None:
-        wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
-        second = Recorder(waiter(cond, 20, later, "second"), "second")
-        wait_until(lambda: waiting(client, cond) == 2, 10, "second waiter queued")
-        with cond:
-            cond.notify()  # the oldest: the main thread
-        assert second.join(15) is True
-
-    helper = Recorder(queue_then_notify)
+    helper = _notify_me_with_a_second_waiter(client, cond, later)
     with cond:
         with pytest.raises(KeyboardInterrupt):
             cond.wait(20)
         assert lock._recursion_count() == 1
-    helper.join(20)
+    helper.join(30)
     assert later == ["second"] and waiting(client, cond) == 0
 
 
@@ -493,16 +501,7 @@ def test_a_waiter_interrupted_while_taking_the_lock_back_passes_its_notification
 
     monkeypatch.setattr(type(lock), "_acquire_restore", interrupted_restore)
     later: List[str] = []
-
-    def queue_then_notify() -> None:
-        wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
-        second = Recorder(waiter(cond, 20, later, "second"), "second")
-        wait_until(lambda: waiting(client, cond) == 2, 10, "second waiter queued")
-        with cond:
-            cond.notify()  # the oldest: the main thread
-        assert second.join(25) is True
-
-    helper = Recorder(queue_then_notify)
+    helper = _notify_me_with_a_second_waiter(client, cond, later)
     lock.acquire()
     with pytest.raises(KeyboardInterrupt):
         cond.wait(20)
