@@ -53,15 +53,18 @@ def test_a_grant_is_on_the_replica_when_acquire_returns(pair: Any, name: str) ->
 def test_too_few_replicas_gives_the_grant_back(pair: Any, name: str) -> None:
     master, _ = pair
     client = redis.Redis(port=master.port)
+    # Three times the default replica_wait (1 s), so a WAIT sent with the default instead
+    # of this returns 2 s early and fails the lower bound.
     lock = rlocks.RLock(
-        name, client=client, namespace=NAMESPACE, replicas=2, replica_wait=0.2
+        name, client=client, namespace=NAMESPACE, replicas=2, replica_wait=3.0
     )
     start = time.monotonic()
     with pytest.raises(rlocks.errors.ReplicationError, match="1 of 2 replicas") as info:
         lock.acquire()
-    # WAIT gave up after replica_wait: not at once, nor after 200 s (seconds taken for
-    # milliseconds) or never (WAIT 0); 4 s of slack for a loaded machine.
-    assert 0.15 <= time.monotonic() - start < 5.0
+    # WAIT gave up after replica_wait: not at once (3 ms: milliseconds taken for seconds),
+    # nor after the default 1 s, nor after 3,000 s or never (WAIT 0: the test's time-out);
+    # 4 s of slack for a loaded machine. (WAIT's own timer cannot end early.)
+    assert 2.95 <= time.monotonic() - start < 7.0
     assert (info.value.acknowledged, info.value.required) == (1, 2)
     assert not client.exists(key(name))  # given back
     assert lock._recursion_count() == 0
