@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import redis
 
@@ -117,15 +117,29 @@ def wait_renewed(client: Any, key: Any, times: int = 2, timeout: float = 30.0) -
     hold a ttl of a few seconds (renewed every ttl / 3), so that only a renewer late by
     two thirds of it could lose the hold before the renewals are seen.
     """
+    wait_all_renewed(client, [key], times, timeout)
+
+
+def wait_all_renewed(client: Any, keys: Sequence[Any], times: int = 2, timeout: float = 30.0) -> None:
+    """:func:`wait_renewed` for several keys at once (their PTTLs read in one pipeline,
+    which a cluster client splits by node): returns once every key was pushed back
+    ``times`` times."""
     deadline = time.monotonic() + timeout
-    seen, last = 0, client.pttl(key)
-    while seen < times:
-        assert last > 0, f"{key!r} has no expiry or is gone (PTTL {last})"
-        assert time.monotonic() < deadline, f"{key!r} renewed {seen} of {times} times"
+
+    def pttls() -> List[int]:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.pttl(key)
+        return [int(ms) for ms in pipe.execute()]
+
+    seen, last = [0] * len(keys), pttls()
+    while min(seen) < times:
+        for key, ms in zip(keys, last):
+            assert ms > 0, f"{key!r} has no expiry or is gone (PTTL {ms})"
+        assert time.monotonic() < deadline, f"renewals seen: {dict(zip(keys, seen))}"
         time.sleep(0.01)
-        now = client.pttl(key)
-        if now > last:
-            seen += 1
+        now = pttls()
+        seen = [n + (b > a) for n, a, b in zip(seen, last, now)]
         last = now
 
 

@@ -22,7 +22,7 @@ from rlocks._engine import waiting
 from rlocks._engine.sharded import ShardedWakeHub
 
 from . import _procs
-from ._servers import RENEWED_TTL, LocalCluster, server_version, wait_until
+from ._servers import RENEWED_TTL, LocalCluster, server_version, wait_all_renewed, wait_until
 from .conftest import without_counters
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -221,15 +221,11 @@ def test_renewal_pipeline_keeps_short_leases_alive_on_every_node(cclient: Any) -
     assert len({node_of(cclient, p._keys.hash) for p in prims}) == 3
     for p in prims:
         assert p.acquire()
-    # Hold for two leases: only renewal (batched per pipeline) can keep them. (A loaded
-    # machine lost a hold with ttl 0.6 in a full run, and with ttl 1.5 under stress-ng at
-    # load 16 on 2 cores: renewals 0.4 s and 1 s late.)
-    deadline = time.monotonic() + 6.0
-    while time.monotonic() < deadline:
-        assert not lost, lost
-        for p in prims[::3]:
-            assert cclient.exists(p._keys.hash)
-        time.sleep(0.05)
+    # Only renewal (batched per pipeline) keeps them: wait until every hold's keys were
+    # pushed back twice by it, on every node (a sleep past the lease failed whenever the
+    # renewer was late on a loaded machine: with ttl 0.6 in a full run, with ttl 1.5
+    # under stress-ng at load 16 on 2 cores). A lost hold fails this (its key is gone).
+    wait_all_renewed(cclient, [p._keys.hash for p in prims], times=2)
     for p in prims:
         p.release()  # raises LockLostError if any lease had lapsed
     assert not lost
