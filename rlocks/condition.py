@@ -80,8 +80,9 @@ class Condition(ConditionCore):
         TypeError / ValueError / OverflowError as in threading, without I/O. Returns True
         also when a notification arrived just as the time ran out (the waiter took it,
         so it is not lost), and, rarely, spuriously: when this waiter stalled longer than
-        the lock's ``ttl`` and its entry expired (re-check your predicate, as
-        ``wait_for`` does). Redis errors propagate after the lock is taken back.
+        the lock's ``ttl`` and its entry expired, or another notified waiter could not
+        reach Redis for a whole ``ttl`` while taking the lock back (re-check your
+        predicate, as ``wait_for`` does). Redis errors propagate after the lock is taken back.
 
         In Redis: adds an entry to the condition's queue (while still holding the lock),
         renews its lease every ``ttl / 3`` while waiting, and removes it on leaving.

@@ -30,7 +30,7 @@ from rlocks._engine.identity import thread_owner
 from rlocks._engine.scripts import BUSY, GRANTED, NOT_OWNER, Call, Reply
 
 from . import _cond_workers
-from ._servers import LocalCluster, server_version, wait_until
+from ._servers import RENEWED_TTL, LocalCluster, server_version, wait_until
 from .conftest import NAMESPACE, snapshot
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -480,6 +480,95 @@ def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock
         assert lock._recursion_count() == 1
     helper.join(30)
     assert later == ["second"] and waiting(client, cond) == 0
+
+
+def _wait_lease_pushed(client: Any, cond: Any, entry: Any, times: int) -> None:
+    """Wait until the lease end of ``entry`` (in ``cond``'s leases) was pushed back
+    ``times`` times; AssertionError if the entry is gone meanwhile, or after 20 s."""
+    deadline = time.monotonic() + 20
+    seen, last = 0, client.zscore(cond._keys[1], entry)
+    while seen < times:
+        assert last is not None, f"entry {entry!r} gone after {seen} of {times} pushes"
+        assert time.monotonic() < deadline, f"entry {entry!r} pushed {seen} of {times} times"
+        time.sleep(0.01)
+        now = client.zscore(cond._keys[1], entry)
+        seen += now is not None and now > last
+        last = now
+
+
+@pytest.mark.timeout(60)
+def test_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    # notify(1), then the notifier keeps the lock for longer than a ttl: the notified
+    # waiter's entry, kept until it has the lock back, must be renewed meanwhile, or its
+    # lease ends and prune gives the notification to the second waiter as well (a bug
+    # hunt: both returned True, 5 of 5, with the lock kept 2.5 s past a 2 s ttl).
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=RENEWED_TTL)
+    cond = rlocks.Condition(lock)
+    woken: List[str] = []
+    first = Recorder(waiter(cond, 30, woken, "first"), "first")
+    wait_until(lambda: waiting(client, cond) == 1, 10, "the first waiter's entry")
+    second = Recorder(waiter(cond, 30, woken, "second"), "second")
+    wait_until(lambda: waiting(client, cond) == 2, 10, "the second waiter's entry")
+    entry = client.zrange(queue_of(cond), 0, 0)[0]
+    with cond:
+        cond.notify()  # the oldest: the first waiter
+        # Its look (one push) and two renewals while it waits for this lock: without
+        # them the entry would be gone one ttl after the look.
+        _wait_lease_pushed(client, cond, entry, times=3)
+        assert waiting(client, cond) == 1  # the second still waits, not notified
+    assert first.join(15) is True
+    assert woken == ["first"] and waiting(client, cond) == 1
+    assert client.zscore(cond._keys[1], entry) is None  # ended (cond_done), not renewed on
+    with cond:
+        cond.notify()
+    assert second.join(15) is True
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
+) -> None:
+    # The test above, on the asyncio twin: the loop's renewer task renews the entry.
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            cond = ra.Condition(
+                ra.RLock(name, client=aclient, namespace=NAMESPACE, ttl=RENEWED_TTL)
+            )
+            woken: List[str] = []
+
+            async def wait(tag: str) -> bool:
+                async with cond:
+                    notified = await cond.wait(30)
+                    woken.append(tag)
+                    return notified
+
+            async def queued(n: int) -> None:
+                while await aclient.zcard(queue_of(cond)) != n:
+                    await asyncio.sleep(0.005)
+
+            first = asyncio.ensure_future(wait("first"))
+            await asyncio.wait_for(queued(1), 10)
+            second = asyncio.ensure_future(wait("second"))
+            await asyncio.wait_for(queued(2), 10)
+            entry = (await aclient.zrange(queue_of(cond), 0, 0))[0]
+            async with cond:
+                await cond.notify()
+                # (polled from a thread: the loop must go on renewing meanwhile)
+                await asyncio.to_thread(_wait_lease_pushed, client, cond, entry, 3)
+                assert await aclient.zcard(queue_of(cond)) == 1
+            assert await asyncio.wait_for(first, 15) is True
+            assert woken == ["first"] and await aclient.zcard(queue_of(cond)) == 1
+            assert await aclient.zscore(cond._keys[1], entry) is None
+            async with cond:
+                await cond.notify()
+            assert await asyncio.wait_for(second, 15) is True
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
 
 
 @pytest.mark.timeout(60)

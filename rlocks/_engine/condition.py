@@ -33,11 +33,12 @@ so its entry never expires; a notification spent on a waiter that died just befo
 passed on within one ``ttl`` (when any live waiter next looks, or any notify runs).
 
 A notified entry is only *used* once its waiter holds the lock again: the look that
-finds it notified keeps it (its lease renewed) while the waiter takes the lock back, and
-``cond_done`` ends it then. So a waiter that dies after its look, while it waits for the
-lock, leaves the notification to the next waiter like any dead waiter. A take-back that
-outlasts the lease (the lock kept longer than ``ttl`` by others) lets the notification go
-to the next waiter too: a spurious wake-up there, never a lost one.
+finds it notified keeps it while the waiter takes the lock back (the lock's renewer
+renews it meanwhile, as a hold: :class:`_KeptEntry`), and ``cond_done`` ends it then. So
+a waiter that dies after its look, while it waits for the lock, leaves the notification
+to the next waiter like any dead waiter, and a take-back that lasts (the notifier's
+section goes on) keeps it. Only a renewal that cannot reach Redis for a whole ``ttl``
+lets it go to the next waiter meanwhile: a spurious wake-up there, never a lost one.
 
 Time-outs and errors
 --------------------
@@ -61,7 +62,18 @@ import asyncio
 import itertools
 import logging
 import operator
-from typing import Any, Callable, ClassVar, Coroutine, Generator, Optional, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Coroutine,
+    Generator,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from ..errors import NotOwnedError
 from . import checks
@@ -72,6 +84,7 @@ from .dialogue import adrive, drive
 from .keys import escape
 from .primitive import Primitive
 from .quorum import Quorum
+from .renewal import Lease, Renewable
 from .scripts import Call, Reply, Script, arun, load
 from .waiting import backoff, hub_for, take_back_pauses
 from .wakehub import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub
@@ -166,6 +179,45 @@ def wait_for_steps(
         yield waittime
         result = predicate()
     return result
+
+
+class _KeptEntry(Renewable):
+    """A notified entry kept while its waiter takes the lock back, renewed by the lock's
+    renewer as a hold is (``cond_check`` renews it and answers 1): a take-back that
+    outlasts the lock's ``ttl`` (the notifier's section goes on, or others are ahead for
+    the lock) must not let the entry's lease end, or ``prune`` would give its
+    notification to a second waiter while this one still uses it."""
+
+    __slots__ = ("_cond", "_entry", "_label", "_name", "_namespace", "__weakref__")
+
+    _replication = None
+    _renew_script = _CHECK
+
+    def __init__(self, cond: "ConditionCore", entry: str) -> None:
+        self._cond = cond
+        self._entry = entry
+        # (what metrics name a renewal by: a Condition's, of its lock's name)
+        self._label = cond._label
+        self._name = cond._lock._name
+        self._namespace = cond._lock._namespace
+
+    def _describe(self) -> str:
+        return f"{self._cond._describe()} entry {self._entry}"
+
+    def _renewal_client(self) -> Any:
+        return self._cond._lock._renewal_client()
+
+    def _renewal_arguments(self, lease: Lease) -> Tuple[Sequence[str], Sequence[Any]]:
+        call = self._cond._look(self._entry)
+        return call.keys, call.args
+
+    def _renewed(self, lease: Lease, reply: Reply) -> bool:
+        return not reply.not_owner
+
+    def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
+        # Its lease ended (a renewal came too late, or Redis was out of reach that long):
+        # the notification went to the next waiter, and this one still returns True.
+        log.debug("%s: kept entry ended before the lock was back: %s", self._describe(), reason)
 
 
 class ConditionCore:
@@ -306,6 +358,9 @@ class ConditionCore:
             except BaseException:
                 lock._acquire_restore(saved)
                 raise
+            kept = _KeptEntry(self, entry) if notified else None
+            renewer = lock._renewer()
+            lease = renewer.add(kept, entry, lock._ttl, monotonic()) if kept else None
             try:
                 lock._acquire_restore(saved)
             except BaseException:
@@ -314,8 +369,12 @@ class ConditionCore:
                     # entry was kept NOTIFIED until now for this).
                     self._leave_quietly(client, entry)
                 raise
-            if notified:
-                self._end_quietly(client, entry)
+            else:
+                if notified:
+                    self._end_quietly(client, entry)
+            finally:
+                if lease is not None:
+                    renewer.cancel(lease)
             return notified
         finally:
             hub.unregister(waiter)
@@ -401,9 +460,14 @@ class ConditionCore:
             except BaseException:
                 await _aacquire_restore(lock, owner, saved)
                 raise
+            kept = _KeptEntry(self, entry) if notified else None
+            renewer = lock._renewer()
+            lease = renewer.add(kept, entry, lock._ttl, monotonic()) if kept else None
             try:
                 await _aacquire_restore(lock, owner, saved)
             except BaseException:
+                if lease is not None:
+                    renewer.cancel(lease)
                 if notified:
                     # Cancelled (or failed) while taking the lock back after its
                     # notification: the task raises instead of returning True, so the
@@ -414,6 +478,8 @@ class ConditionCore:
                 raise
             if notified:
                 _, cancelled = await _to_the_end(self._aend_quietly(entry))
+                if lease is not None:
+                    renewer.cancel(lease)
                 if cancelled is not None:
                     # Cancelled as the notification was used: the task raises, so it
                     # goes on to the next waiter all the same (held: notify is allowed).
