@@ -82,11 +82,14 @@ class Condition(ConditionCore):
         so it is not lost), and, rarely, spuriously: when this waiter stalled longer than
         the lock's ``ttl`` and its entry expired, or another notified waiter could not
         reach Redis for a whole ``ttl`` while taking the lock back (re-check your
-        predicate, as ``wait_for`` does). Redis errors propagate after the lock is taken back.
+        predicate, as ``wait_for`` does). Blocks through a Redis outage (refused or broken
+        connections, a restart), as the lock's own waits do, until the time-out; the
+        lock is always taken back, waiting for Redis as long as it takes. Other Redis
+        errors propagate after the lock is taken back.
 
         In Redis: adds an entry to the condition's queue (while still holding the lock),
         renews its lease every ``ttl / 3`` while waiting, and removes it on leaving.
-        About four round trips when notified promptly.
+        About five round trips when notified promptly.
         """
         return self._wait(timeout)
 

@@ -68,6 +68,7 @@ from typing import (
     ClassVar,
     Coroutine,
     Generator,
+    Iterator,
     Optional,
     Sequence,
     Tuple,
@@ -86,7 +87,7 @@ from .primitive import Primitive
 from .quorum import Quorum
 from .renewal import Lease, Renewable
 from .scripts import Call, Reply, Script, arun, load
-from .waiting import backoff, hub_for, take_back_pauses
+from .waiting import LINK_ERRORS, backoff, hub_for, link_lost, take_back_pauses, transient
 from .wakehub import DEGRADED_POLL, SUBSCRIBE_WAIT, Waiter, WakeHub
 
 __all__ = ["ConditionCore", "wait_for_steps"]
@@ -142,21 +143,42 @@ def _wait_steps(plan: _Plan, fresh: bool, subscribed: bool) -> Generator[Step, A
 
     ``"check"``: run cond_check (after clearing the waiter's event), send its Reply.
     ``"leave"``: run cond_leave (the notification kept), send its Reply.
+    Either sends, instead, the link error its call met (one that waiting may cure: the
+    drivers raise any other error).
     A float: sleep on the waiter's event at most that long, send whether the
     subscription is confirmed now. ``fresh``: the subscription is new, so a notify
     published before it took effect may have been missed: look once at the start.
+
+    A broken link (Redis restarting) is ridden through until the deadline, as a lock's
+    waiter does: the look is tried again after a growing pause. The entry's lease may end
+    meanwhile; the look then finds it gone (a spurious wake-up), and a notification it
+    had was passed on, never lost.
     """
     look = fresh
+    pauses: Optional[Iterator[float]] = None  # while looks meet a broken link
     while True:
+        retry: Optional[float] = None
         if look and not plan.expired():
-            reply: Reply = yield _CHECK_STEP
-            # Notified, or gone (stalled past the lease: a spurious wake-up is allowed).
-            if not reply.busy:
+            reply: Reply | BaseException = yield _CHECK_STEP
+            if isinstance(reply, BaseException):
+                link_lost(reply)
+                pauses = pauses or backoff()
+                retry = next(pauses)
+            elif not reply.busy:
+                # Notified, or gone (stalled past the lease: a spurious wake-up).
                 return True
+            else:
+                pauses = None
         if plan.expired():
             reply = yield _LEAVE_STEP
+            if isinstance(reply, BaseException):
+                # Not known whether it was notified: its entry is left to its lease,
+                # whose end passes a notification on it to the next waiter.
+                link_lost(reply)
+                return False
             return reply.granted  # notified while the time ran out: it keeps the news
-        subscribed = yield plan.pause(subscribed)
+        pause = plan.pause(subscribed)
+        subscribed = yield pause if retry is None else min(pause, retry)
         look = True
 
 
@@ -387,9 +409,9 @@ class ConditionCore:
         def perform(step: Step) -> Any:
             if step == _CHECK_STEP:
                 waiter.event.clear()  # a wake-up during the look causes one more look
-                return self._look(entry)(client)
+                return _unless_link_lost(self._look(entry), client)
             if step == _LEAVE_STEP:
-                return self._leave(entry, False)(client)
+                return _unless_link_lost(self._leave(entry, False), client)
             assert isinstance(step, float)
             waiter.event.wait(step)
             return waiter.subscribed
@@ -507,11 +529,16 @@ class ConditionCore:
         """The asyncio driver of :func:`_wait_steps`; leaves the queue on any error."""
 
         async def perform(step: Step) -> Any:
-            if step == _CHECK_STEP:
-                waiter.event.clear()
-                return await self._await(self._look(entry))
-            if step == _LEAVE_STEP:
-                return await self._await(self._leave(entry, False))
+            try:
+                if step == _CHECK_STEP:
+                    waiter.event.clear()
+                    return await self._await(self._look(entry))
+                if step == _LEAVE_STEP:
+                    return await self._await(self._leave(entry, False))
+            except LINK_ERRORS as exc:
+                if not transient(exc):
+                    raise
+                return exc  # (see _wait_steps)
             assert isinstance(step, float)
             await _wait_event(waiter.event, step)
             return waiter.subscribed
@@ -537,6 +564,17 @@ class ConditionCore:
             await self._await(self._done(entry))
         except Exception:  # noqa: BLE001 - see _end_quietly
             log.debug("%s: entry %s left to its lease", self._describe(), entry, exc_info=True)
+
+
+def _unless_link_lost(call: Call, client: Any) -> Any:
+    """``call``'s reply on ``client``, or the link error it met if waiting may cure it
+    (see :func:`_wait_steps`); any other error is raised."""
+    try:
+        return call(client)
+    except LINK_ERRORS as exc:
+        if not transient(exc):
+            raise
+        return exc
 
 
 # -- the Condition protocol of the asyncio locks (threading's is on ReentrantLock) ----------

@@ -41,6 +41,7 @@ __all__ = [
     "WaitPlan",
     "backoff",
     "take_back_pauses",
+    "transient",
     "existing_hub",
     "hub_for",
     "link_lost",
@@ -124,10 +125,16 @@ def take_back_pauses(error: BaseException, pauses: Iterator[float]) -> float:
     lost before its next one (``Primitive._pop_unsettled``). ``pauses``: from
     :func:`backoff`.
     """
-    if not isinstance(error, LINK_ERRORS) or isinstance(error, _NOT_TRANSIENT):
+    if not transient(error):
         raise error
     link_lost(error)
     return next(pauses)
+
+
+def transient(error: BaseException) -> bool:
+    """Whether ``error`` is a link error that waiting may cure (Redis restarting or out
+    of reach), not a refused login."""
+    return isinstance(error, LINK_ERRORS) and not isinstance(error, _NOT_TRANSIENT)
 
 
 def backoff() -> Iterator[float]:
