@@ -499,9 +499,11 @@ class ConditionCore:
                     await asyncio.shield(self._aleave_quietly(entry))
                 raise
             if notified:
-                _, cancelled = await _to_the_end(self._aend_quietly(entry))
-                if lease is not None:
-                    renewer.cancel(lease)
+                try:
+                    _, cancelled = await _to_the_end(self._aend_quietly(entry))
+                finally:
+                    if lease is not None:
+                        renewer.cancel(lease)
                 if cancelled is not None:
                     # Cancelled as the notification was used: the task raises, so it
                     # goes on to the next waiter all the same (held: notify is allowed).
