@@ -57,6 +57,53 @@ def link(redis_url: str) -> Iterator[FaultyLink]:
         yield proxy
 
 
+# -- the loop's renewer -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_renewer_cancelled_mid_renewal_says_so_and_the_next_acquire_renews_again(
+    url: str, name: str, link: FaultyLink, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Code that cancels every task of a loop that goes on (a shutdown handler) cancels
+    # the loop's renewer task too, here while its gather awaits a renewal's reply. The
+    # task ends (it does not swallow the cancel), a warning says how many holds are left
+    # unrenewed, and the next acquire on the loop starts a new task that renews them.
+    held = redis.Redis.from_url(url)
+
+    async def main() -> None:
+        slow = aclient(link.url)
+        fast = aclient(url)
+        lock = ra.RLock(name, client=slow, namespace=NAMESPACE, ttl=RENEWED_TTL)
+        assert await lock.acquire()
+        renewer = aio.loop_renewer()
+        task = renewer._runner
+        assert task is not None and not task.done()
+        # One renewal first (its connection made), then one whose reply is held: it ran
+        # on the server, and the renewer's gather awaits the answer.
+        await asyncio.to_thread(wait_renewed, held, key("rlock", name), 1)
+        link.hold_replies()
+        await asyncio.to_thread(wait_renewed, held, key("rlock", name), 1)
+        task.cancel()
+        await asyncio.wait([task], timeout=10)
+        assert task.cancelled()
+        link.heal()
+        assert any("renewer of this event loop was cancelled with 1 hold" in r.getMessage()
+                   for r in caplog.records)
+        other = ra.RLock(name + "-other", client=fast, namespace=NAMESPACE)
+        assert await other.acquire()  # starts a new renewer task ...
+        assert renewer._runner is not task
+        # ... which renews the first hold again (a dead renewer: the key would be gone)
+        await asyncio.to_thread(wait_renewed, held, key("rlock", name), 2)
+        await lock.release()
+        await other.release()
+        await slow.aclose()
+        await fast.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="rlocks._engine.aio"):
+        run(main)
+    held.close()
+
+
 # -- RLock --------------------------------------------------------------------------------
 
 

@@ -187,6 +187,23 @@ class AsyncRenewer(Renewer):
             self._event.set()
 
     async def _arun(self) -> None:
+        try:
+            await self._aloop()
+        except asyncio.CancelledError:
+            # Cancelled by code that cancels every task of a loop that goes on (a
+            # shutdown handler): the next lease added starts a new task (``stopped``),
+            # which renews these too; until then nothing does. Said, not silent.
+            with self._mutex:
+                holds = sum(1 for lease in self._leases.values() if lease.kind == "h")
+            if holds:
+                log.warning(
+                    "the rlocks lease renewer of this event loop was cancelled with %d "
+                    "hold(s) to renew: none is renewed until the loop's next acquire, "
+                    "and a hold not released by then ends with its lease", holds,
+                )
+            raise
+
+    async def _aloop(self) -> None:
         idle_since: Optional[float] = None
         while True:
             with self._mutex:
