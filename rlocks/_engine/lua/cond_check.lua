@@ -14,8 +14,11 @@
 --   '1 1'   notified: the entry is kept, its lease renewed, until cond_done (or
 --           cond_leave) ends it; a second look answers the same
 --   '0 ms'  still waiting; its lease was renewed to ms
---   '-1 0'  gone: the lease ended before this look (the waiter stalled); a
---           notification it had was passed on to the oldest live waiter
+--   '-1 0'  gone: the lease ended before this look (the waiter stalled, or Redis was
+--           out of its reach that long); a notification it had was passed on to the
+--           oldest live waiter
+-- (The lock's renewer also runs it, to renew a notified entry kept while its waiter
+-- takes the lock back: condition.py, _KeptEntry.)
 local entry, lease_ms, prefix, publish = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now = pruned(prefix, publish)
 if redis.call('ZSCORE', KEYS[1], entry) then

@@ -11,8 +11,9 @@
 -- Returns 'status value' (scripts.py's one reply contract):
 --   '1 0'  ended: the entry was NOTIFIED and is deleted
 --   '0 0'  it was still waiting (not notified): the entry is deleted all the same
---   '-1 0' gone already: its lease ended first (the take-back outlasted it), and the
---          notification was passed on to the oldest live waiter then
+--   '-1 0' gone already: its lease ended first (the waiter stalled, or its renewals
+--          could not reach Redis for a whole lease), and the notification was passed on
+--          to the oldest live waiter then
 local entry, prefix, publish = ARGV[1], ARGV[2], ARGV[3]
 pruned(prefix, publish)
 if redis.call('ZREM', KEYS[1], entry) == 1 then
