@@ -145,7 +145,9 @@ def test_a_condition_wait_rides_through_a_restart_and_returns_holding_its_lock(
     caplog.set_level(logging.DEBUG, logger="rlocks._engine.waiting")
     out: Dict[str, Any] = {}
     waiting_now = threading.Event()
-    timeout = 2.0 if phase == "timing-out" else 60.0
+    # (timing-out: long enough that the server is surely gone before the time runs out;
+    # the test checks it was, below)
+    timeout = 5.0 if phase == "timing-out" else 60.0
 
     def threads() -> None:
         lock = rlocks.RLock("cond-restart", client=no_retry_client(server.url, 2.0),
@@ -211,6 +213,7 @@ def test_a_condition_wait_rides_through_a_restart_and_returns_holding_its_lock(
 
     try:
         wait_until(lambda: retrying() or not thread.is_alive(), 60, "the waiter to retry")
+        assert retrying(), "the wait ended before it met the outage: nothing was tested"
     finally:
         server = TemporaryRedisServer(port=server.port).start()  # same port, empty
         try:
