@@ -52,6 +52,22 @@ def _loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
 
 
+def cancel_requests() -> int:
+    """How many cancellations of the running task are pending (0 outside a task)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def raise_absorbed_cancel(before: int) -> None:
+    """Raise CancelledError if the running task was cancelled since ``before`` (from
+    :func:`cancel_requests`) without it being raised: redis.asyncio can absorb a cancel
+    that arrives while it reads an answer, returning the answer normally, or turning it
+    into its TimeoutError when the cancel races its read timeout (Python 3.11's
+    ``asyncio.timeout``). Not raised, the cancelled task would go on waiting."""
+    if cancel_requests() > before:
+        raise asyncio.CancelledError()
+
+
 async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
     """Wait for ``event`` at most ``timeout`` s; whether it is set. Never eats a cancel.
 
@@ -459,10 +475,15 @@ class AsyncPrimitive(Primitive):
             pop = op.hub.to_pop(op.waiter, op.timeout, io)
             if pop is None:
                 return True
+            before = cancel_requests()
             try:
-                return op.hub.popped(op.waiter, await io.blpop(*pop))
+                result: Any = op.hub.popped(op.waiter, await io.blpop(*pop))
             except LINK_ERRORS as exc:
-                return exc  # for the dialogue: its next call meets the broken link
+                result = exc  # for the dialogue: its next call meets the broken link
+            # (After the popped line went to the hub: a grant it carried is then given
+            # back by the dialogue's clean-up.)
+            raise_absorbed_cancel(before)
+            return result
         if op.kind == READ:
             # Shielded as a script call is: an edge's deletion runs to its end. One read
             # at a time per hub, as in Primitive._perform.

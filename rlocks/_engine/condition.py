@@ -78,7 +78,7 @@ from typing import (
 
 from ..errors import NotOwnedError
 from . import checks
-from .aio import _wait_event, async_hub_for
+from .aio import _wait_event, async_hub_for, cancel_requests, raise_absorbed_cancel
 from .clients import encoding_of, io_client
 from .clock import monotonic
 from .dialogue import adrive, drive
@@ -449,15 +449,19 @@ class ConditionCore:
 
     async def _await(self, call: Call) -> Reply:
         """``call`` awaited. A cancellation that arrives while redis.asyncio reads the
-        answer can be absorbed by it (the command completes and returns normally, the
-        task's ``cancelling()`` count up by one): it is raised here after the answer, or
-        a cancelled waiter would go on waiting for its notification."""
-        task = asyncio.current_task()
-        before = task.cancelling() if task is not None else 0
+        answer can be absorbed by it (the command completes and returns normally, or
+        fails with its TimeoutError, the task's ``cancelling()`` count up by one): it is
+        raised here instead (``aio.raise_absorbed_cancel``), or a cancelled waiter would
+        go on waiting for its notification."""
+        before = cancel_requests()
         client = io_client(self._lock._aclient())
-        reply = await arun(client, call.script, call.keys, call.args)
-        if task is not None and task.cancelling() > before:
-            raise asyncio.CancelledError()
+        try:
+            reply = await arun(client, call.script, call.keys, call.args)
+        except Exception:
+            # (a cancel turned into a TimeoutError: a link error the wait would ride out)
+            raise_absorbed_cancel(before)
+            raise
+        raise_absorbed_cancel(before)
         return reply
 
     async def _await_wait(self, timeout: object) -> bool:
