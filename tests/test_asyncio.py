@@ -316,6 +316,71 @@ def test_a_cancel_that_redis_asyncio_turns_into_a_timeout_still_cancels_the_wait
     run(main)
 
 
+@pytest.mark.timeout(60)
+def test_a_cancel_turned_into_a_timeout_in_a_condition_look_still_cancels_the_wait(
+    url: str, link: FaultyLink, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Condition's twin of the test above: a cancel that lands while a look
+    # (cond_check) awaits its answer, and that redis.asyncio turns into its TimeoutError,
+    # is a link error a Condition wait rides out (d61f095), so the cancelled task would go
+    # on waiting for its notification. Here the look's reply is held on the way back, the
+    # task is cancelled while it awaits it, and the cancel is turned so: the task must
+    # still end, cancelled, holding the lock again (as asyncio.Condition.wait does).
+    from rlocks._engine import condition as engine_condition
+
+    original = engine_condition.arun
+    looks = [0]  # looks awaiting their answer
+
+    async def arun(client: Any, script: Any, *args: Any) -> Any:
+        looking = script.name == "cond_check"
+        looks[0] += looking
+        try:
+            return await original(client, script, *args)
+        except asyncio.CancelledError:
+            raise redis.exceptions.TimeoutError("Timeout reading from the socket") from None
+        finally:
+            looks[0] -= looking
+
+    monkeypatch.setattr(engine_condition, "arun", arun)
+
+    async def main() -> None:
+        c = aclient(link.url)
+        lock = ra.RLock(name, client=c, namespace=NAMESPACE, ttl=1.5)
+        cond = ra.Condition(lock)
+        entered = asyncio.Event()
+
+        async def wait() -> bool:
+            async with cond:
+                entered.set()
+                return await cond.wait(30)
+
+        direct = aclient(url)
+        waiter = asyncio.create_task(wait())
+        await asyncio.wait_for(entered.wait(), 10)
+        # in its wait: the lock given up (so its join and release are answered)
+        assert await eventually(lambda: _absent(direct, key("rlock", name)), 10)
+        link.hold_replies()
+        # a look (one every third of the ttl) is sent and its answer held
+        assert await eventually(lambda: _true(looks[0] > 0), 10)
+        await asyncio.sleep(0.1)
+        waiter.cancel()
+        await asyncio.sleep(0.1)
+        link.heal()
+        await _ended([waiter], 10)
+        assert waiter.cancelled()
+        assert not lock._is_owned()  # (the task's hold ended with its ``async with``)
+        async with lock:
+            pass
+        await c.aclose()
+        await direct.aclose()
+
+    run(main)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 def test_cancel_while_the_acquire_script_is_in_flight_gives_the_hold_back(
     url: str, link: FaultyLink, name: str
 ) -> None:
