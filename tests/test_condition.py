@@ -30,6 +30,7 @@ from rlocks._engine.identity import thread_owner
 from rlocks._engine.scripts import BUSY, GRANTED, NOT_OWNER, Call, Reply
 
 from . import _cond_workers
+from ._proxy import FaultyLink
 from ._servers import RENEWED_TTL, LocalCluster, server_version, wait_until
 from .conftest import NAMESPACE, snapshot
 
@@ -569,6 +570,116 @@ def test_asyncio_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock
             await aclient.aclose()
 
     asyncio.run(main())
+
+
+def _cut_at_cond_done(
+    monkeypatch: pytest.MonkeyPatch, link: FaultyLink, cond: Any
+) -> threading.Event:
+    """Cut ``link`` (refusing connections) just before ``cond``'s first ``cond_done`` is
+    sent, and heal it 0.5 s later: Redis out of reach for a moment, just as a notified
+    waiter holding the lock again ends its entry. Returns the event set once healed."""
+    original = engine.ConditionCore._done
+    healed = threading.Event()
+
+    def heal() -> None:
+        link.heal()
+        healed.set()
+
+    def done_after_a_cut(self: Any, entry: str) -> Call:
+        if self is cond and not healed.is_set() and link.mode == "ok":
+            link.cut()
+            threading.Timer(0.5, heal).start()
+        return original(self, entry)
+
+    monkeypatch.setattr(engine.ConditionCore, "_done", done_after_a_cut)
+    return healed
+
+
+@pytest.mark.timeout(60)
+def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bug hunt: Redis gone for half a second just as the notified waiter, holding the
+    # lock again, ends its entry. cond_done failed, was given up, and about a ttl later
+    # the entry's lease ended and prune gave the notification to the second waiter too:
+    # notify(1) woke two (2 of 12 random runs; every time the outage hits cond_done). Now
+    # the renewer sends cond_done again until the entry's lease ends.
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultyLink(port) as link:
+        via = redis.Redis.from_url(link.url)
+        cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
+        other = rlocks.Condition(
+            rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0)
+        )
+        healed = _cut_at_cond_done(monkeypatch, link, cond)
+        woken: List[str] = []
+
+        def queue_then_notify() -> None:
+            wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
+            second = Recorder(waiter(other, 6, woken, "second"), "second")
+            wait_until(lambda: waiting(client, cond) == 2, 10, "second waiter queued")
+            with other:
+                other.notify()  # the oldest: the main thread
+            # past the entry's lease (2 s) and the second waiter's next looks: not woken
+            assert second.join(15) is False
+
+        helper = Recorder(queue_then_notify)
+        with cond:
+            assert cond.wait(20) is True
+            assert healed.wait(5)  # (the release needs the link back)
+        helper.join(30)
+        assert woken == ["second"] and waiting(client, cond) == 0
+        assert client.zcard(cond._keys[1]) == 0  # the entry ended (by the renewer)
+        via.close()
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test above, on the asyncio twin: the loop's renewer task sends cond_done again.
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultyLink(port) as link:
+
+        async def main() -> None:
+            via = redis.asyncio.Redis.from_url(link.url)
+            direct = redis.asyncio.Redis.from_url(redis_url)
+            try:
+                cond = ra.Condition(ra.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
+                other = ra.Condition(
+                    ra.RLock(name, client=direct, namespace=NAMESPACE, ttl=2.0)
+                )
+                healed = _cut_at_cond_done(monkeypatch, link, cond)
+
+                async def wait(c: Any, timeout: float) -> bool:
+                    async with c:
+                        notified = bool(await c.wait(timeout))
+                        if c is cond:
+                            # (its release needs the link back)
+                            assert await asyncio.to_thread(healed.wait, 5)
+                        return notified
+
+                async def queued(n: int) -> None:
+                    while await direct.zcard(queue_of(cond)) != n:
+                        await asyncio.sleep(0.005)
+
+                first = asyncio.ensure_future(wait(cond, 20))
+                await asyncio.wait_for(queued(1), 10)
+                second = asyncio.ensure_future(wait(other, 6))
+                await asyncio.wait_for(queued(2), 10)
+                async with other:
+                    await other.notify()  # the oldest: the first waiter
+
+                assert await asyncio.wait_for(first, 15) is True
+                # past the entry's lease (2 s) and the second waiter's looks: not woken
+                assert await asyncio.wait_for(second, 15) is False
+                assert await direct.zcard(queue_of(cond)) == 0
+                assert await direct.zcard(cond._keys[1]) == 0  # ended (by the renewer)
+            finally:
+                await via.aclose()
+                await direct.aclose()
+
+        asyncio.run(main())
 
 
 @pytest.mark.timeout(60)

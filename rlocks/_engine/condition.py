@@ -37,8 +37,11 @@ finds it notified keeps it while the waiter takes the lock back (the lock's rene
 renews it meanwhile, as a hold: :class:`_KeptEntry`), and ``cond_done`` ends it then. So
 a waiter that dies after its look, while it waits for the lock, leaves the notification
 to the next waiter like any dead waiter, and a take-back that lasts (the notifier's
-section goes on) keeps it. Only a renewal that cannot reach Redis for a whole ``ttl``
-lets it go to the next waiter meanwhile: a spurious wake-up there, never a lost one.
+section goes on) keeps it. A ``cond_done`` that cannot reach Redis is left to the lock's
+renewer, which sends it again until the entry's lease ends (:class:`_EndingEntry`). Only
+an outage that outlasts that lease (renewals that cannot reach Redis for a whole ``ttl``)
+lets the notification go to the next waiter as well: a spurious wake-up there, never a
+lost one.
 
 Time-outs and errors
 --------------------
@@ -71,6 +74,7 @@ from typing import (
     Iterator,
     Optional,
     Sequence,
+    Set,
     Tuple,
     TypeVar,
     Union,
@@ -242,6 +246,35 @@ class _KeptEntry(Renewable):
         log.debug("%s: kept entry ended before the lock was back: %s", self._describe(), reason)
 
 
+class _EndingEntry(_KeptEntry):
+    """A notified entry whose waiter holds the lock again but whose ``cond_done`` failed
+    (Redis out of reach for a moment): the lock's renewer sends ``cond_done`` in its
+    place, tried again every ``ADOPT_AFTER`` while the entry's lease lasts, so a short
+    outage does not let the lease end and ``prune`` give the notification to a second
+    waiter. ``_ENDING`` keeps it alive until then (a renewer refers to what it renews
+    weakly, and its waiter has returned)."""
+
+    __slots__ = ()
+
+    _renew_script = _DONE
+
+    def _renewal_arguments(self, lease: Lease) -> Tuple[Sequence[str], Sequence[Any]]:
+        call = self._cond._done(self._entry)
+        return call.keys, call.args
+
+    def _renewed(self, lease: Lease, reply: Reply) -> bool:
+        return False  # ended (or gone already): nothing more to send, see _hold_lost
+
+    def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
+        # (called once either way: after its cond_done ran, or when the lease is over)
+        _ENDING.discard(self)
+        log.debug("%s: ending it is over: %s", self._describe(), reason)
+
+
+#: Entries whose ``cond_done`` the renewer sends (see :class:`_EndingEntry`).
+_ENDING: Set[_EndingEntry] = set()
+
+
 class ConditionCore:
     """The Condition surface shared by ``rlocks.Condition`` and its asyncio twin.
 
@@ -392,8 +425,8 @@ class ConditionCore:
                     self._leave_quietly(client, entry)
                 raise
             else:
-                if notified:
-                    self._end_quietly(client, entry)
+                if lease is not None:
+                    self._end_quietly(client, entry, lease.expires)
             finally:
                 if lease is not None:
                     renewer.cancel(lease)
@@ -434,16 +467,25 @@ class ConditionCore:
         except Exception:  # noqa: BLE001 - the first error is what propagates
             pass
 
-    def _end_quietly(self, client: Any, entry: str) -> None:
+    def _end_quietly(self, client: Any, entry: str, until: float) -> None:
         """End a notified entry once the lock is held again (``cond_done``). If that
-        fails (Redis unreachable), the entry ends with its lease, and its notification
-        goes to the next waiter then: a spurious wake-up there, never a lost one; the
-        wait still returns True.
-        """
+        fails (Redis out of reach), the lock's renewer sends it until the entry's lease
+        ends (``until``, monotonic; :meth:`_end_later`); only an outage that outlasts the
+        lease lets the notification go to the next waiter then: a spurious wake-up there,
+        never a lost one. The wait returns True either way."""
         try:
             self._done(entry)(client)
         except Exception:  # noqa: BLE001 - see the docstring
-            log.debug("%s: entry %s left to its lease", self._describe(), entry, exc_info=True)
+            self._end_later(entry, until)
+
+    def _end_later(self, entry: str, until: float) -> None:
+        """Leave ``cond_done`` of ``entry`` to the lock's renewer (see
+        :class:`_EndingEntry`), tried until ``until`` (monotonic). No I/O."""
+        log.debug("%s: cond_done of %s left to the renewer", self._describe(), entry,
+                  exc_info=True)
+        ending = _EndingEntry(self, entry)
+        _ENDING.add(ending)
+        self._lock._renewer().add(ending, entry, self._lock._ttl, monotonic(), short=until)
 
     # -- the asyncio driver ------------------------------------------------------------
 
@@ -502,9 +544,9 @@ class ConditionCore:
                     # until now for this.
                     await asyncio.shield(self._aleave_quietly(entry))
                 raise
-            if notified:
+            if lease is not None:
                 try:
-                    _, cancelled = await _to_the_end(self._aend_quietly(entry))
+                    _, cancelled = await _to_the_end(self._aend_quietly(entry, lease.expires))
                 finally:
                     if lease is not None:
                         renewer.cancel(lease)
@@ -564,12 +606,12 @@ class ConditionCore:
         except Exception:  # noqa: BLE001 - see _leave_quietly
             pass
 
-    async def _aend_quietly(self, entry: str) -> None:
+    async def _aend_quietly(self, entry: str, until: float) -> None:
         """:meth:`_end_quietly`, awaited."""
         try:
             await self._await(self._done(entry))
         except Exception:  # noqa: BLE001 - see _end_quietly
-            log.debug("%s: entry %s left to its lease", self._describe(), entry, exc_info=True)
+            self._end_later(entry, until)
 
 
 def _unless_link_lost(call: Call, client: Any) -> Any:
