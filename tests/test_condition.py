@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import math
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ import redis.asyncio
 
 import rlocks
 import rlocks.asyncio as ra
+from rlocks._engine import aio
 from rlocks._engine import condition as engine
 from rlocks._engine.identity import thread_owner
 from rlocks._engine.scripts import BUSY, GRANTED, NOT_OWNER, Call, Reply
@@ -573,22 +575,26 @@ def test_asyncio_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock
 
 
 def _cut_at_cond_done(
-    monkeypatch: pytest.MonkeyPatch, link: FaultyLink, cond: Any
+    monkeypatch: pytest.MonkeyPatch, link: FaultyLink, cond: Any, heal_after: float = 0.5
 ) -> threading.Event:
     """Cut ``link`` (refusing connections) just before ``cond``'s first ``cond_done`` is
-    sent, and heal it 0.5 s later: Redis out of reach for a moment, just as a notified
-    waiter holding the lock again ends its entry. Returns the event set once healed."""
+    sent, and heal it ``heal_after`` s later (0: the caller heals it): Redis out of reach
+    for a moment, just as a notified waiter holding the lock again ends its entry.
+    Returns the event set once healed by the timer."""
     original = engine.ConditionCore._done
     healed = threading.Event()
+    cut = threading.Event()
 
     def heal() -> None:
         link.heal()
         healed.set()
 
     def done_after_a_cut(self: Any, entry: str) -> Call:
-        if self is cond and not healed.is_set() and link.mode == "ok":
+        if self is cond and not cut.is_set():
+            cut.set()
             link.cut()
-            threading.Timer(0.5, heal).start()
+            if heal_after:
+                threading.Timer(heal_after, heal).start()
         return original(self, entry)
 
     monkeypatch.setattr(engine.ConditionCore, "_done", done_after_a_cut)
@@ -630,6 +636,123 @@ def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
         helper.join(30)
         assert woken == ["second"] and waiting(client, cond) == 0
         assert client.zcard(cond._keys[1]) == 0  # the entry ended (by the renewer)
+        via.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_child_does_not_inherit_the_parents_pending_cond_done(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bug hunt: a child forked while the parent's renewer still had a cond_done to send
+    # kept that entry in _ENDING for ever (never sent: the child's renewer is new).
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultyLink(port) as link:
+        via = redis.Redis.from_url(link.url)
+        cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
+        other = rlocks.Condition(
+            rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0)
+        )
+        _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
+
+        def queue_then_notify() -> None:
+            wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
+            with other:
+                other.notify()
+
+        helper = Recorder(queue_then_notify)
+        with cond:
+            assert cond.wait(20) is True
+            assert len(engine._ENDING) == 1  # its cond_done left to the renewer
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: only reports
+                os.write(write, str(len(engine._ENDING)).encode())
+                os._exit(0)
+            os.close(write)
+            in_child = os.read(read, 16)
+            os.close(read)
+            os.waitpid(pid, 0)
+            link.heal()
+            wait_until(lambda: not engine._ENDING, 10, "the parent's cond_done sent")
+        helper.join(10)
+        assert in_child == b"0"
+        assert client.zcard(cond._keys[1]) == 0
+        via.close()
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_a_renewer_cancelled_with_a_cond_done_to_send_says_so_and_is_forgotten(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A bug hunt: an event loop whose renewer task ends (the loop is shut down) with a
+    # cond_done still to send left it in _ENDING for the life of the process, and its
+    # warning counted it as a "hold". It says what it is now, and the next entry left to
+    # a renewer drops it once its lease is over.
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with FaultyLink(port) as link:
+
+        async def first() -> None:
+            via = redis.asyncio.Redis.from_url(link.url)
+            direct = redis.asyncio.Redis.from_url(redis_url)
+            try:
+                cond = ra.Condition(ra.RLock(name, client=via, namespace=NAMESPACE, ttl=1.0))
+                other = ra.Condition(
+                    ra.RLock(name, client=direct, namespace=NAMESPACE, ttl=1.0)
+                )
+                _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
+
+                async def wait() -> bool:
+                    async with cond:
+                        notified = bool(await cond.wait(20))
+                        assert len(engine._ENDING) == 1
+                        task = aio.loop_renewer()._runner
+                        assert task is not None
+                        task.cancel()  # as a loop's shutdown does
+                        await asyncio.wait([task], timeout=10)
+                        link.heal()
+                        return notified
+
+                waiting_task = asyncio.ensure_future(wait())
+                while await direct.zcard(queue_of(cond)) != 1:
+                    await asyncio.sleep(0.005)
+                async with other:
+                    await other.notify()
+                assert await asyncio.wait_for(waiting_task, 15) is True
+            finally:
+                await via.aclose()
+                await direct.aclose()
+
+        with caplog.at_level(logging.WARNING, logger="rlocks._engine.aio"):
+            asyncio.run(first())
+        assert any("cancelled with 1 notified Condition entry" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        # (the lock, held as the renewer was cancelled, is the one hold: not the entry)
+        assert any("cancelled with 1 hold(s)" in r.getMessage() for r in caplog.records)
+        assert len(engine._ENDING) == 1  # (its loop is gone: nothing will send it)
+        time.sleep(1.2)  # past that entry's lease (ttl 1 s)
+        # The next cond_done left to a renewer (threading, here) drops the stale one.
+        monkeypatch.undo()
+        via = redis.Redis.from_url(link.url)
+        cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
+        other = rlocks.Condition(
+            rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0)
+        )
+        _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
+
+        def queue_then_notify() -> None:
+            wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
+            with other:
+                other.notify()
+
+        helper = Recorder(queue_then_notify)
+        with cond:
+            assert cond.wait(20) is True
+            assert len(engine._ENDING) == 1  # this one only: the stale one is gone
+            link.heal()
+            wait_until(lambda: not engine._ENDING, 10, "its cond_done sent")
+        helper.join(10)
         via.close()
 
 

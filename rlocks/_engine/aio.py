@@ -210,12 +210,22 @@ class AsyncRenewer(Renewer):
             # shutdown handler): the next lease added starts a new task (``stopped``),
             # which renews these too; until then nothing does. Said, not silent.
             with self._mutex:
-                holds = sum(1 for lease in self._leases.values() if lease.kind == "h")
+                owners = [lease.ref() for lease in self._leases.values() if lease.kind == "h"]
+            holds = sum(1 for owner in owners if isinstance(owner, Primitive))
+            entries = sum(1 for owner in owners if owner is not None) - holds
             if holds:
                 log.warning(
                     "the rlocks lease renewer of this event loop was cancelled with %d "
                     "hold(s) to renew: none is renewed until the loop's next acquire, "
                     "and a hold not released by then ends with its lease", holds,
+                )
+            if entries:
+                # (a Condition's notified entries, kept or being ended: see condition.py)
+                log.warning(
+                    "the rlocks lease renewer of this event loop was cancelled with %d "
+                    "notified Condition entr%s to renew or end: one that ends with its "
+                    "lease gives its notification to another waiter as well",
+                    entries, "y" if entries == 1 else "ies",
                 )
             raise
 

@@ -65,16 +65,17 @@ import asyncio
 import itertools
 import logging
 import operator
+import os
 from typing import (
     Any,
     Callable,
     ClassVar,
     Coroutine,
+    Dict,
     Generator,
     Iterator,
     Optional,
     Sequence,
-    Set,
     Tuple,
     TypeVar,
     Union,
@@ -267,12 +268,23 @@ class _EndingEntry(_KeptEntry):
 
     def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
         # (called once either way: after its cond_done ran, or when the lease is over)
-        _ENDING.discard(self)
+        _ENDING.pop(self, None)
         log.debug("%s: ending it is over: %s", self._describe(), reason)
 
 
-#: Entries whose ``cond_done`` the renewer sends (see :class:`_EndingEntry`).
-_ENDING: Set[_EndingEntry] = set()
+#: Entries whose ``cond_done`` the renewer sends (see :class:`_EndingEntry`), each with
+#: the end of its lease (monotonic): one still there after that (its renewer was an
+#: event loop's task, and the loop ended) is dropped by the next ``_end_later``.
+_ENDING: Dict[_EndingEntry, float] = {}
+
+
+def _forget_endings() -> None:
+    """In a fork child: the parent's ending entries are the parent's renewer's to send."""
+    _ENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_endings)
 
 
 class ConditionCore:
@@ -483,9 +495,12 @@ class ConditionCore:
         :class:`_EndingEntry`), tried until ``until`` (monotonic). No I/O."""
         log.debug("%s: cond_done of %s left to the renewer", self._describe(), entry,
                   exc_info=True)
+        now = monotonic()
+        for over in [e for e, end in _ENDING.items() if end < now]:
+            _ENDING.pop(over, None)
         ending = _EndingEntry(self, entry)
-        _ENDING.add(ending)
-        self._lock._renewer().add(ending, entry, self._lock._ttl, monotonic(), short=until)
+        _ENDING[ending] = until
+        self._lock._renewer().add(ending, entry, self._lock._ttl, now, short=until)
 
     # -- the asyncio driver ------------------------------------------------------------
 
