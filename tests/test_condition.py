@@ -639,6 +639,25 @@ def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
         via.close()
 
 
+def _notified_with_its_cond_done_cut(
+    client: Any, name: str, link: FaultyLink, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """(a Condition on ``link``, a started Recorder): the helper notifies the Condition
+    once the calling thread waits on it, and the waiter's ``cond_done`` then finds the
+    link cut (:func:`_cut_at_cond_done`; the caller heals it)."""
+    via = redis.Redis.from_url(link.url)
+    cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
+    other = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0))
+    _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
+
+    def queue_then_notify() -> None:
+        wait_until(lambda: waiting(client, cond) == 1, 10, "the waiter queued")
+        with other:
+            other.notify()
+
+    return cond, Recorder(queue_then_notify)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_child_does_not_inherit_the_parents_pending_cond_done(
@@ -648,19 +667,7 @@ def test_a_fork_child_does_not_inherit_the_parents_pending_cond_done(
     # kept that entry in _ENDING for ever (never sent: the child's renewer is new).
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     with FaultyLink(port) as link:
-        via = redis.Redis.from_url(link.url)
-        cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
-        other = rlocks.Condition(
-            rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0)
-        )
-        _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
-
-        def queue_then_notify() -> None:
-            wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
-            with other:
-                other.notify()
-
-        helper = Recorder(queue_then_notify)
+        cond, helper = _notified_with_its_cond_done_cut(client, name, link, monkeypatch)
         with cond:
             assert cond.wait(20) is True
             assert len(engine._ENDING) == 1  # its cond_done left to the renewer
@@ -678,7 +685,6 @@ def test_a_fork_child_does_not_inherit_the_parents_pending_cond_done(
         helper.join(10)
         assert in_child == b"0"
         assert client.zcard(cond._keys[1]) == 0
-        via.close()
 
 
 @pytest.mark.timeout(60)
@@ -734,26 +740,13 @@ def test_asyncio_a_renewer_cancelled_with_a_cond_done_to_send_says_so_and_is_for
         time.sleep(1.2)  # past that entry's lease (ttl 1 s)
         # The next cond_done left to a renewer (threading, here) drops the stale one.
         monkeypatch.undo()
-        via = redis.Redis.from_url(link.url)
-        cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
-        other = rlocks.Condition(
-            rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0)
-        )
-        _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
-
-        def queue_then_notify() -> None:
-            wait_until(lambda: waiting(client, cond) == 1, 10, "main thread queued")
-            with other:
-                other.notify()
-
-        helper = Recorder(queue_then_notify)
+        cond, helper = _notified_with_its_cond_done_cut(client, name, link, monkeypatch)
         with cond:
             assert cond.wait(20) is True
             assert len(engine._ENDING) == 1  # this one only: the stale one is gone
             link.heal()
             wait_until(lambda: not engine._ENDING, 10, "its cond_done sent")
         helper.join(10)
-        via.close()
 
 
 @pytest.mark.timeout(60)
