@@ -639,6 +639,15 @@ def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
         via.close()
 
 
+def _async_twins(name: str, via: Any, direct: Any, ttl: float) -> Any:
+    """(the asyncio Condition of ``name`` on ``via``, the same on ``direct``), their
+    locks' ``ttl`` as given."""
+    return tuple(
+        ra.Condition(ra.RLock(name, client=c, namespace=NAMESPACE, ttl=ttl))
+        for c in (via, direct)
+    )
+
+
 def _notified_with_its_cond_done_cut(
     client: Any, name: str, link: FaultyLink, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
@@ -703,10 +712,7 @@ def test_asyncio_a_renewer_cancelled_with_a_cond_done_to_send_says_so_and_is_for
             via = redis.asyncio.Redis.from_url(link.url)
             direct = redis.asyncio.Redis.from_url(redis_url)
             try:
-                cond = ra.Condition(ra.RLock(name, client=via, namespace=NAMESPACE, ttl=1.0))
-                other = ra.Condition(
-                    ra.RLock(name, client=direct, namespace=NAMESPACE, ttl=1.0)
-                )
+                cond, other = _async_twins(name, via, direct, ttl=1.0)
                 _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
 
                 async def wait() -> bool:
@@ -761,10 +767,7 @@ def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobod
             via = redis.asyncio.Redis.from_url(link.url)
             direct = redis.asyncio.Redis.from_url(redis_url)
             try:
-                cond = ra.Condition(ra.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
-                other = ra.Condition(
-                    ra.RLock(name, client=direct, namespace=NAMESPACE, ttl=2.0)
-                )
+                cond, other = _async_twins(name, via, direct, ttl=2.0)
                 healed = _cut_at_cond_done(monkeypatch, link, cond)
 
                 async def wait(c: Any, timeout: float) -> bool:

@@ -563,8 +563,7 @@ class ConditionCore:
                 try:
                     _, cancelled = await _to_the_end(self._aend_quietly(entry, lease.expires))
                 finally:
-                    if lease is not None:
-                        renewer.cancel(lease)
+                    renewer.cancel(lease)
                 if cancelled is not None:
                     # Cancelled as the notification was used: the task raises, so it
                     # goes on to the next waiter all the same (held: notify is allowed).
