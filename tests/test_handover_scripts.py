@@ -12,6 +12,7 @@ and the stored state after every step.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import time
 from pathlib import Path
@@ -561,6 +562,63 @@ def test_sem_unadopted_grant_shrinks_with_the_owners_releases(sem: _Prim) -> Non
     assert sem.markers() == []
 
 
+# --- a release that carries its process's next waiter's queueing ----------------------
+
+
+def test_a_release_queues_its_process_s_next_waiter_behind_those_waiting(rl: _Prim) -> None:
+    """Behind another process's entry: the lock goes to that entry, and the carried
+    waiter is queued after it, with its lines on its list (b = 1), as its own acquire
+    with queue = 2 would have; the items say so (3, position, hint, last token)."""
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[:2] == [3, 1]
+    raw = rl.raw("release", T0 + 5, "p1.a", 1, "p1", "p1.b", 1)
+    assert _plain(raw)[:4] == [1, 0, 0, ["g p2.a"]]
+    status, position, hint, token = raw[4]
+    assert (status, position, hint) == (3, 1, ELEASE)  # to the end of p2's short lease
+    assert token == int(rl.client.hget(rl.keys[6], "last"))
+    assert rl.queue() == ["p1"] and rl.holds() == {"p2.a": 1}
+    entry = json.loads(rl.client.hget(rl.keys[3], "e:p1"))
+    assert (entry["w"], entry["o"], entry["n"], entry["b"]) == ("p1.b", "p1.b", 1, 1)
+    # p2's release hands it on to the carried waiter, through its list
+    assert rl.call("release", T0 + 6, "p2.a", 1)[3] == ["g p1.b"]
+    assert rl.client.lrange(f"{rl.keys[5]}:p1", 0, -1) != []
+
+
+def test_a_release_with_nobody_else_waiting_hands_the_lock_to_the_carried_waiter(
+    rl: _Prim,
+) -> None:
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    raw = rl.raw("release", T0 + 5, "p1.a", 1, "p1", "p1.b", 2)
+    assert _plain(raw)[:4] == [1, 0, 0, ["g p1.b"]]
+    assert raw[4][:2] == [3, 0]  # queued, and granted at once (in wakes)
+    assert rl.queue() == [] and rl.holds() == {"p1.b": 2} and rl.markers() == ["p1.b"]
+
+
+def test_a_release_does_not_carry_a_waiter_whose_entry_or_grant_exists(rl: _Prim) -> None:
+    """Its entry already queued (or a grant to it unadopted): nothing is queued, the
+    items say 0, and the waiter asks itself."""
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[:2] == [3, 1]
+    assert _racq(rl, T0, "p3.a")[:2] == [3, 2]
+    raw = rl.raw("release", T0 + 5, "p1.a", 1, "p3", "p3.b", 1)
+    assert raw[4] == [0, 0, 0, 0]
+    assert rl.queue() == ["p3"]
+    assert json.loads(rl.client.hget(rl.keys[3], "e:p3"))["w"] == "p3.a"
+    # a release that holds nothing carries nothing either
+    assert rl.call("release", T0 + 6, "p9.a", 1, "p9", "p9.b", 1) == [-1, 0, 0, []]
+    assert rl.queue() == ["p3"]
+
+
+def test_a_write_release_carries_a_reader_of_its_process(rw: _Prim) -> None:
+    assert _wacq(rw, T0, "p1.a", "w")[0] == 1
+    assert _wacq(rw, T0, "p2.a", "r")[:2] == [3, 1]
+    raw = rw.raw("release", T0 + 5, "p1.a", "w", 1, "p1", "p1.b", "r", 1)
+    # readers queued together are granted together: the carried one joins p2 at once
+    assert _plain(raw)[:4] == [1, 0, 0, ["g p2.a", "g p1.b"]]
+    assert raw[4][:2] == [3, 0]
+    assert rw.holds() == {"r:p2.a": 1, "r:p1.b": 1}
+
+
 # --- edge-case ARGV ------------------------------------------------------------------
 
 _BAD = [
@@ -577,11 +635,20 @@ _BAD = [
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 2, 1], "reentry"),
     ("rlock", "acquire", ["", PUB, 1, ELEASE, "o", "p", 1, 1, 0], "queue"),
     ("rlock", "release", ["", PUB, 1, ELEASE, "o", -1], "holds"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "p0.a", 1, "p q", "p0.b", 1], "carry entry"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "p0.a", 1, "p0", "#b", 1], "carry waiter"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "p0.a", 1, "p0", "p0.b", 0], "carry count"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "p0.a", 1, "p0", "p0.b"], "carry count"),
+    ("rlock", "release", ["", PUB, 1, ELEASE, "p0.a", 1, "p0", "p0.b", 1, 1], "carry"),
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "h"], "items"),
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "r", "o"], "item kind"),
     ("rlock", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", 0], "next want"),
     ("rw", "acquire", ["", PUB, 1, ELEASE, "o", "p", "x", 1, 1, 0, 1], "side"),
     ("rw", "release", ["", PUB, 1, ELEASE, "o", "rw", 1], "side"),
+    ("rw", "release", ["", PUB, 1, ELEASE, "p0.a", "r", 1, "p0", "p0.b", "x", 1],
+     "carry side"),
+    ("rw", "release", ["", PUB, 1, ELEASE, "p0.a", "r", 1, "p0", "p0.b", "w", 0],
+     "carry count"),
     ("rw", "renew", ["", PUB, 1, ELEASE, 1000, "h", "o"], "item kind"),
     ("rw", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", "q", 1], "next side"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, -1, 1, "p", "p.a", "p", 1, 1, 1], "value"),

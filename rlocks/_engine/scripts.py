@@ -21,7 +21,9 @@ status     meaning, and ``value`` / ``aux``
 =========  ==========================================================================
  1         OK. acquire: granted, value = the caller's holds now, aux = lease ms.
            release: value = holds left (sem_release: permits free after the
-           hand-over). renew: value = items renewed (``items``: each one's status,
+           hand-over; an rlock or rw release that carried its process's next
+           waiter's queueing: ``items`` = that queueing's status, value, aux and
+           token). renew: value = items renewed (``items``: each one's status,
            1 done / -1 not there). leave: value 0 = left, else the re-pointed entry's
            position. force_release: released, value 0. cond_*: notified / queued /
            done, value as in each file's header.

@@ -79,8 +79,10 @@
 --   granted (the waiter now holds what its entry asked, with the short lease; token =
 --   the grant's fencing token; a semaphore's line is 'g <waiter>'),
 --   'w <waiter>' = woken to try again (fair = 0 only).
---   items: renew only, each item's status (absent from every other reply, and from a
---   renew of no item).
+--   items: renew, each item's status (absent from a renew of no item); and a release
+--   of rlock or rw that carried its process's next waiter's queueing (see
+--   rlock_release.lua): that queueing's status, value, aux and token. Absent from
+--   every other reply.
 --   token: acquire replies 1 and 2 of rlock and rw when the caller's hold on that side
 --   is new (a fresh grant, or the adopted hand-over grant): its fencing token; absent
 --   (0 in the text) when the call issued none (re-entry keeps the caller's token).
@@ -725,7 +727,43 @@ local function op_acquire(ctx, a)
     return finish(ctx, 3, position, hint)
 end
 
--- release for rlock and rw: r = {owner, side, n}.
+-- The optional carried queueing of a release (rlock and rw): nil when ARGV[i] is absent
+-- or '', else {entry, waiter, side, n} from ARGV[i..] (rw: entry, waiter, side, count;
+-- rlock: entry, waiter, count).
+local function carry_args(ctx, i)
+    if ARGV[i] == nil or ARGV[i] == '' then return nil end
+    local c = {entry = str_arg(i, 'carry entry'), waiter = str_arg(i + 1, 'carry waiter'),
+               side = 'x'}
+    if ctx.kind == 'rw' then
+        c.side = side_arg(i + 2, 'carry side', 'rw')
+        i = i + 1
+    end
+    c.n = int_arg(i + 2, 'carry count', 1)
+    if ARGV[i + 3] ~= nil then bad = bad or 'RLOCKS_BAD_ARG carry' end
+    return c
+end
+
+-- Queue the releasing process's next waiter `c` as its own acquire with queue = 2 would
+-- for a caller that holds nothing (the release files say why). Not when its entry or an
+-- unadopted grant to it exists already: that waiter asks itself then. Returns the items
+-- {3, position (0: granted at once, in wakes), hint, last token} or {0, 0, 0, 0}.
+local function carry(ctx, c)
+    if get_entry(c.entry) ~= nil or (ctx.tn > 0 and get_marker(c.waiter) ~= nil) then
+        return {0, 0, 0, 0}
+    end
+    local e = {w = c.waiter, o = c.waiter, s = c.side, n = c.n, k = 0, b = 1}
+    local position = enqueue(ctx, c.entry, e, nil)
+    local granted = ctx.granted
+    handover(ctx)
+    if ctx.granted > granted then
+        local rank = redis.call('ZRANK', Q, c.entry)
+        position = rank and rank + 1 or 0
+    end
+    local token = ctx.tok or tonumber(redis.call('HGET', F, 'last')) or 0
+    return {3, position, earliest_hold(ctx), token}
+end
+
+-- release for rlock and rw: r = {owner, side, n[, carry]} (carry: see carry_args).
 local function op_release(ctx, r)
     purge(ctx)
     local mine = held_by(ctx, r.side, r.owner)
@@ -738,7 +776,11 @@ local function op_release(ctx, r)
     if ctx.tn > 0 then clear_marker(ctx, r.owner) end
     local left = mine - drop(ctx, r.side, r.owner, r.n, false, mine)
     handover(ctx)
-    return finish(ctx, 1, left, 0)
+    local items = nil
+    if r.carry ~= nil then items = carry(ctx, r.carry) end
+    local reply = finish(ctx, 1, left, 0)
+    if items ~= nil then reply[5] = items end
+    return reply
 end
 
 -- leave: l = {owner, waiter, entry, next_waiter, next_owner, next_side, next_want}.
