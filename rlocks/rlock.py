@@ -20,6 +20,7 @@ class _RLockCore(Primitive):
     __slots__ = ()
 
     _kind = "rlock"
+    _excludes = True
     _detects_deadlocks = True
     _acquire_script = load_queued("rlock_acquire")
     _release_script = load_queued("rlock_release")

@@ -149,6 +149,7 @@ class _WriteCore(_SideCore):
 
     _side_code = "w"
     _side_name = "write_lock"
+    _excludes = True
 
     def __init__(self, name: str, read: _ReadCore, options: Options) -> None:
         super().__init__(name, options)

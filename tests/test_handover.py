@@ -30,7 +30,7 @@ from rlocks._engine.scripts import run
 
 from . import _procs
 from ._servers import wait_until
-from ._threads import listening, parked
+from ._threads import in_thread, joined, listening, parked, started
 
 SPAWN = multiprocessing.get_context("spawn")
 NS = "rlocks-handover-test"
@@ -1246,3 +1246,320 @@ def test_on_a_small_pool_waiters_wait_on_the_hub_not_in_a_blpop(
     thread.join(30)
     assert not thread.is_alive() and got == [True]
     small.close()
+
+
+# -- the next local waiter queues at its sibling's release --------------------------------
+
+
+def _sibling_setup(kind: str, name: str, redis_url: str) -> Tuple[Any, Any, Any, str]:
+    """(a holder on a client of its own: another hub, as another process would be; the
+    primitive two threads of this test share on a second client; an admin client; the
+    queue key)."""
+    other, mine = (redis.Redis.from_url(redis_url) for _ in range(2))
+    return _one(kind, name, other), _one(kind, name, mine), other, _queue_key(kind, name)
+
+
+def _taken_at(prim: Any) -> float:
+    """Acquire ``prim`` (60 s at most), release it; returns when it was granted."""
+    assert prim.acquire(timeout=60)
+    at = time.monotonic()
+    prim.release()
+    return at
+
+
+def _granted_sibling(prim: Any) -> Tuple[threading.Thread, threading.Event, threading.Event]:
+    """A started thread that acquires ``prim`` (it waits: the holder has it), sets the
+    first event once granted, and releases when the second is set."""
+    got, go = threading.Event(), threading.Event()
+
+    def run() -> None:
+        assert prim.acquire(timeout=30)
+        got.set()
+        go.wait(30)
+        prim.release()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got, go
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_the_next_local_waiter_queues_only_when_its_sibling_releases(
+    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread handed an exclusive hold keeps this process's next waiter from queueing
+    until its release begins (queued at once, that waiter's call landed on the holder's
+    critical section); the release then lets it queue at once, not after the limit."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
+    second, out = started(lambda: _taken_at(prim))
+    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    time.sleep(0.5)
+    assert admin.zcard(queue) == 0, "the second sibling queued while the first held"
+    began = time.monotonic()
+    go.set()
+    assert joined(second, out, 30) - began < 10, "the release did not let the second queue"
+    first.join(10)
+    assert holder.acquire(blocking=False)
+    holder.release()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_next_local_waiter_queues_after_the_limit_and_may_time_out_before(
+    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for a sibling's release is bounded (DEFER_LIMIT): then the waiter queues
+    anyway. And one whose timeout ends first returns False leaving nothing in Redis."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    began = time.monotonic()
+    assert in_thread(lambda: prim.acquire(timeout=0.3)) is False
+    assert time.monotonic() - began < 10
+    assert admin.zcard(queue) == 0 and admin.exists(queue) == 0
+    go.set()
+    first.join(10)
+    # now a short limit: the waiter queues after it while the sibling still holds
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 0.3)
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue again")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock again"
+    other, out = started(lambda: _taken_at(holder))
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the holder's hub to queue")
+    second, out2 = started(lambda: _taken_at(prim))
+    wait_until(lambda: admin.zcard(queue) == 2, 15, "the second sibling to queue after the limit")
+    go.set()
+    # FIFO: the holder's hub queued first
+    assert joined(other, out, 30) < joined(second, out2, 30)
+    first.join(10)
+
+
+@pytest.mark.timeout(90)
+def test_a_condition_wait_of_the_sibling_lets_the_next_local_waiter_in(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold that ends in Condition.wait (a release_save, not release) lets the waiter
+    it kept from queueing queue at once too."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup("rlock", name, redis_url)
+    cond = rlocks.Condition(prim)
+    assert holder.acquire()
+    got = threading.Event()
+
+    def first() -> bool:
+        with cond:
+            got.set()
+            return cond.wait(timeout=20)
+
+    waiting, out = started(first)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
+    second, out2 = started(lambda: _taken_at(prim))
+    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
+    began = time.monotonic()
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    assert joined(second, out2, 30) - began < 10, "the wait's release did not let it in"
+    with cond:
+        cond.notify()
+    assert joined(waiting, out, 30) is True
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_the_next_local_task_queues_only_when_its_sibling_releases(
+    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio twin: a task handed the lock keeps the loop's next waiting task from
+    queueing until its release."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    admin = redis.Redis.from_url(redis_url)
+    queue = _queue_key(kind, name)
+
+    async def main() -> None:
+        other, mine = (redis.asyncio.Redis.from_url(redis_url) for _ in range(2))
+        holder, prim = _one_async(kind, name, other), _one_async(kind, name, mine)
+        got, go = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            assert await prim.acquire(timeout=30)
+            got.set()
+            await go.wait()
+            await prim.release()
+
+        async def second() -> float:
+            assert await prim.acquire(timeout=60)
+            at = time.monotonic()
+            await prim.release()
+            return at
+
+        assert await holder.acquire()
+        tasks = [asyncio.ensure_future(first())]
+        for _ in range(1500):
+            if admin.zcard(queue) == 1:
+                break
+            await asyncio.sleep(0.01)
+        tasks.append(asyncio.ensure_future(second()))
+        await asyncio.sleep(0.3)
+        assert admin.zcard(queue) == 1
+        await holder.release()
+        await asyncio.wait_for(got.wait(), 15)
+        await asyncio.sleep(0.5)
+        assert admin.zcard(queue) == 0, "the second task queued while the first held"
+        began = time.monotonic()
+        go.set()
+        at = await asyncio.wait_for(tasks[1], 30)
+        assert at - began < 10, "the release did not let the second task queue"
+        await asyncio.wait_for(tasks[0], 30)
+        for c in (other, mine):
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+def _counting_queue_calls(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """Record the owner of every queueing acquire call (``entry`` given) from now on."""
+    owners: List[str] = []
+    real = Primitive._acquire_call
+
+    def counted(self: Any, owner: str, count: int, reentry: bool, entry: Any,
+                listen: bool = False) -> Any:
+        if entry is not None:
+            owners.append(owner)
+        return real(self, owner, count, reentry, entry, listen)
+
+    monkeypatch.setattr(Primitive, "_acquire_call", counted)
+    return owners
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+@pytest.mark.parametrize("others", [False, True])
+def test_a_release_queues_the_next_local_waiter_in_its_own_script(
+    redis_url: str, name: str, kind: str, others: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter a hold kept from queueing is queued by that hold's release (one script
+    for both): it sends no queueing call of its own, and gets the lock, at once when
+    nobody else waits, else when the waiter ahead of it (``others``) is done."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
+    second, out = started(lambda: (identity.thread_owner(), _taken_at(prim)))
+    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    owners = _counting_queue_calls(monkeypatch)
+    if others:
+        other, other_out = started(lambda: _taken_at(holder))
+        wait_until(lambda: admin.zcard(queue) == 1, 15, "the other hub to queue")
+    go.set()
+    owner, at = joined(second, out, 30)
+    assert owner not in owners, "the second sibling sent a queueing call of its own"
+    if others:
+        assert joined(other, other_out, 30) < at  # FIFO: the other hub queued first
+    first.join(10)
+    assert admin.zcard(queue) == 0 and holder.acquire(blocking=False)
+    holder.release()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_waiter_gone_while_a_release_queued_it_is_taken_out_by_that_release(
+    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter times out while its sibling's release, which queues it, is on its way
+    (held back here until the waiter has returned): that release's script queued a
+    waiter that is gone (and, nobody else waiting, granted it the lock), so the releasing
+    thread takes it out in its name at once; the lock is free when its release returns,
+    not after the entry lease."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
+    gave_up = threading.Event()
+    second, out = started(lambda: (prim.acquire(timeout=1.0), gave_up.set())[0])
+    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    real = Primitive._carry_begin
+    carried: List[Any] = []
+
+    def late(self: Any, owner: str) -> Any:
+        carry = real(self, owner)
+        carried.append(carry)
+        assert gave_up.wait(30)
+        return carry
+
+    monkeypatch.setattr(Primitive, "_carry_begin", late)
+    go.set()
+    assert joined(second, out, 30) is False
+    first.join(30)
+    assert carried and carried[0] is not None, "the release carried nothing"
+    assert holder.acquire(blocking=False), "the gone waiter's grant was left to its lease"
+    holder.release()
+    assert admin.zcard(queue) == 0
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_task_release_queues_the_next_local_task_in_its_own_script(
+    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio twin: the next task sends no queueing call of its own."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    admin = redis.Redis.from_url(redis_url)
+    queue = _queue_key(kind, name)
+    owners = _counting_queue_calls(monkeypatch)
+
+    async def main() -> None:
+        other, mine = (redis.asyncio.Redis.from_url(redis_url) for _ in range(2))
+        holder, prim = _one_async(kind, name, other), _one_async(kind, name, mine)
+        got, go = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            assert await prim.acquire(timeout=30)
+            got.set()
+            await go.wait()
+            await prim.release()
+
+        async def second() -> str:
+            assert await prim.acquire(timeout=60)
+            await prim.release()
+            return identity.task_owner()
+
+        assert await holder.acquire()
+        tasks = [asyncio.ensure_future(first())]
+        for _ in range(1500):
+            if admin.zcard(queue) == 1:
+                break
+            await asyncio.sleep(0.01)
+        tasks.append(asyncio.ensure_future(second()))
+        await asyncio.sleep(0.3)
+        await holder.release()
+        await asyncio.wait_for(got.wait(), 15)
+        owners.clear()
+        go.set()
+        owner = await asyncio.wait_for(tasks[1], 30)
+        assert owner not in owners, "the second task sent a queueing call of its own"
+        await asyncio.wait_for(tasks[0], 30)
+        assert admin.zcard(queue) == 0 and await holder.acquire(blocking=False)
+        await holder.release()
+        for c in (other, mine):
+            await c.aclose()
+
+    asyncio.run(main())

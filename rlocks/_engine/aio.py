@@ -405,6 +405,18 @@ class AsyncPrimitive(Primitive):
         self._kept_hub = (weakref.ref(loop), hub)
         return hub
 
+    def _kept_hub_here(self) -> Optional[WakeHub]:
+        """:meth:`Primitive._kept_hub_here` for the running event loop (None outside
+        one): its hub is touched only from the loop's thread."""
+        kept = self._kept_hub
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        if kept is not None and kept[0]() is loop:
+            return cast(AsyncWakeHub, kept[1])
+        return None
+
     def _channel(self, hub: Optional[WakeHub] = None) -> str:
         """:meth:`Primitive._channel`; by default, the running event loop's hub's."""
         return super()._channel(hub or self._ahub())
@@ -601,7 +613,7 @@ class AsyncPrimitive(Primitive):
 
     async def _arelease(self, owner: str, count: int) -> int:
         """:meth:`Primitive._release`, awaited; returns the holds left in Redis."""
-        call = self._begin_release(owner, count)
+        call, carry = self._begin_release(owner, count)
         sent = serial()
         op = new_op(op_stream())
         try:
@@ -609,10 +621,18 @@ class AsyncPrimitive(Primitive):
             # leaving the hold there until its lease ends.
             reply = await asyncio.shield(self._arun_quorum_or_one(call, op))
         except BaseException as exc:
+            self._carry_end(owner, carry, None)
             self._record_release(owner, count)
             if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
                 self._unsettle(owner, count, op)
             raise
+        leave = self._carry_end(owner, carry, reply)
+        if leave is not None:
+            try:
+                await asyncio.shield(self._arun_quorum_or_one(leave, new_op(op_stream())))
+            except Exception:  # noqa: BLE001 - the entry ends with its short lease
+                log.debug("%s: leave for a waiter that stopped failed", self._describe(),
+                          exc_info=True)
         self._finish_release(owner, count, reply)
         self._deliver(reply, sent)
         return reply.holds

@@ -58,6 +58,7 @@ from .scripts import (
     BUSY,
     NOT_OWNER,
     OP,
+    QUEUED_STATUS,
     UPGRADE,
     Arg,
     Call,
@@ -71,11 +72,15 @@ from .scripts import (
 )
 from .state import PrimitiveState, find
 from .waiting import LINK_ERRORS, existing_hub, hub_for
-from .wakehub import READ_TURN, WakeHub, serial
+from .wakehub import READ_TURN, Waiter, WakeHub, serial
 
 __all__ = [
     "ENTRY_LEASE", "Hold", "Options", "Primitive", "QuorumOp", "QuorumStep", "SyncPrimitive"
 ]
+
+#: A release's queueing of its process's next waiter (see Primitive._carry_begin): the
+#: hub, the waiter, and when the release was sent (monotonic).
+Carry = Tuple[WakeHub, Waiter, float]
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +269,10 @@ class Primitive(Renewable):
     #: grant's marker may already be gone, adopted by the waiter's own earlier call): an
     #: exclusive owner holds nothing while it waits; a semaphore owner may.
     _hold_proves_grant: ClassVar[bool] = True
+    #: Whether a hold excludes every other owner (an RLock, a write side): while a
+    #: thread of this process keeps one it was granted, the process's next waiter does
+    #: not queue (see ``WakeHub.unregister``).
+    _excludes: ClassVar[bool] = False
     #: Whether a :class:`~.quorum.Quorum` is accepted as ``client=`` (and why not, if not).
     _quorum_refusal: ClassVar[Optional[str]] = "it does not support a quorum of masters"
 
@@ -563,6 +572,61 @@ class Primitive(Renewable):
         process's queued waiters are served by the server's hand-over.
         """
         return self._fair and self._held_by_all_objects(owner) == 0
+
+    def _defers_next(self) -> bool:
+        """Whether a hold granted to a waiter keeps this process's next waiter from
+        queueing until its release (fair mode, an exclusive hold; see
+        ``WakeHub.unregister``). No I/O."""
+        return self._excludes and self._fair
+
+    def _kept_hub_here(self) -> Optional[WakeHub]:
+        """The hub this object keeps for the calling process (see :meth:`_hub`), or None;
+        never makes one (no I/O)."""
+        kept = self._kept_hub
+        if kept is not None and kept[0] == identity.process_token():
+            return cast(WakeHub, kept[1])
+        return None
+
+    def _unhold(self, owner: str) -> None:
+        """``owner``'s exclusive hold in this process ends: the next waiter it kept from
+        queueing queues now (``WakeHub.unhold``). No I/O, never raises."""
+        if self._defers_next():
+            hub = self._kept_hub_here()
+            if hub is not None:
+                hub.unhold(self._channel(hub), owner)
+
+    def _carry_begin(self, owner: str) -> Optional[Tuple[WakeHub, Waiter]]:
+        """(hub, waiter): the waiter ``owner``'s hold kept from queueing, which the
+        release of that hold is to queue (``WakeHub.carry_begin``); or None (it was
+        woken to queue itself, or there is none). Not on a Quorum, whose release goes
+        to every master. No I/O."""
+        hub = self._kept_hub_here()
+        if hub is None:
+            return None
+        channel = self._channel(hub)
+        if isinstance(self._client, Quorum):
+            hub.unhold(channel, owner)
+            return None
+        waiter = hub.carry_begin(channel, owner)
+        return None if waiter is None else (hub, waiter)
+
+    def _carry_end(
+        self, owner: str, carry: Optional[Carry], reply: Optional[Reply]
+    ) -> Optional[Call]:
+        """End ``carry`` with the release's ``reply`` (None: it failed). Returns the leave
+        call the caller must run (errors ignored: the entry then ends with its lease)
+        when the release queued a waiter that stopped waiting meanwhile; else None.
+        No I/O."""
+        if carry is None:
+            return None
+        hub, waiter, since = carry
+        result = None
+        if reply is not None and len(reply.items) == 4 and reply.items[0] == QUEUED_STATUS:
+            _, position, hint, token = reply.items
+            result = (since, Reply(QUEUED_STATUS, position, aux=hint, token=token))
+        if hub.carry_end(waiter, owner, result):
+            return None
+        return self._leave_call(waiter.id, hub.entry)
 
     def _hold_key(self, owner: str) -> Tuple[int, str, str]:
         return (id(pool_of(self._client)), self._keys.hash, owner)
@@ -1002,6 +1066,9 @@ class Primitive(Renewable):
             if hold.count <= 0:
                 del self._holds[owner]
                 lease, hold.lease = hold.lease, None
+            ended_here = left <= 0
+        if ended_here:
+            self._unhold(owner)
         if lease is not None:
             self._renewer().cancel(lease)
         if hold.count <= 0 and not lost:  # a lost hold's duration ended at the loss
@@ -1385,6 +1452,9 @@ class Primitive(Renewable):
                     del self._holds[owner]
                     lease, hold.lease = hold.lease, None
                 keep = hold.lease
+            ended_here = key not in _process_holds
+        if ended_here:
+            self._unhold(owner)
         renewer = self._renewer()
         if lease is not None:
             renewer.cancel(lease)
@@ -1424,10 +1494,11 @@ class Primitive(Renewable):
         server-side hold ends with its lease at the latest; the error propagates.
         """
         own, everywhere = self._books(owner)
-        call = self._begin_release(owner, count)
+        call, carry = self._begin_release(owner, count)
         sent = serial()
         client = self._client
         op = new_op(identity.thread_owner())
+        reply: Optional[Reply] = None
         try:
             if isinstance(client, Quorum):
                 try:
@@ -1438,10 +1509,18 @@ class Primitive(Renewable):
                 # The no-op callback has an interrupted read fenced (see Call): the script
                 # has then surely run when _reconcile looks.
                 reply = call(client, _ignore, op)
+            leave = self._carry_end(owner, carry, reply)
+            carry = None
+            if leave is not None:
+                self._leave_for(leave)
             self._finish_release(owner, count, reply)
         except RLocksError:
+            if carry is not None:
+                self._carry_end(owner, carry, None)
             raise  # the hold was lost: reported, and dropped from the books
         except BaseException as exc:
+            if carry is not None:
+                self._carry_end(owner, carry, None)
             if foreign(exc) and not isinstance(client, Quorum):
                 # Interrupted anywhere: finish the release, in the books (a drop done in
                 # part or not at all) and in Redis (a script that did not run).
@@ -1459,8 +1538,20 @@ class Primitive(Renewable):
         self._deliver(reply, sent)
         return reply.holds
 
-    def _begin_release(self, owner: str, count: int) -> Call:
-        """The I/O-free start of a release: refuse what is not held or known lost."""
+    def _leave_for(self, call: Call) -> None:
+        """Run the leave :meth:`_carry_end` asked for; a failure is left to the entry's
+        lease (logged)."""
+        try:
+            call(self._client, _ignore, new_op(identity.thread_owner()))
+        except Exception:  # noqa: BLE001 - the entry ends with its short lease
+            log.debug("%s: leave for a waiter that stopped failed", self._describe(),
+                      exc_info=True)
+
+    def _begin_release(self, owner: str, count: int) -> Tuple[Call, Optional[Carry]]:
+        """The I/O-free start of a release: refuse what is not held or known lost.
+
+        Returns the call, and the carry (:meth:`_carry_begin`) it makes: the caller
+        must end it with :meth:`_carry_end` whatever the call's outcome."""
         hold = self._holds.get(owner)
         if hold is None or hold.count < count:
             raise NotOwnedError(
@@ -1469,11 +1560,26 @@ class Primitive(Renewable):
         if hold.lost:
             self._record_release(owner, count)
             raise self._lost_error()
+        carry = None
+        if count >= self._held_by_all_objects(owner) and self._defers_next():
+            # The process's last level: the waiter this hold kept from queueing is
+            # queued by this release itself (or, when it cannot be, queues now), so its
+            # call does not reach Redis beside the next holder's critical section.
+            carry = self._carry_begin(owner)
+        if carry is not None:
+            hub, waiter = carry
+            kind, want = waiter.ask
+            # (an RWLock's waiter may want either side: its renew item kind says which)
+            side: Tuple[Arg, ...] = (kind,) if kind in ("r", "w") else ()
+            keys, args = self._release_arguments(owner, count)
+            call = Call(self._release_script, keys, (*args, hub.entry, waiter.id, *side, want),
+                        self._replication)
+            return call, (hub, waiter, monotonic())
         return self._prepared(
             ("release", owner, count),
             self._release_script,
             lambda: self._release_arguments(owner, count),
-        )
+        ), None
 
     def _finish_release(self, owner: str, count: int, reply: Reply) -> None:
         """The I/O-free end of a release: drop the local holds, report a loss."""

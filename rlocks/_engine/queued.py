@@ -16,7 +16,9 @@ The dialogue (docs/design/handover.md, "Client side")
    writer taking the read side) always goes this way: the script grants it at once.
 2. Refused, it registers in the process's hub (one local FIFO per primitive: only its
    head talks to Redis, so the process has one queue entry), waits until the channel is
-   subscribed (so its grant line cannot be published unseen), and asks with ``queue = 1``:
+   subscribed (so its grant line cannot be published unseen), and asks with ``queue = 1``
+   (a head whose sibling was just handed an exclusive hold asks only once that hold's
+   release begins, or ``wakehub.DEFER_LIMIT`` later: ``WakeHub.unregister``):
    granted, or QUEUED. Queued, the entry is renewed by the renewer (item ``e``) and the
    head waits for the hub at most until the re-check hint (``aux``), the entry lease or
    the deadline.
@@ -174,8 +176,11 @@ def acquire_steps(
     """
     st = _AcquireState()
     first = monotonic()
+    holder: Optional[str] = None  # see WakeHub.unregister
     try:
         granted = yield from _acquire(prim, owner, count, wait, hub, st)
+        if granted and prim._defers_next():
+            holder = owner
         if st.waiter is not None:
             prim._log_wait(owner, first, granted)
     except GeneratorExit:
@@ -202,9 +207,10 @@ def acquire_steps(
         if st.entry is not None:
             prim._renewer().cancel(st.entry)
         if st.waiter is not None and hub is not None:
-            if st.listening:
-                hub.unlisten(st.waiter)
-            hub.unregister(st.waiter)
+            # (also when it never listened: a sibling's release may have made it the
+            # listener for the queueing it carried; see WakeHub.carry_begin)
+            hub.unlisten(st.waiter)
+            hub.unregister(st.waiter, holder)
 
 
 def _call(st: _AcquireState, call: Call) -> Op:
@@ -312,6 +318,9 @@ def _acquire(
                 break
             if det is not None:
                 pause = det.pause(pause)
+            put_off = hub.deferred(waiter)
+            if put_off is not None:
+                pause = min(pause, put_off + 0.001)
             _waits(prim, st, first)
             if hub.rest(waiter):
                 yield Op(WAIT, waiter=waiter, timeout=pause)
@@ -322,43 +331,55 @@ def _acquire(
             _waits(prim, st, first)
             yield Op(SUBSCRIBE, waiter=waiter, timeout=plan.subscribe_bound())
         waiter.event.clear()
+        # A sibling's release queued it already, reading its lines from the list (see
+        # WakeHub.carry_begin): that queueing's answer is this call's.
+        carried = None if st.queued else hub.take_carry(waiter)
         if st.listening is None:
             st.listening = hub.listen(waiter)
+        if carried is not None and not st.listening:
+            # (a head that decided not to listen before: its own call re-points the entry
+            # to publish its lines instead)
+            carried = None
         if not st.queued:
             # Only an entry made while subscribed is sure to have its grant line read; a
             # listening waiter's lines are never published, so none is to be dropped.
             waiter.counts = not st.listening and hub.is_confirmed(channel)
-        try:
-            if plan.unsure:
-                check = prim._acquire_check(owner)
-                if check is not None:
-                    found = yield _call(st, check)
-                    plan.unsure = False
-                    if found.items and found.items[0] == 1:
-                        hub.claim(waiter, leaving=True)
-                        if found.items[1:2] == (1,):  # it adopted a hand-over grant
-                            hub.note_grant(waiter)
-                        since = monotonic()
-                        return (yield from _granted(prim, owner, count, found, since, st))
-            since = monotonic()
+        if carried is not None:
+            since, reply = carried
+            st.queued = True
             owed = False
-            st.queued = True  # from the moment it is sent, an entry may exist
-            op = _call(st, prim._acquire_call(owner, count, reentry, hub.entry, st.listening))
-            reply = yield op
-            st.op = None
-            st.silent = False
-        except LINK_ERRORS as exc:
-            pause = plan.failed(exc, prim._acquire_check(owner) is not None)
-            if pause is None:
-                raise  # with st.op: the clean-up records the call whose reply was lost
-            # Trying again: the check above (plan.unsure) tells a grant that was lost.
-            st.op = None
-            link_lost(exc)
-            _waits(prim, st, first)
-            yield Op(WAIT, waiter=waiter, timeout=pause)
-            continue
-        plan.backoff = RECONNECT_BACKOFF[0]
-        hub.deliver(channel, reply.wakes, op.sent)
+        else:
+            try:
+                if plan.unsure:
+                    check = prim._acquire_check(owner)
+                    if check is not None:
+                        found = yield _call(st, check)
+                        plan.unsure = False
+                        if found.items and found.items[0] == 1:
+                            hub.claim(waiter, leaving=True)
+                            if found.items[1:2] == (1,):  # it adopted a hand-over grant
+                                hub.note_grant(waiter)
+                            since = monotonic()
+                            return (yield from _granted(prim, owner, count, found, since, st))
+                since = monotonic()
+                owed = False
+                st.queued = True  # from the moment it is sent, an entry may exist
+                op = _call(st, prim._acquire_call(owner, count, reentry, hub.entry, st.listening))
+                reply = yield op
+                st.op = None
+                st.silent = False
+            except LINK_ERRORS as exc:
+                pause = plan.failed(exc, prim._acquire_check(owner) is not None)
+                if pause is None:
+                    raise  # with st.op: the clean-up records the call whose reply was lost
+                # Trying again: the check above (plan.unsure) tells a grant that was lost.
+                st.op = None
+                link_lost(exc)
+                _waits(prim, st, first)
+                yield Op(WAIT, waiter=waiter, timeout=pause)
+                continue
+            plan.backoff = RECONNECT_BACKOFF[0]
+            hub.deliver(channel, reply.wakes, op.sent)
         if reply.queued:
             st.basis = (since, reply.token)
             # A listening head renews its entry itself: its re-check, at least every
