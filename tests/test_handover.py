@@ -1563,3 +1563,33 @@ def test_a_task_release_queues_the_next_local_task_in_its_own_script(
             await c.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_release_does_not_queue_a_waiter_of_an_object_with_another_entry_lease(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two objects of one name on one client share the process's entry: a waiter of the
+    one with the longer entry_lease is not queued by the other's release (its grant would
+    live the releaser's shorter lease, not the one the waiter counts on to keep it
+    unadopted), so it queues itself, and still gets the lock."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    other, mine = (redis.Redis.from_url(redis_url) for _ in range(2))
+    holder = rlocks.RLock(name, client=other, namespace=NS)
+    short = rlocks.RLock(name, client=mine, namespace=NS, entry_lease=2.0)
+    long = rlocks.RLock(name, client=mine, namespace=NS, entry_lease=6.0)
+    queue = _queue_key("rlock", name)
+    assert holder.acquire()
+    first, got, go = _granted_sibling(short)
+    wait_until(lambda: other.zcard(queue) == 1, 15, "the first sibling to queue")
+    second, out = started(lambda: (identity.thread_owner(), _taken_at(long)))
+    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    owners = _counting_queue_calls(monkeypatch)
+    go.set()
+    owner, _at = joined(second, out, 30)
+    assert owners.count(owner) == 1, owners
+    first.join(10)
+    assert other.zcard(queue) == 0 and holder.acquire(blocking=False)
+    holder.release()

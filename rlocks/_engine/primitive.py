@@ -590,7 +590,7 @@ class Primitive(Renewable):
     def _unhold(self, owner: str) -> None:
         """``owner``'s exclusive hold in this process ends: the next waiter it kept from
         queueing queues now (``WakeHub.unhold``). No I/O, never raises."""
-        if self._defers_next():
+        if self._kept_hub is not None and self._defers_next():
             hub = self._kept_hub_here()
             if hub is not None:
                 hub.unhold(self._channel(hub), owner)
@@ -608,6 +608,11 @@ class Primitive(Renewable):
             hub.unhold(channel, owner)
             return None
         waiter = hub.carry_begin(channel, owner)
+        if waiter is not None and waiter.lease_ms != self._entry_ms:
+            # (another object of the name, with another entry_lease: the grant would
+            # live this object's, not the one the waiter counts on)
+            hub.carry_end(waiter, owner, None)
+            return None
         return None if waiter is None else (hub, waiter)
 
     def _carry_end(
@@ -1561,7 +1566,10 @@ class Primitive(Renewable):
             self._record_release(owner, count)
             raise self._lost_error()
         carry = None
-        if count >= self._held_by_all_objects(owner) and self._defers_next():
+        # (no hub kept: this object never waited, so no waiter of its can be kept back)
+        if self._kept_hub is not None and self._defers_next() and (
+            count >= self._held_by_all_objects(owner)
+        ):
             # The process's last level: the waiter this hold kept from queueing is
             # queued by this release itself (or, when it cannot be, queues now), so its
             # call does not reach Redis beside the next holder's critical section.
@@ -1570,10 +1578,13 @@ class Primitive(Renewable):
             hub, waiter = carry
             kind, want = waiter.ask
             # (an RWLock's waiter may want either side: its renew item kind says which)
-            side: Tuple[Arg, ...] = (kind,) if kind in ("r", "w") else ()
-            keys, args = self._release_arguments(owner, count)
-            call = Call(self._release_script, keys, (*args, hub.entry, waiter.id, *side, want),
-                        self._replication)
+            then = (hub.entry, waiter.id, *((kind,) if kind in ("r", "w") else ()), want)
+
+            def build() -> Tuple[Sequence[str], Sequence[Arg]]:
+                keys, args = self._release_arguments(owner, count)
+                return keys, (*args, *then)
+
+            call = self._prepared(("release", owner, count, then), self._release_script, build)
             return call, (hub, waiter, monotonic())
         return self._prepared(
             ("release", owner, count),

@@ -281,6 +281,7 @@ def _acquire(
     plan = WaitPlan(deadline)
     waiter = st.waiter = hub.register(channel, owner)
     waiter.ask = (prim._renew_items(owner)[0], count)
+    waiter.lease_ms = prim._entry_ms
     entry_s = prim._entry_ms / 1000.0
     st.entry_id = hub.entry
     det = st.detector = prim._detector(owner, first, hub.entry)

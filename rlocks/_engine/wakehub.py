@@ -204,6 +204,7 @@ class Waiter:
         "named",
         "gone",
         "carry",
+        "lease_ms",
     )
 
     def __init__(
@@ -238,6 +239,10 @@ class Waiter:
         #: release travels, then (when it was sent, the queueing's QUEUED reply) until
         #: the waiter takes it (``take_carry``); None otherwise.
         self.carry: Any = None
+        #: The entry lease (ms) its primitive queues with: a sibling's release queues it
+        #: only with the same one (the lease its grant lives until adopted, which the
+        #: waiter counts on).
+        self.lease_ms = 0
 
     @property
     def subscribed(self) -> bool:
