@@ -9,9 +9,10 @@ shapes, each repeated ``-n`` times:
 
 - **uncontended**: acquire (a single try, granted) and release;
 - **contended**: the fair section of two processes with two threads each, as the
-  contended benchmark runs it: the next thread of the holder's process queues its
-  process's entry (listening, as a contending process does), then the holder releases,
-  which hands the lock over to the other process's queued entry.
+  contended benchmark runs it: the holder releases, which hands the lock over to the
+  other process's queued entry and, in the same script, queues its own process's next
+  thread (listening, as a contending process does; docs/design/handover.md, "The next
+  head is queued by its sibling's release").
 
 Rounds alternate so that a slow moment of the machine shows as spread, not as a bias;
 the p50 of the rounds is printed. Changes to the Lua are compared with this on one
@@ -57,9 +58,11 @@ class _Probe:
         keys, args = self.lock._acquire_arguments(owner, 1, False, entry, entry is not None)
         self._send(pipe, "rlock_acquire", keys, args, owner + "/g")
 
-    def release(self, pipe: Any, owner: str) -> None:
+    def release(self, pipe: Any, owner: str, carry: Tuple[str, ...] = ()) -> None:
+        """Release ``owner``'s hold; ``carry``: (entry, waiter) to queue in the same script."""
         keys, args = self.lock._release_arguments(owner, 1)
-        self._send(pipe, "rlock_release", keys, args, owner)
+        then = (*carry, 1) if carry else ()
+        self._send(pipe, "rlock_release", keys, (*args, *then), owner)
 
     def _send(self, pipe: Any, op: str, keys: Any, args: Any, stream: str) -> None:
         pipe.execute_command("FCALL", f"{self.functions}_{op}", len(keys), *keys,
@@ -107,14 +110,13 @@ def _contended(probe: _Probe, n: int) -> None:
         pipe = probe.client.pipeline(transaction=False)
         for _ in range(BATCH):
             sibling = next(t for t in threads[process] if t != holder)
-            probe.acquire(pipe, sibling, ENTRIES[process])  # QUEUED behind the other
-            probe.release(pipe, holder)  # hands over to the other process's entry
+            # hands over to the other process's entry, and queues the sibling behind it
+            probe.release(pipe, holder, (ENTRIES[process], sibling))
             queued[process] = sibling
             holder, process, other = queued[other], other, process
-        replies = pipe.execute()
-        for i, reply in enumerate(replies):
-            want = b"3" if i % 2 == 0 else b"1"
-            if _status(reply) != want or (i % 2 == 1 and b"\ng " not in reply):
+        for reply in pipe.execute():
+            head = reply.split(b"\n", 1)[0].split(b" ")
+            if head[0] != b"1" or b"\ng " not in reply or not head[4].startswith(b"3,"):
                 raise RuntimeError(f"contended: unexpected reply {reply!r}")
 
 
@@ -139,7 +141,7 @@ def _measure(client: "redis.Redis[bytes]", shape: Callable[[_Probe, int], None],
 def report(url: str, n: int, rounds: int, commands: bool = False) -> None:
     client = redis.Redis.from_url(url)
     shapes = {"uncontended acquire+release": _uncontended,
-              "contended section (queue + hand-over)": _contended}
+              "contended section (hand-over + queue)": _contended}
     found: Dict[str, List[Tuple[float, float, float, Dict[str, float]]]] = {
         k: [] for k in shapes}
     for _ in range(rounds):
