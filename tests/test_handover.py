@@ -1430,7 +1430,8 @@ def test_the_next_local_task_queues_only_when_its_sibling_releases(
 
 
 def _counting_queue_calls(monkeypatch: pytest.MonkeyPatch) -> List[str]:
-    """Record the owner of every queueing acquire call (``entry`` given) from now on."""
+    """Record the owner of every queueing acquire call (``entry`` given), and ``adopt
+    <owner>`` for every adoption call, from now on."""
     owners: List[str] = []
     real = Primitive._acquire_call
 
@@ -1441,6 +1442,13 @@ def _counting_queue_calls(monkeypatch: pytest.MonkeyPatch) -> List[str]:
         return real(self, owner, count, reentry, entry, listen)
 
     monkeypatch.setattr(Primitive, "_acquire_call", counted)
+    real_adopt = Primitive._adopt_call
+
+    def adopting(self: Any, owner: str) -> Any:
+        owners.append("adopt " + owner)
+        return real_adopt(self, owner)
+
+    monkeypatch.setattr(Primitive, "_adopt_call", adopting)
     return owners
 
 
@@ -1469,6 +1477,8 @@ def test_a_release_queues_the_next_local_waiter_in_its_own_script(
     go.set()
     owner, at = joined(second, out, 30)
     assert owner not in owners, "the second sibling sent a queueing call of its own"
+    # the grant is surely its own: recorded with no adoption round trip
+    assert "adopt " + owner not in owners, owners
     if others:
         assert joined(other, other_out, 30) < at  # FIFO: the other hub queued first
     first.join(10)
@@ -1556,6 +1566,7 @@ def test_a_task_release_queues_the_next_local_task_in_its_own_script(
         go.set()
         owner = await asyncio.wait_for(tasks[1], 30)
         assert owner not in owners, "the second task sent a queueing call of its own"
+        assert "adopt " + owner not in owners, owners
         await asyncio.wait_for(tasks[0], 30)
         assert admin.zcard(queue) == 0 and await holder.acquire(blocking=False)
         await holder.release()

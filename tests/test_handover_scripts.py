@@ -591,6 +591,8 @@ def test_a_release_with_nobody_else_waiting_hands_the_lock_to_the_carried_waiter
     raw = rl.raw("release", T0 + 5, "p1.a", 1, "p1", "p1.b", 2)
     assert _plain(raw)[:4] == [1, 0, 0, ["g p1.b"]]
     assert raw[4][:2] == [3, 0]  # queued, and granted at once (in wakes)
+    # the queueing's token is below its grant's: the waiter can tell the grant is its own
+    assert raw[4][3] < int(raw[3][0].split(" ")[2])
     assert rl.queue() == [] and rl.holds() == {"p1.b": 2} and rl.markers() == ["p1.b"]
 
 

@@ -287,6 +287,11 @@ def _acquire(
     det = st.detector = prim._detector(owner, first, hub.entry)
     while True:
         if hub.claim(waiter):
+            carried = hub.take_carry(waiter)
+            if carried is not None and st.basis is None:
+                # Granted by the very release that queued it (nobody else waited): that
+                # queueing's answer tells that the grant is this wait's (_short_lease_end).
+                st.basis = (carried[0], carried[1].token)
             if (yield from _handed(prim, owner, count, first, st)):
                 return True
             # Revoked before this process could adopt it: queue again (at the tail).

@@ -753,13 +753,15 @@ local function carry(ctx, c)
     end
     local e = {w = c.waiter, o = c.waiter, s = c.side, n = c.n, k = 0, b = 1}
     local position = enqueue(ctx, c.entry, e, nil)
+    -- (read before the hand-over below, which may grant the waiter itself: its grant's
+    -- token is then above this one, as every grant after its acquire's QUEUED reply is)
+    local token = ctx.tok or tonumber(redis.call('HGET', F, 'last')) or 0
     local granted = ctx.granted
     handover(ctx)
     if ctx.granted > granted then
         local rank = redis.call('ZRANK', Q, c.entry)
         position = rank and rank + 1 or 0
     end
-    local token = ctx.tok or tonumber(redis.call('HGET', F, 'last')) or 0
     return {3, position, earliest_hold(ctx), token}
 end
 

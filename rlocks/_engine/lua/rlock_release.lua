@@ -18,7 +18,8 @@
 -- changed; expired state recovered as by every call; nothing queued). The owner's own
 -- unadopted hand-over grant counts as adopted by its release. With ARGV[7], reply 1 has
 -- items '<status>,<value>,<aux>,<token>' of the carried queueing: 3 queued (value = its
--- position, 0 when granted at once, in wakes; aux and token as rlock_acquire's reply 3),
+-- position, 0 when granted at once, in wakes; aux as rlock_acquire's reply 3; token: the
+-- last token issued before that queueing's hand-over, so its grant's is above it),
 -- or 0,0,0,0: not queued (its entry or an unadopted grant to it exists; it asks itself).
 local ctx, i = context('rlock')
 local r = {owner = str_arg(i, 'owner'), side = 'x', n = int_arg(i + 1, 'holds', 1)}
