@@ -1285,33 +1285,6 @@ def _granted_sibling(prim: Any) -> Tuple[threading.Thread, threading.Event, thre
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["rlock", "write"])
-def test_the_next_local_waiter_queues_only_when_its_sibling_releases(
-    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A thread handed an exclusive hold keeps this process's next waiter from queueing
-    until its release begins (queued at once, that waiter's call landed on the holder's
-    critical section); the release then lets it queue at once, not after the limit."""
-    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
-    holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
-    assert holder.acquire()
-    first, got, go = _granted_sibling(prim)
-    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
-    second, out = started(lambda: _taken_at(prim))
-    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
-    holder.release()
-    assert got.wait(15), "the first sibling was not handed the lock"
-    time.sleep(0.5)
-    assert admin.zcard(queue) == 0, "the second sibling queued while the first held"
-    began = time.monotonic()
-    go.set()
-    assert joined(second, out, 30) - began < 10, "the release did not let the second queue"
-    first.join(10)
-    assert holder.acquire(blocking=False)
-    holder.release()
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", ["rlock", "write"])
 def test_a_next_local_waiter_queues_after_the_limit_and_may_time_out_before(
     redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1383,10 +1356,12 @@ def test_the_next_local_task_queues_only_when_its_sibling_releases(
     redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The asyncio twin: a task handed the lock keeps the loop's next waiting task from
-    queueing until its release."""
+    queueing until its release, which queues it in its own script (the task sends no
+    queueing call, and no adoption: the same release granted it, nobody else waiting)."""
     monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
     admin = redis.Redis.from_url(redis_url)
     queue = _queue_key(kind, name)
+    owners = _counting_queue_calls(monkeypatch)
 
     async def main() -> None:
         other, mine = (redis.asyncio.Redis.from_url(redis_url) for _ in range(2))
@@ -1399,11 +1374,11 @@ def test_the_next_local_task_queues_only_when_its_sibling_releases(
             await go.wait()
             await prim.release()
 
-        async def second() -> float:
+        async def second() -> Tuple[str, float]:
             assert await prim.acquire(timeout=60)
             at = time.monotonic()
             await prim.release()
-            return at
+            return identity.task_owner(), at
 
         assert await holder.acquire()
         tasks = [asyncio.ensure_future(first())]
@@ -1419,10 +1394,15 @@ def test_the_next_local_task_queues_only_when_its_sibling_releases(
         await asyncio.sleep(0.5)
         assert admin.zcard(queue) == 0, "the second task queued while the first held"
         began = time.monotonic()
+        owners.clear()
         go.set()
-        at = await asyncio.wait_for(tasks[1], 30)
+        owner, at = await asyncio.wait_for(tasks[1], 30)
         assert at - began < 10, "the release did not let the second task queue"
+        assert owner not in owners, "the second task sent a queueing call of its own"
+        assert "adopt " + owner not in owners, owners
         await asyncio.wait_for(tasks[0], 30)
+        assert admin.zcard(queue) == 0 and await holder.acquire(blocking=False)
+        await holder.release()
         for c in (other, mine):
             await c.aclose()
 
@@ -1452,30 +1432,47 @@ def _counting_queue_calls(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     return owners
 
 
+def _granted_and_one_behind(
+    holder: Any, prim: Any, behind: Any, admin: Any, queue: str
+) -> Tuple[threading.Thread, threading.Event, threading.Thread, Dict[str, Any]]:
+    """``holder`` (another hub) holds; a thread of ``prim`` queues and is handed the lock
+    at ``holder``'s release, while a second thread, of ``behind`` (the same client),
+    waits behind it: (the first thread, the event that lets it release, the second
+    thread and its result, (its owner id, when it was granted))."""
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
+    second, out = started(lambda: (identity.thread_owner(), _taken_at(behind)))
+    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first sibling was not handed the lock"
+    return first, go, second, out
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["rlock", "write"])
 @pytest.mark.parametrize("others", [False, True])
 def test_a_release_queues_the_next_local_waiter_in_its_own_script(
     redis_url: str, name: str, kind: str, others: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The waiter a hold kept from queueing is queued by that hold's release (one script
-    for both): it sends no queueing call of its own, and gets the lock, at once when
-    nobody else waits, else when the waiter ahead of it (``others``) is done."""
+    """A thread handed an exclusive hold keeps this process's next waiter from queueing
+    (queued at once, that waiter's call landed on the holder's critical section), and
+    the hold's release queues it in its own script: the waiter sends no queueing call,
+    and gets the lock at once when nobody else waits (with no adoption call: the same
+    release granted it), else when the waiter ahead of it (``others``) is done."""
     monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
     holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
-    assert holder.acquire()
-    first, got, go = _granted_sibling(prim)
-    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
-    second, out = started(lambda: (identity.thread_owner(), _taken_at(prim)))
-    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
-    holder.release()
-    assert got.wait(15), "the first sibling was not handed the lock"
+    first, go, second, out = _granted_and_one_behind(holder, prim, prim, admin, queue)
+    time.sleep(0.5)
+    assert admin.zcard(queue) == 0, "the second sibling queued while the first held"
     owners = _counting_queue_calls(monkeypatch)
     if others:
         other, other_out = started(lambda: _taken_at(holder))
         wait_until(lambda: admin.zcard(queue) == 1, 15, "the other hub to queue")
+    began = time.monotonic()
     go.set()
     owner, at = joined(second, out, 30)
+    assert at - began < 10, "the release did not let the second sibling in"
     assert owner not in owners, "the second sibling sent a queueing call of its own"
     # the grant is surely its own: recorded with no adoption round trip
     assert "adopt " + owner not in owners, owners
@@ -1526,57 +1523,6 @@ def test_a_waiter_gone_while_a_release_queued_it_is_taken_out_by_that_release(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", ["rlock", "write"])
-def test_a_task_release_queues_the_next_local_task_in_its_own_script(
-    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The asyncio twin: the next task sends no queueing call of its own."""
-    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
-    admin = redis.Redis.from_url(redis_url)
-    queue = _queue_key(kind, name)
-    owners = _counting_queue_calls(monkeypatch)
-
-    async def main() -> None:
-        other, mine = (redis.asyncio.Redis.from_url(redis_url) for _ in range(2))
-        holder, prim = _one_async(kind, name, other), _one_async(kind, name, mine)
-        got, go = asyncio.Event(), asyncio.Event()
-
-        async def first() -> None:
-            assert await prim.acquire(timeout=30)
-            got.set()
-            await go.wait()
-            await prim.release()
-
-        async def second() -> str:
-            assert await prim.acquire(timeout=60)
-            await prim.release()
-            return identity.task_owner()
-
-        assert await holder.acquire()
-        tasks = [asyncio.ensure_future(first())]
-        for _ in range(1500):
-            if admin.zcard(queue) == 1:
-                break
-            await asyncio.sleep(0.01)
-        tasks.append(asyncio.ensure_future(second()))
-        await asyncio.sleep(0.3)
-        await holder.release()
-        await asyncio.wait_for(got.wait(), 15)
-        owners.clear()
-        go.set()
-        owner = await asyncio.wait_for(tasks[1], 30)
-        assert owner not in owners, "the second task sent a queueing call of its own"
-        assert "adopt " + owner not in owners, owners
-        await asyncio.wait_for(tasks[0], 30)
-        assert admin.zcard(queue) == 0 and await holder.acquire(blocking=False)
-        await holder.release()
-        for c in (other, mine):
-            await c.aclose()
-
-    asyncio.run(main())
-
-
-@pytest.mark.timeout(90)
 def test_a_release_does_not_queue_a_waiter_of_an_object_with_another_entry_lease(
     redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1590,13 +1536,7 @@ def test_a_release_does_not_queue_a_waiter_of_an_object_with_another_entry_lease
     short = rlocks.RLock(name, client=mine, namespace=NS, entry_lease=2.0)
     long = rlocks.RLock(name, client=mine, namespace=NS, entry_lease=6.0)
     queue = _queue_key("rlock", name)
-    assert holder.acquire()
-    first, got, go = _granted_sibling(short)
-    wait_until(lambda: other.zcard(queue) == 1, 15, "the first sibling to queue")
-    second, out = started(lambda: (identity.thread_owner(), _taken_at(long)))
-    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
-    holder.release()
-    assert got.wait(15), "the first sibling was not handed the lock"
+    first, go, second, out = _granted_and_one_behind(holder, short, long, other, queue)
     owners = _counting_queue_calls(monkeypatch)
     go.set()
     owner, _at = joined(second, out, 30)
