@@ -23,7 +23,7 @@ def test_script_cost_runs_both_shapes_and_checks_every_reply(
     before = set(client.keys("rlocks:*script-cost*"))
     script_cost.report(redis_url, script_cost.BATCH, 1, commands=True)
     out = capsys.readouterr().out
-    for shape in ("uncontended acquire+release", "contended section (queue + hand-over)"):
+    for shape in ("uncontended acquire+release", "contended section (hand-over + queue)"):
         row = re.search(re.escape(shape) + r"\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+([\d.]+)", out)
         assert row is not None, out
         total, inner, _, calls = (float(x) for x in row.groups())
