@@ -1544,3 +1544,176 @@ def test_a_release_does_not_queue_a_waiter_of_an_object_with_another_entry_lease
     first.join(10)
     assert other.zcard(queue) == 0 and holder.acquire(blocking=False)
     holder.release()
+
+
+@pytest.mark.timeout(90)
+def test_a_hold_released_through_another_object_of_its_name_lets_the_next_waiter_in(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold's last level is released through a second object of the name, which
+    never waited and so keeps no hub of its own: the process's hub is found all the
+    same, and the waiter the hold kept back queues at once (it slept until its timeout,
+    20 s, before: bug hunt)."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup("rlock", name, redis_url)
+    other_object = rlocks.RLock(name, client=prim._client, namespace=NS)
+    assert holder.acquire()
+    holding, freed = threading.Event(), threading.Event()
+    released_at: List[float] = []
+
+    def first() -> None:
+        assert prim.acquire(timeout=30)
+        assert other_object.acquire(blocking=False)  # a re-entry through the other
+        holding.set()
+        freed.wait(30)
+        prim.release()
+        released_at.append(time.monotonic())
+        other_object.release()  # the last level: the lock is free now
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first thread to queue")
+    second, out = started(lambda: _taken_at(prim))
+    wait_until(lambda: parked(second), 15, "the second thread to wait behind the first")
+    holder.release()
+    assert holding.wait(15), "the first thread did not hold through both objects"
+    freed.set()
+    assert joined(second, out, 30) - released_at[0] < 5
+    thread.join(10)
+
+
+class _Interrupted(Exception):
+    """What a signal handler's timeout raises (not a Redis error: 'foreign')."""
+
+
+@pytest.mark.timeout(90)
+def test_a_release_interrupted_after_its_script_ran_takes_out_the_gone_waiter_it_queued(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The releasing thread is interrupted after its script ran (it queued the waiter it
+    carried and, nobody else waiting, granted it the lock), and that waiter timed out
+    while the release travelled: the release's clean-up takes the waiter out in its
+    name, so the lock is free when the interrupt reaches the caller, not after the entry
+    lease (bug hunt)."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup("rlock", name, redis_url)
+    assert holder.acquire()
+    got, go = threading.Event(), threading.Event()
+    outcome: List[BaseException] = []
+
+    def first() -> None:
+        assert prim.acquire(timeout=30)
+        got.set()
+        go.wait(30)
+        try:
+            prim.release()
+        except _Interrupted as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first thread to queue")
+    gave_up = threading.Event()
+    second, out = started(lambda: (prim.acquire(timeout=1.0), gave_up.set())[0])
+    wait_until(lambda: parked(second), 15, "the second thread to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first thread was not handed the lock"
+    real_begin, real_call = Primitive._carry_begin, primitive.Call.__call__
+
+    def late(self: Any, owner: str) -> Any:
+        carry = real_begin(self, owner)
+        assert gave_up.wait(30)  # the waiter gives up while the release travels
+        return carry
+
+    def cut(self: Any, client: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real_call(self, client, *args, **kwargs)
+        if self.script is prim._release_script and len(self.args) > 7 and not outcome:
+            raise _Interrupted()  # after the script ran, before its answer is used
+        return reply
+
+    monkeypatch.setattr(Primitive, "_carry_begin", late)
+    monkeypatch.setattr(primitive.Call, "__call__", cut)
+    go.set()
+    assert joined(second, out, 30) is False
+    thread.join(30)
+    assert outcome, "the carried release was not interrupted"
+    assert holder.acquire(blocking=False), "the gone waiter's grant was left to its lease"
+    holder.release()
+    assert admin.zcard(queue) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_cancelled_task_release_takes_out_the_gone_waiter_it_queued(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio: the releasing task is cancelled while its (shielded) release travels,
+    and the waiting task it carries gives up meanwhile: once the release has run, the
+    gone waiter is taken out in its name, so the lock is free long before the entry
+    lease (30 s here) would free it (bug hunt)."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    admin = redis.Redis.from_url(redis_url)
+    queue = _queue_key("rlock", name)
+    real = aio.AsyncPrimitive._arun_quorum_or_one
+
+    async def main() -> None:
+        other, mine = (redis.asyncio.Redis.from_url(redis_url) for _ in range(2))
+        holder = _one_async("rlock", name, other, entry_lease=30.0)
+        prim = _one_async("rlock", name, mine, entry_lease=30.0)
+        got, gate = asyncio.Event(), asyncio.Event()
+
+        async def gated(self: Any, call: Any, op: Any = None) -> Any:
+            if call.script is prim._release_script and len(call.args) > 7:
+                await gate.wait()
+            return await real(self, call, op)
+
+        monkeypatch.setattr(aio.AsyncPrimitive, "_arun_quorum_or_one", gated)
+
+        async def first() -> None:
+            assert await prim.acquire(timeout=30)
+            got.set()
+            await prim.release()
+
+        assert await holder.acquire()
+        releasing = asyncio.ensure_future(first())
+        for _ in range(1500):
+            if admin.zcard(queue) == 1:
+                break
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(prim.acquire(timeout=1.0))
+        await asyncio.sleep(0.3)
+        await holder.release()
+        await asyncio.wait_for(got.wait(), 15)
+        await asyncio.sleep(0.1)  # the release is on its way, held at the gate
+        assert await asyncio.wait_for(waiting, 15) is False
+        releasing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await releasing
+        gate.set()
+        began = time.monotonic()
+        while not await holder.acquire(blocking=False):
+            assert time.monotonic() - began < 10, "the gone waiter's grant was left to its lease"
+            await asyncio.sleep(0.05)
+        await holder.release()
+        assert admin.zcard(queue) == 0
+        for c in (other, mine):
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_waiter_asleep_behind_the_head_queues_within_the_limit_of_a_long_hold(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter right behind the head sleeps before the head is granted, and the grant
+    does not wake it: it looks again within DEFER_LIMIT all the same, so a long hold does
+    not keep it out of the queue until its own timeout (60 s here; no deadlock_timeout,
+    whose checks would wake it too)."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 0.3)
+    holder, _prim, admin, queue = _sibling_setup("rlock", name, redis_url)
+    prim = rlocks.RLock(name, client=_prim._client, namespace=NS, deadlock_timeout=None)
+    first, go, second, out = _granted_and_one_behind(holder, prim, prim, admin, queue)
+    wait_until(lambda: admin.zcard(queue) == 1, 10, "the second thread to queue")
+    go.set()
+    joined(second, out, 30)
+    first.join(10)

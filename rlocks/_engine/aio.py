@@ -33,7 +33,7 @@ from . import checks, identity, metrics, renewal
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT, io_client, pool_of
 from .clock import monotonic
 from .dialogue import adrive
-from .primitive import Primitive, QuorumOp, QuorumStep
+from .primitive import Carry, Primitive, QuorumOp, QuorumStep
 from .queued import CALL, LISTEN, READ, WAIT, Op, Steps, acquire_steps
 from .quorum import Quorum
 from .reentrant import OwnerViews
@@ -405,9 +405,9 @@ class AsyncPrimitive(Primitive):
         self._kept_hub = (weakref.ref(loop), hub)
         return hub
 
-    def _kept_hub_here(self) -> Optional[WakeHub]:
-        """:meth:`Primitive._kept_hub_here` for the running event loop (None outside
-        one): its hub is touched only from the loop's thread."""
+    def _hub_here(self) -> Optional[WakeHub]:
+        """:meth:`Primitive._hub_here` for the running event loop (None outside one):
+        its hub is touched only from the loop's thread."""
         kept = self._kept_hub
         try:
             loop = asyncio.get_running_loop()
@@ -415,7 +415,7 @@ class AsyncPrimitive(Primitive):
             return None
         if kept is not None and kept[0]() is loop:
             return cast(AsyncWakeHub, kept[1])
-        return None
+        return cast(Optional[WakeHub], self._local_hub())
 
     def _channel(self, hub: Optional[WakeHub] = None) -> str:
         """:meth:`Primitive._channel`; by default, the running event loop's hub's."""
@@ -611,28 +611,49 @@ class AsyncPrimitive(Primitive):
             if call.script is self._release_script:
                 quorum.released()
 
+    async def _aend_carry(
+        self, owner: str, carry: Carry, running: "asyncio.Future[Reply]"
+    ) -> None:
+        """End ``carry`` once the release ``running`` (which its caller stopped awaiting:
+        cancelled) is over: the waiter it queued may have stopped waiting too, and is
+        then taken out in its name only after the script ran."""
+        try:
+            reply: Optional[Reply] = await running
+        except BaseException:  # noqa: BLE001 - its failure was the caller's to report
+            reply = None
+        leave = self._carry_end(owner, carry, reply)
+        if leave is not None:
+            await self._aleave_for(leave)
+
+    async def _aleave_for(self, call: Call) -> None:
+        """:meth:`Primitive._leave_for`, awaited (shielded: it runs to its end)."""
+        try:
+            await asyncio.shield(self._arun_quorum_or_one(call, new_op(op_stream())))
+        except Exception:  # noqa: BLE001 - the entry ends with its short lease
+            log.debug("%s: leave for a waiter that stopped failed", self._describe(),
+                      exc_info=True)
+
     async def _arelease(self, owner: str, count: int) -> int:
         """:meth:`Primitive._release`, awaited; returns the holds left in Redis."""
         call, carry = self._begin_release(owner, count)
         sent = serial()
         op = new_op(op_stream())
+        running = asyncio.ensure_future(self._arun_quorum_or_one(call, op))
         try:
             # Shielded: a release cancelled half-way still reaches Redis instead of
             # leaving the hold there until its lease ends.
-            reply = await asyncio.shield(self._arun_quorum_or_one(call, op))
+            reply = await asyncio.shield(running)
         except BaseException as exc:
-            self._carry_end(owner, carry, None)
+            if carry is not None:
+                # The release runs on: its outcome ends the carry (see _aend_carry).
+                _background(self._aend_carry(owner, carry, running))
             self._record_release(owner, count)
             if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
                 self._unsettle(owner, count, op)
             raise
         leave = self._carry_end(owner, carry, reply)
         if leave is not None:
-            try:
-                await asyncio.shield(self._arun_quorum_or_one(leave, new_op(op_stream())))
-            except Exception:  # noqa: BLE001 - the entry ends with its short lease
-                log.debug("%s: leave for a waiter that stopped failed", self._describe(),
-                          exc_info=True)
+            await self._aleave_for(leave)
         self._finish_release(owner, count, reply)
         self._deliver(reply, sent)
         return reply.holds

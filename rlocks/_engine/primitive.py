@@ -579,19 +579,21 @@ class Primitive(Renewable):
         ``WakeHub.unregister``). No I/O."""
         return self._excludes and self._fair
 
-    def _kept_hub_here(self) -> Optional[WakeHub]:
-        """The hub this object keeps for the calling process (see :meth:`_hub`), or None;
-        never makes one (no I/O)."""
+    def _hub_here(self) -> Optional[WakeHub]:
+        """The calling process's hub for this primitive's pool and namespace (the one
+        this object keeps, else the one another object of the pool made), or None;
+        never makes one (no I/O). A hold taken through one object may be released
+        through another of the same name, which never waited."""
         kept = self._kept_hub
         if kept is not None and kept[0] == identity.process_token():
             return cast(WakeHub, kept[1])
-        return None
+        return cast(Optional[WakeHub], self._local_hub())
 
     def _unhold(self, owner: str) -> None:
         """``owner``'s exclusive hold in this process ends: the next waiter it kept from
         queueing queues now (``WakeHub.unhold``). No I/O, never raises."""
-        if self._kept_hub is not None and self._defers_next():
-            hub = self._kept_hub_here()
+        if self._defers_next():
+            hub = self._hub_here()
             if hub is not None:
                 hub.unhold(self._channel(hub), owner)
 
@@ -600,7 +602,7 @@ class Primitive(Renewable):
         release of that hold is to queue (``WakeHub.carry_begin``); or None (it was
         woken to queue itself, or there is none). Not on a Quorum, whose release goes
         to every master. No I/O."""
-        hub = self._kept_hub_here()
+        hub = self._hub_here()
         if hub is None:
             return None
         channel = self._channel(hub)
@@ -1524,8 +1526,7 @@ class Primitive(Renewable):
                 self._carry_end(owner, carry, None)
             raise  # the hold was lost: reported, and dropped from the books
         except BaseException as exc:
-            if carry is not None:
-                self._carry_end(owner, carry, None)
+            leave = None if carry is None else self._carry_end(owner, carry, None)
             if foreign(exc) and not isinstance(client, Quorum):
                 # Interrupted anywhere: finish the release, in the books (a drop done in
                 # part or not at all) and in Redis (a script that did not run).
@@ -1537,6 +1538,11 @@ class Primitive(Renewable):
                 self._record_release(owner, count)
                 if not isinstance(client, Quorum):
                     self._unsettle(owner, count, op)
+            if leave is not None:
+                # The waiter it carried stopped waiting, and the script may have queued
+                # it: take it out (after the reconcile, when an interrupted script has
+                # surely run).
+                self._leave_for(leave)
             raise
         # Outside the try: the release is complete; an interrupt while signalling local
         # waiters leaves them to their re-check, it does not undo the release.
@@ -1566,10 +1572,7 @@ class Primitive(Renewable):
             self._record_release(owner, count)
             raise self._lost_error()
         carry = None
-        # (no hub kept: this object never waited, so no waiter of its can be kept back)
-        if self._kept_hub is not None and self._defers_next() and (
-            count >= self._held_by_all_objects(owner)
-        ):
+        if self._defers_next() and count >= self._held_by_all_objects(owner):
             # The process's last level: the waiter this hold kept from queueing is
             # queued by this release itself (or, when it cannot be, queues now), so its
             # call does not reach Redis beside the next holder's critical section.

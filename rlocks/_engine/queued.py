@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Generator, List, Optional, Tuple
 
-from . import deadlock, identity, metrics
+from . import deadlock, identity, metrics, wakehub
 from .clock import monotonic
 from .scripts import ADOPTED, BUSY, GRANTED, PASSED, Call, Reply, new_op, unsent
 from .waiting import LINK_ERRORS, SILENT, WaitPlan, link_lost
@@ -327,6 +327,12 @@ def _acquire(
             put_off = hub.deferred(waiter)
             if put_off is not None:
                 pause = min(pause, put_off + 0.001)
+            elif prim._defers_next() and hub.next_in_line(waiter):
+                # The head may be granted at any moment and keep this waiter back for its
+                # hold (WakeHub.unregister) without waking it: it looks again within
+                # DEFER_LIMIT, so it queues by then even if that hold ends unseen here
+                # (lost, never released) or lasts long.
+                pause = min(pause, wakehub.DEFER_LIMIT)
             _waits(prim, st, first)
             if hub.rest(waiter):
                 yield Op(WAIT, waiter=waiter, timeout=pause)

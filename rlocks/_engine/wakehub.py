@@ -404,9 +404,10 @@ class WakeHub:
         """The release of :meth:`carry_begin` ended: ``result`` is (when it was sent, the
         QUEUED reply of ``waiter``'s queueing), or None (not queued, or the release
         failed: the waiter queues itself; its call re-points an entry the release may
-        have made). Returns False when the release queued a waiter that stopped waiting
-        meanwhile (it never asked Redis, so it leaves nothing): the caller must take the
-        entry out in its name. No I/O."""
+        have made). Returns False when the waiter stopped waiting meanwhile (it never
+        asked Redis, so it leaves nothing) and the release may have queued it: the caller
+        must take the entry out in its name, whatever the release answered (a release cut
+        short by an interrupt or a cancel may still have run). No I/O."""
         with self._mutex:
             ch = waiter.channel
             if ch.held is not None and ch.held[0] == owner:
@@ -420,7 +421,7 @@ class WakeHub:
                 if ch.waiters:
                     ch.waiters[0].event.set()
                 return True
-            return not (pending and result is not None and waiter.gone)
+            return not (pending and waiter.gone)
 
     def take_carry(self, waiter: Waiter) -> Optional[Tuple[float, Any]]:
         """For a head about to queue: (when it was sent, the QUEUED reply) of the queueing
@@ -430,6 +431,11 @@ class WakeHub:
         with self._mutex:
             got, waiter.carry = waiter.carry, None
             return got if isinstance(got, tuple) else None
+
+    def next_in_line(self, waiter: Waiter) -> bool:
+        """Whether ``waiter`` is right behind its channel's head (no I/O)."""
+        waiters = waiter.channel.waiters
+        return len(waiters) > 1 and waiters[1] is waiter
 
     def unhold(self, channel: str, owner: str) -> None:
         """``owner``'s exclusive hold in this process ends (its release begins, or it
