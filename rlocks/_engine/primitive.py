@@ -620,10 +620,11 @@ class Primitive(Renewable):
     def _carry_end(
         self, owner: str, carry: Optional[Carry], reply: Optional[Reply]
     ) -> Optional[Call]:
-        """End ``carry`` with the release's ``reply`` (None: it failed). Returns the leave
-        call the caller must run (errors ignored: the entry then ends with its lease)
-        when the release queued a waiter that stopped waiting meanwhile; else None.
-        No I/O."""
+        """End ``carry`` with the release's ``reply`` (None: it failed, or was cut short).
+        Returns the leave call the caller must run once the release's script surely ran
+        or never will (errors ignored: the entry then ends with its lease) when the
+        carried waiter stopped waiting meanwhile, so the script may have queued a waiter
+        that is gone; else None. No I/O."""
         if carry is None:
             return None
         hub, waiter, since = carry
