@@ -332,7 +332,7 @@ def _acquire(
                 # hold (WakeHub.unregister) without waking it: it looks again within
                 # DEFER_LIMIT, so it queues by then even if that hold ends unseen here
                 # (lost, never released) or lasts long.
-                pause = min(pause, wakehub.DEFER_LIMIT)
+                pause = min(pause, wakehub.defer_poll())
             _waits(prim, st, first)
             if hub.rest(waiter):
                 yield Op(WAIT, waiter=waiter, timeout=pause)

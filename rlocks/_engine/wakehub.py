@@ -57,6 +57,7 @@ __all__ = [
     "HubStep",
     "Waiter",
     "WakeHub",
+    "defer_poll",
     "listen_timeout",
     "serial",
     "wake_count",
@@ -78,6 +79,17 @@ RECONNECT_BACKOFF = (0.05, 1.0)  # s, first and largest pause before reconnectin
 #: s the next head of a channel waits at most, while a thread of this process keeps an
 #: exclusive hold it was granted, before it queues anyway (see ``WakeHub.unregister``).
 DEFER_LIMIT = 0.05
+#: s, the least pause between two looks of the waiter right behind a head, which looks
+#: every DEFER_LIMIT (see ``defer_poll``): a limit of 0 must not make it spin.
+DEFER_POLL_FLOOR = 0.001
+
+
+def defer_poll() -> float:
+    """How long the waiter right behind its channel's head sleeps at most between two
+    looks (s): DEFER_LIMIT, and never less than DEFER_POLL_FLOOR, so that a limit of 0
+    makes it look every millisecond instead of spinning under the GIL (no I/O)."""
+    return max(DEFER_LIMIT, DEFER_POLL_FLOOR)
+
 
 class HubOp(enum.Enum):
     """The steps of the hub's reader dialogue (``WakeHub._reader_steps``), each yielded
