@@ -1432,6 +1432,30 @@ def _counting_queue_calls(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     return owners
 
 
+def _handed_with_a_giving_up_waiter_behind(
+    holder: Any, prim: Any, admin: Any, queue: str, got: threading.Event
+) -> Tuple[threading.Event, threading.Thread, Dict[str, Any]]:
+    """A first thread of ``prim`` (started by the caller, ``got`` set once granted) queues
+    behind ``holder``, a second waits behind it with a 1 s timeout, and ``holder``
+    releases, handing the first thread the lock: (the event the second sets as it gives
+    up, the second thread and its result)."""
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first thread to queue")
+    gave_up = threading.Event()
+    second, out = started(lambda: (prim.acquire(timeout=1.0), gave_up.set())[0])
+    wait_until(lambda: parked(second), 15, "the second thread to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first thread was not handed the lock"
+    return gave_up, second, out
+
+
+def _free_with_nobody_queued(holder: Any, admin: Any, queue: str) -> None:
+    """The gone waiter's grant was taken back at once: ``holder`` gets the lock with a
+    single try (its entry lease would still hold it), and nobody is left queued."""
+    assert holder.acquire(blocking=False), "the gone waiter's grant was left to its lease"
+    holder.release()
+    assert admin.zcard(queue) == 0
+
+
 def _granted_and_one_behind(
     holder: Any, prim: Any, behind: Any, admin: Any, queue: str
 ) -> Tuple[threading.Thread, threading.Event, threading.Thread, Dict[str, Any]]:
@@ -1497,12 +1521,7 @@ def test_a_waiter_gone_while_a_release_queued_it_is_taken_out_by_that_release(
     holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
     assert holder.acquire()
     first, got, go = _granted_sibling(prim)
-    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first sibling to queue")
-    gave_up = threading.Event()
-    second, out = started(lambda: (prim.acquire(timeout=1.0), gave_up.set())[0])
-    wait_until(lambda: parked(second), 15, "the second sibling to wait behind the first")
-    holder.release()
-    assert got.wait(15), "the first sibling was not handed the lock"
+    gave_up, second, out = _handed_with_a_giving_up_waiter_behind(holder, prim, admin, queue, got)
     real = Primitive._carry_begin
     carried: List[Any] = []
 
@@ -1517,9 +1536,7 @@ def test_a_waiter_gone_while_a_release_queued_it_is_taken_out_by_that_release(
     assert joined(second, out, 30) is False
     first.join(30)
     assert carried and carried[0] is not None, "the release carried nothing"
-    assert holder.acquire(blocking=False), "the gone waiter's grant was left to its lease"
-    holder.release()
-    assert admin.zcard(queue) == 0
+    _free_with_nobody_queued(holder, admin, queue)
 
 
 @pytest.mark.timeout(90)
@@ -1612,12 +1629,7 @@ def test_a_release_interrupted_after_its_script_ran_takes_out_the_gone_waiter_it
 
     thread = threading.Thread(target=first, daemon=True)
     thread.start()
-    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first thread to queue")
-    gave_up = threading.Event()
-    second, out = started(lambda: (prim.acquire(timeout=1.0), gave_up.set())[0])
-    wait_until(lambda: parked(second), 15, "the second thread to wait behind the first")
-    holder.release()
-    assert got.wait(15), "the first thread was not handed the lock"
+    gave_up, second, out = _handed_with_a_giving_up_waiter_behind(holder, prim, admin, queue, got)
     real_begin, real_call = Primitive._carry_begin, primitive.Call.__call__
 
     def late(self: Any, owner: str) -> Any:
@@ -1637,9 +1649,7 @@ def test_a_release_interrupted_after_its_script_ran_takes_out_the_gone_waiter_it
     assert joined(second, out, 30) is False
     thread.join(30)
     assert outcome, "the carried release was not interrupted"
-    assert holder.acquire(blocking=False), "the gone waiter's grant was left to its lease"
-    holder.release()
-    assert admin.zcard(queue) == 0
+    _free_with_nobody_queued(holder, admin, queue)
 
 
 @pytest.mark.timeout(90)
