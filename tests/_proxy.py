@@ -12,6 +12,8 @@ connection to ``127.0.0.1:target_port``, one thread per direction. Modes:
   while the mode is ``refuse``;
 - ``hold_replies()``: requests pass, replies (server to client) are held, in order, until
   ``heal()``: a command has run on the server while its client still awaits the answer.
+  ``held`` counts the replies held since (chunks, as read from the server): a test waits
+  for it instead of guessing when the command it means to hold has run.
 
 ``heal()`` goes back to ``ok``; bytes held during ``blackhole`` are dropped, as a real
 partition drops them.
@@ -47,6 +49,7 @@ class FaultyLink:
         self._replies = threading.Event()  # cleared while replies are held
         self._replies.set()
         self.accepted = 0
+        self.held = 0  # reply chunks held since the last hold_replies()
         self._start(self._accept_loop)
 
     @property
@@ -83,6 +86,7 @@ class FaultyLink:
                 pass
 
     def hold_replies(self) -> None:
+        self.held = 0
         self._replies.clear()
         self.mode = "hold"
 
@@ -138,6 +142,9 @@ class FaultyLink:
                     continue
                 if not chunk:
                     break
+                if replies and not self._replies.is_set():
+                    with self._lock:
+                        self.held += 1
                 while replies and not self._replies.wait(0.1):
                     if self._closed.is_set():
                         return
