@@ -97,7 +97,8 @@ def _issue12_checks() -> None:
                 "min_share_worst_round": share}
 
     data = {"rlocks": lib(2000, 0.97), "redis-py": lib(3500, 0.6),
-            "python-redis-lock": lib(1900, 0.99), "rlocks (fair=False)": lib(3600, 0.7, 0.2)}
+            "python-redis-lock": lib(1900, 0.99), "rlocks (fair=False)": lib(3600, 0.7, 0.2),
+            "ref: BLPOP token": lib(5000, 1.0)}  # a reference row is never a peer
     assert _verdicts(judge(data)) == [True, True, True, True]
     data["python-redis-lock"] = lib(2100, 0.99)  # a fair peer beats rlocks
     data["rlocks (fair=False)"] = lib(3600, 0.7, 0.05)  # one worker starves

@@ -12,6 +12,12 @@ rounds interleaved across libraries; throughput is pooled, fairness is the worst
 
 ``rlocks (fair=False)`` is rlocks built with ``fair=False`` (issue 12); until
 ``rlocks.RLock`` accepts that option its row says why it is unavailable.
+
+``ref: BLPOP token`` is no library: the token of section 3 (acquire = BLPOP it, release =
+LPUSH it back), under the same load. Redis answers blocked BLPOPs in arrival order, so it
+is a strict-FIFO lock with nothing else to do: no script, lease, owner or re-entry, and
+no safety (a holder that dies takes the token with it). Its row is the ceiling of a fair
+lock's throughput here; it is context, not a peer, and no target compares with it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
-from ..adapters import variant_adapters
+from ..adapters import reference_adapters, variant_adapters
 from ..harness import ChainOutcome, Context, merge, run_chain
 from ..redisinfo import server_cpu_s
 from ..stats import fmt_ns, fmt_num, jain, ratio, table
@@ -33,6 +39,8 @@ FAIR_JAIN = 0.95
 UNFAIR = "rlocks (fair=False)"
 #: a worker of ``fair=False`` may not fall below this share of the mean worker's sections
 MIN_SHARE = 0.10
+#: the prefix of a reference row (no library: never a peer)
+REF = "ref:"
 
 
 def min_share(counts: List[int]) -> float:
@@ -47,8 +55,8 @@ def judge(data: Dict[str, Any], unfair_reason: Any = None) -> List[Target]:
     ``ops_per_s``, ``jain_worst_round`` and ``min_share_worst_round``; a library missing
     from ``data`` was not measured).  Pure, so the self-check can test the verdicts."""
     out: List[Target] = []
-    peers = {k: d for k, d in data.items()
-             if not k.startswith("rlocks") and isinstance(d, dict) and d.get("ops")}
+    peers = {k: d for k, d in data.items() if not k.startswith(("rlocks", REF))
+             and isinstance(d, dict) and d.get("ops")}
     rl = data.get("rlocks") if isinstance(data.get("rlocks"), dict) else None
     rl_ok = bool(rl and rl.get("ops"))
     j = rl["jain_worst_round"] if rl_ok else math.nan
@@ -91,7 +99,9 @@ def run(ctx: Context) -> SectionResult:
     rounds: Dict[str, List[ChainOutcome]] = {}
     cpu: Dict[str, float] = {}  # the server's CPU seconds during each library's rounds
     variants = variant_adapters()
-    libs = ctx.available() + [v for v in variants if v.unavailable_reason() is None]
+    refs = reference_adapters()
+    libs = (ctx.available() + [v for v in variants if v.unavailable_reason() is None]
+            + refs)
     for r in range(p.rounds):
         for a in ctx.order(libs, r):
             ctx.progress.step(f"{a.key} (round {r + 1}/{p.rounds})")
@@ -103,7 +113,7 @@ def run(ctx: Context) -> SectionResult:
             cpu[a.key] = cpu.get(a.key, 0.0) + server_cpu_s(ctx.client) - before
     ping_s = ctx.ping_p50_ns / 1e9
     rows: List[List[Any]] = []
-    for a in ctx.adapters[:1] + variants + ctx.adapters[1:]:
+    for a in ctx.adapters[:1] + variants + ctx.adapters[1:] + refs:
         if a.key not in rounds:
             if a in variants:
                 rows.append([a.key, f"unavailable: {a.unavailable_reason()}"] + [""] * 8)
