@@ -587,13 +587,20 @@ def test_a_release_queues_its_process_s_next_waiter_behind_those_waiting(rl: _Pr
 def test_a_release_with_nobody_else_waiting_hands_the_lock_to_the_carried_waiter(
     rl: _Prim,
 ) -> None:
+    """Nobody queued: the carried waiter is granted at once, as its own acquire would be,
+    with no entry written and taken out again (the queue's sequence never moves), and its
+    list holds that grant's line alone (a line of an earlier place is gone)."""
     assert _racq(rl, T0, "p1.a")[0] == 1
+    listed = f"{rl.keys[5]}:p1"
+    rl.client.rpush(listed, "g p1.b 1")  # left from an earlier place
     raw = rl.raw("release", T0 + 5, "p1.a", 1, "p1", "p1.b", 2)
     assert _plain(raw)[:4] == [1, 0, 0, ["g p1.b"]]
     assert raw[4][:2] == [3, 0]  # queued, and granted at once (in wakes)
     # the queueing's token is below its grant's: the waiter can tell the grant is its own
     assert raw[4][3] < int(raw[3][0].split(" ")[2])
     assert rl.queue() == [] and rl.holds() == {"p1.b": 2} and rl.markers() == ["p1.b"]
+    assert rl.client.hget(rl.keys[3], "#seq") is None
+    assert rl.client.lrange(listed, 0, -1) == [raw[3][0].encode()]
 
 
 def test_a_release_does_not_carry_a_waiter_whose_entry_or_grant_exists(rl: _Prim) -> None:
@@ -619,6 +626,19 @@ def test_a_write_release_carries_a_reader_of_its_process(rw: _Prim) -> None:
     assert _plain(raw)[:4] == [1, 0, 0, ["g p2.a", "g p1.b"]]
     assert raw[4][:2] == [3, 0]
     assert rw.holds() == {"r:p2.a": 1, "r:p1.b": 1}
+
+
+def test_a_write_release_queues_a_reader_it_carries_behind_a_queued_writer(rw: _Prim) -> None:
+    """Only readers hold after the release (the writer had taken the read side too), so
+    the carried reader would fit, but a writer waits at the head: the reader is queued
+    behind it, never granted past it (a stream of readers must not starve a writer)."""
+    assert _wacq(rw, T0, "p1.a", "w")[0] == 1
+    assert _wacq(rw, T0, "p1.a", "r")[0] == 1  # the writer takes the read side too
+    assert _wacq(rw, T0, "p2.a", "w")[:2] == [3, 1]
+    raw = rw.raw("release", T0 + 5, "p1.a", "w", 1, "p1", "p1.b", "r", 1)
+    assert _plain(raw)[:4] == [1, 0, 0, []]
+    assert raw[4][:2] == [3, 2]  # queued, second
+    assert rw.queue() == ["p2", "p1"] and rw.holds() == {"r:p1.a": 1}
 
 
 # --- edge-case ARGV ------------------------------------------------------------------

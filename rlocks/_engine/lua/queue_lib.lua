@@ -447,6 +447,25 @@ local function purged_marker(ctx, waiter)
     return nil
 end
 
+-- Hand `e` (an entry's record, of `entry`'s place) what it asks, as a hand-over grant:
+-- the holds live the entry lease its waiter asked for (not this caller's: the waiter counts
+-- on it when it keeps the grant without adopting it), a marker (with the fencing token,
+-- for ADOPTED) lets its adoption, or its revocation at that lease's end, find the grant,
+-- and a 'g' line wakes the waiter. The caller has taken the entry out of the queue, or
+-- never put it there.
+local function hand(ctx, e, entry)
+    local life = e.l or ctx.elease
+    local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + life)
+    -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
+    redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = e.n, t = fmt(token)}))
+    redis.call('ZADD', T, ctx.now + life, 'g:' .. e.w)
+    ctx.qdirty = true
+    ctx.tn = ctx.tn + 1
+    ctx.granted = ctx.granted + 1
+    if ctx.kind == 'sem' then token = nil end
+    wake(ctx, 'g', e.w, token, entry, e)
+end
+
 -- Grant queued entries, head first, while the head fits (strict FIFO: a head that does
 -- not fit blocks those behind it, so a large request or a writer never starves).
 -- fair = 0: an entry not woken yet is woken ('w'), its share reserved instead of granted
@@ -471,18 +490,7 @@ local function handover(ctx)
         take(ctx, cap, e.s, e.o, e.n, fresh)
         if ctx.fair == 1 or (e.k == 1 and ctx.now >= (e.p or 0)) then
             remove_entry(ctx, top)
-            -- the token travels to the waiter in its line and in the marker (ADOPTED)
-            -- The grant lives the entry lease its waiter asked for (not this caller's):
-            -- the waiter counts on it when it keeps the grant without adopting it.
-            local life = e.l or ctx.elease
-            local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + life)
-            -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
-            redis.call('HSET', W, 'g:' .. e.w,
-                cjson.encode({o = e.o, s = e.s, n = e.n, t = fmt(token)}))
-            redis.call('ZADD', T, ctx.now + life, 'g:' .. e.w)
-            ctx.granted = ctx.granted + 1
-            if ctx.kind == 'sem' then token = nil end
-            wake(ctx, 'g', e.w, token, top, e)
+            hand(ctx, e, top)
         elseif e.k == 1 then
             -- passed over within its patience: it asks again when that ends (its QUEUED
             -- reply said when), or this walk grants it at a release after that
@@ -752,10 +760,22 @@ local function carry(ctx, c)
         return {0, 0, 0, 0}
     end
     local e = {w = c.waiter, o = c.waiter, s = c.side, n = c.n, k = 0, b = 1}
-    local position = enqueue(ctx, c.entry, e, nil)
-    -- (read before the hand-over below, which may grant the waiter itself: its grant's
-    -- token is then above this one, as every grant after its acquire's QUEUED reply is)
+    -- (read before any grant to the waiter below: its grant's token is then above this
+    -- one, as every grant after its acquire's QUEUED reply is)
     local token = ctx.tok or tonumber(redis.call('HGET', F, 'last')) or 0
+    -- (fits first: after the hand-over an rlock with anyone queued is held, so the queue
+    -- is read only where it may be empty)
+    if fits(ctx, ctx, c.side, c.waiter, c.n) and (ctx.tn == 0 or redis.call('ZCARD', Q) == 0)
+    then
+        -- Nobody queued and it fits: granted at once, as its own acquire would be
+        -- (op_acquire grants a first caller that fits without an entry), but as a
+        -- hand-over (the waiter did not make this call), with no entry written only to
+        -- be taken out again. Its list starts afresh, as at a new place (enqueue).
+        redis.call('DEL', CHANNEL .. ':' .. c.entry)
+        hand(ctx, e, c.entry)
+        return {3, 0, earliest_hold(ctx), token}
+    end
+    local position = enqueue(ctx, c.entry, e, nil)
     local granted = ctx.granted
     handover(ctx)
     if ctx.granted > granted then
