@@ -756,8 +756,10 @@ end
 -- unadopted grant to it exists already: that waiter asks itself then. Returns the items
 -- {3, position (0: granted at once, in wakes), hint, last token} or {0, 0, 0, 0}.
 local function carry(ctx, c)
-    if get_entry(c.entry) ~= nil or (ctx.tn > 0 and get_marker(c.waiter) ~= nil) then
-        return {0, 0, 0, 0}
+    -- (tn = 0: no entry and no marker exists at all; else one read for both)
+    if ctx.tn > 0 then
+        local found = redis.call('HMGET', W, 'e:' .. c.entry, 'g:' .. c.waiter)
+        if found[1] or found[2] then return {0, 0, 0, 0} end
     end
     local e = {w = c.waiter, o = c.waiter, s = c.side, n = c.n, k = 0, b = 1}
     -- (read before any grant to the waiter below: its grant's token is then above this
