@@ -23,7 +23,7 @@ import redis
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import aio, identity, primitive, waiting, wakehub
+from rlocks._engine import aio, identity, primitive, queued, waiting, wakehub
 from rlocks._engine.keys import keys_for
 from rlocks._engine.primitive import ENTRY_LEASE, Primitive
 from rlocks._engine.scripts import run
@@ -1737,8 +1737,6 @@ def test_a_defer_limit_of_zero_does_not_make_the_waiter_behind_the_head_spin(
     still sleeps DEFER_POLL_FLOOR between two looks (a sleep of 0 spun under the GIL:
     97 sections/s at 4 processes x 2 threads, against 2,028 at the default)."""
     monkeypatch.setattr(wakehub, "DEFER_LIMIT", 0.0)
-    from rlocks._engine import queued
-
     pauses: Dict[str, List[float]] = {}
 
     class Recorded(queued.Op):
