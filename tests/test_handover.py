@@ -1540,6 +1540,59 @@ def test_a_waiter_gone_while_a_release_queued_it_is_taken_out_by_that_release(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["rlock", "write"])
+def test_a_waiter_gone_just_after_a_release_queued_it_takes_itself_out(
+    redis_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter times out just after its sibling's release, which queued it behind
+    another process's waiter, ended (the release saw it still waiting, so it leaves
+    nothing in its name), before the waiter took that queueing's answer: the waiter takes
+    itself out as it gives up. Left in the queue, it was handed the lock by the other
+    process's release and held it, gone, for the entry lease (a stress run's writers
+    waited those 2 s)."""
+    monkeypatch.setattr(wakehub, "DEFER_LIMIT", 30.0)
+    holder, prim, admin, queue = _sibling_setup(kind, name, redis_url)
+    third = _one(kind, name, redis.Redis.from_url(redis_url))  # another process's hub
+    assert holder.acquire()
+    first, got, go = _granted_sibling(prim)
+    wait_until(lambda: admin.zcard(queue) == 1, 15, "the first thread to queue")
+    other, other_got, other_go = _granted_sibling(third)
+    wait_until(lambda: admin.zcard(queue) == 2, 15, "the other process to queue")
+    claiming, ended = threading.Event(), threading.Event()
+    real_claim, real_end = wakehub.WakeHub.claim, wakehub.WakeHub.carry_end
+    spared = (first, other, threading.main_thread())
+
+    def claim(self: Any, waiter: Any, leaving: bool = False) -> bool:
+        if leaving and threading.current_thread() not in spared:
+            # the second thread gives up: only once the release that carries it ended
+            claiming.set()
+            assert ended.wait(30), "the release carried nothing"
+        return real_claim(self, waiter, leaving)
+
+    def carry_end(self: Any, *args: Any) -> bool:
+        try:
+            return real_end(self, *args)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(wakehub.WakeHub, "claim", claim)
+    monkeypatch.setattr(wakehub.WakeHub, "carry_end", carry_end)
+    second, out = started(lambda: prim.acquire(timeout=1.0))
+    wait_until(lambda: parked(second), 15, "the second thread to wait behind the first")
+    holder.release()
+    assert got.wait(15), "the first thread was not handed the lock"
+    assert claiming.wait(30), "the second thread did not give up"
+    go.set()
+    assert other_got.wait(15), "the other process was not handed the lock"
+    assert joined(second, out, 30) is False
+    first.join(30)
+    assert admin.zcard(queue) == 0, "the gone waiter is still queued"
+    other_go.set()
+    other.join(30)
+    _free_with_nobody_queued(holder, admin, queue)
+
+
+@pytest.mark.timeout(90)
 def test_a_release_does_not_queue_a_waiter_of_an_object_with_another_entry_lease(
     redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

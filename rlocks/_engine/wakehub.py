@@ -241,8 +241,9 @@ class Waiter:
         #: What its acquire asks, (renew item kind, count): what a leaving head names
         #: when it re-points the process's queue entry to this waiter.
         self.ask: Tuple[str, int] = ("", 1)
-        #: A leaving head re-pointed the process's entry to it: it is in the server's
-        #: queue before it asked, so it must leave it if it stops waiting.
+        #: A leaving head re-pointed the process's entry to it, or a sibling's release
+        #: queued it (and ended while it waited: ``claim``): it is in the server's queue
+        #: before it asked, so it must leave it if it stops waiting.
         self.named = False
         #: It stopped waiting ungranted before it was named: a leaving head must not
         #: name it (see ``take_over``).
@@ -571,6 +572,13 @@ class WakeHub:
             if leaving:
                 waiter.state = LEAVING
                 waiter.gone = not waiter.named
+                if isinstance(waiter.carry, tuple):
+                    # A sibling's release queued it and ended while it still waited
+                    # (carry_end), so that release leaves nothing in its name: it is in
+                    # the server's queue before it asked, as a named waiter is, and
+                    # must leave it in its turn.
+                    waiter.carry = None
+                    waiter.named = True
             return False
 
     def successor(self, waiter: Waiter) -> Optional[Waiter]:
