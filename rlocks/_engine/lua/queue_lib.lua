@@ -243,12 +243,13 @@ local function fits(ctx, cap, side, owner, want)
 end
 
 -- Whether nothing any entry may ask fits `cap` (so the queue need not be read): an
--- rlock already held, a semaphore without a free permit (every entry wants >= 1). An
--- RWLock is never known full without the entry (its writer may take the read side).
+-- rlock already held, a semaphore without a free permit (every entry wants >= 1), an
+-- RWLock with a writer. (Only its writer could take the read side then, and a writer
+-- never waits in the queue: its re-entry and its read side are granted at once.)
 local function full(ctx, cap)
     if ctx.kind == 'rlock' then return cap.nheld > 0 end
     if ctx.kind == 'sem' then return cap.free < 1 end
-    return false
+    return cap.writer ~= nil
 end
 
 local function take(ctx, cap, side, owner, want, fresh)
@@ -679,8 +680,9 @@ local function op_acquire(ctx, a)
     local rank = false
     local first = false
     if full(ctx, ctx) then
-        -- Nothing any entry asks fits (an rlock held): no grant can come of this call,
-        -- to the caller or to those ahead, so neither its place nor the queue is read.
+        -- Nothing any entry asks fits (an rlock or a write side held, no free permit):
+        -- no grant can come of this call, to the caller or to those ahead, so neither
+        -- its place nor the queue is read.
     elseif ctx.fair == 1 then
         if ctx.tn > 0 then rank = redis.call('ZRANK', Q, a.entry) end
         -- Those ahead of the caller go first; the caller only if nobody is left ahead.
