@@ -1592,6 +1592,39 @@ def test_a_waiter_gone_just_after_a_release_queued_it_takes_itself_out(
     _free_with_nobody_queued(holder, admin, queue)
 
 
+def test_a_passed_grant_of_a_waiter_whose_wait_is_over_leaves_no_echo(
+    client: "redis.Redis[bytes]", monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub, step by step, through what a stress run showed (bug hunt): head A leaves,
+    re-pointing the process's entry to B; B gives up before it is named, and its thread
+    waits again (B2, the same id); the entry's grant line, read now, goes to B2 by id.
+    The leave in B's name then answers PASSED: no echo may be kept for B's line, or B2's
+    own next grant line is dropped as that echo and B2 sleeps through its grant."""
+    hub = wakehub.WakeHub(client, "rlocks-test")
+    hub._runner = threading.current_thread()  # a running stand-in: register() starts none
+    monkeypatch.setattr(hub, "_nudge", lambda: None)
+    channel = f"rlocks-test:rlock:{{x}}:wake:{hub.entry}"
+    mine = f"{identity.process_token()}:"
+    first = hub.register(channel, mine + "1")
+    second = hub.register(channel, mine + "2")
+    first.channel.confirmed.set()
+    assert not hub.claim(first, leaving=True)
+    assert hub.successor(first) is second  # the leave re-points the entry to B
+    assert not hub.claim(second, leaving=True) and second.gone
+    hub.unregister(second)
+    again = hub.register(channel, mine + "2")  # B's thread waits again
+    again.counts = True
+    hub._lines_locked(first.channel, f"g {mine}2 5")  # the entry's grant, read now
+    assert again.state == wakehub.GRANTED  # (its adoption will fail: a round trip)
+    assert not hub.take_over(second)  # gone: a second leave, in B's name, ...
+    hub.note_grant(second)  # ... answers PASSED
+    hub.rewait(again)  # the adoption failed: B2 waits on
+    again.event.clear()
+    hub._lines_locked(first.channel, f"g {mine}2 9")  # B2's own grant
+    assert again.state == wakehub.GRANTED and again.event.is_set(), "its grant line was dropped"
+    assert again.token == 9
+
+
 @pytest.mark.timeout(90)
 def test_a_release_does_not_queue_a_waiter_of_an_object_with_another_entry_lease(
     redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch

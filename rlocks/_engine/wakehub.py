@@ -597,10 +597,10 @@ class WakeHub:
         gone, and the caller must take it out in its name). A waiter granted meanwhile
         records its grant itself (True)."""
         with self._mutex:
-            # as if it had queued now: the channel was confirmed for the leaving head
-            waiter.counts = waiter.channel.confirmed.is_set()
             if waiter.gone:
                 return False
+            # as if it had queued now: the channel was confirmed for the leaving head
+            waiter.counts = waiter.channel.confirmed.is_set()
             waiter.named = True
             return True
 
@@ -619,6 +619,14 @@ class WakeHub:
 
     def _note_locked(self, waiter: Waiter) -> None:
         if waiter.hub_seen or waiter.other_seen or not waiter.counts:
+            return
+        if waiter not in waiter.channel.waiters:
+            # Its wait is over (a leave in the name of a waiter that stopped before it was
+            # named answered PASSED): its thread may wait again under the same id, and
+            # the hub may have read the grant's line already, for that newer wait. An
+            # echo would then drop the newer wait's own next grant line (a lost wake-up:
+            # bug hunt); left unechoed, a late line costs the newer wait one adoption
+            # round trip, which fails.
             return
         waiter.other_seen = True
         key = (waiter.channel.name, waiter.id)
