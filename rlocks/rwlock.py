@@ -33,7 +33,7 @@ from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, Options, Primitive
 from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, load_queued
+from ._engine.scripts import Arg, Call, load_queued
 from ._engine.state import PrimitiveState
 from .errors import UpgradeError
 
@@ -87,11 +87,36 @@ class _SideCore(Primitive):
 
     # -- script arguments (see the headers of the rw_*.lua files) ------------------------
 
+    def _other_side_held(self, owner: str) -> bool:
+        """Whether ``owner`` holds the other side in this process, through any object of
+        the name (no I/O)."""
+        pool, key, _field = super()._hold_key(owner)
+        other = "w" if self._side == "r" else "r"
+        return self._held_in_process((pool, key, f"{other}:{owner}")) > 0
+
+    def _acquire_call(
+        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
+    ) -> Call:
+        # Whether the owner holds the other side is part of the call (see
+        # _acquire_arguments), so of the key its prepared form is kept under.
+        other = self._other_side_held(owner)
+        return self._prepared(
+            ("acquire", owner, count, reentry, other, entry, listen),
+            self._acquire_script,
+            lambda: self._acquire_arguments(owner, count, reentry, entry, listen),
+            self._replication,
+        )
+
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
     ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, self._entry_id(entry), self._side, self._ttl_ms, count,
-                1 if reentry else 0, self._queue_flag(entry, listen))
+        # reentry + 2 when the owner holds the other side: only then is an unadopted grant
+        # of that side the owner's to keep (a writer taking the read side); otherwise it
+        # is a grant to a wait of this thread that has ended, and the script gives it
+        # back (lua/rw_acquire.lua).
+        flags = (1 if reentry else 0) + (2 if self._other_side_held(owner) else 0)
+        args = (owner, self._entry_id(entry), self._side, self._ttl_ms, count, flags,
+                self._queue_flag(entry, listen))
         return self._keys.queued(), (*self._context(), *args)
 
     def _release_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
@@ -107,6 +132,12 @@ class _SideCore(Primitive):
 
     def _renew_items(self, owner: str) -> Tuple[str, ...]:
         return (self._side, owner)
+
+    def _adopt_item(self, owner: str) -> Tuple[str, str]:
+        # This side's grant only: one of the other side was made to a wait of this thread
+        # that has ended, and its marker must stay for the leave (or the lease) that
+        # takes it back (lua/queue_lib.lua, op_renew).
+        return ("a" + self._side, owner)
 
     def _deadlock_side(self) -> str:
         return self._side

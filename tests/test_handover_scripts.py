@@ -389,12 +389,34 @@ def test_rw_reentry_downgrade_and_upgrade(rw: _Prim) -> None:
     assert rw.call("release", T0, "p1.a", "r", 2) == [1, 0, 0, ["g p2.a"]]
     # downgrade: the writer takes the read side at once, though a reader is queued
     assert _wacq(rw, T0, "p3.a", "r")[0] == 3
-    # p2 has not adopted its write grant yet: asking for the read side adopts it too
+    # p2 recorded its write grant without adopting it: asking for the read side, as the
+    # holder of the write side (reentry + 2), adopts it too
     assert rw.markers() == ["p2.a"]
-    assert _wacq(rw, T0, "p2.a", "r")[:2] == [1, 1]
+    assert _wacq(rw, T0, "p2.a", "r", reentry=2)[:2] == [1, 1]
     assert rw.markers() == []
     assert rw.call("release", T0, "p2.a", "w", 1) == [1, 0, 0, ["g p3.a"]]
     assert rw.holds() == {"r:p2.a": 1, "r:p3.a": 1}
+
+
+@pytest.mark.parametrize("granted, asks", [("r", "w"), ("w", "r")])
+def test_rw_a_grant_of_the_other_side_its_owner_never_recorded_is_given_back(
+    rw: _Prim, granted: str, asks: str
+) -> None:
+    """A thread's wait for one side ended just as the hand-over granted it (its leave
+    still on its way); its next call, for the other side and holding nothing, finds that
+    grant: it is given back and handed on, and the call goes on as if it had not been
+    there (no upgrade refusal for a read grant, no write hold kept under a read)."""
+    assert _wacq(rw, T0, "p1.a", "w")[0] == 1
+    assert _wacq(rw, T0, "p2.a", granted)[0] == 3
+    assert _wacq(rw, T0, "p3.a", "w")[0] == 3
+    assert rw.call("release", T0, "p1.a", "w", 1)[3] == ["g p2.a"]
+    # the side's own adoption item, for the other side, leaves the grant alone
+    assert rw.call("renew", T0, 30000, "a" + asks, "p2.a")[4] == [-1]
+    assert rw.markers() == ["p2.a"]
+    # p2's next call, for the other side: the grant goes to p3, p2 queues behind it
+    assert _wacq(rw, T0, "p2.a", asks) == [3, 1, ELEASE, ["g p3.a"]]
+    assert rw.holds() == {"w:p3.a": 1}
+    assert rw.markers() == ["p3.a"]
 
 
 def test_rw_leaving_writer_lets_readers_behind_it_in(rw: _Prim) -> None:
@@ -666,12 +688,15 @@ _BAD = [
     ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "r", "o"], "item kind"),
     ("rlock", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", 0], "next want"),
     ("rw", "acquire", ["", PUB, 1, ELEASE, "o", "p", "x", 1, 1, 0, 1], "side"),
+    ("rw", "acquire", ["", PUB, 1, ELEASE, "o", "p", "w", 1, 1, 4, 1], "reentry"),
     ("rw", "release", ["", PUB, 1, ELEASE, "o", "rw", 1], "side"),
     ("rw", "release", ["", PUB, 1, ELEASE, "p0.a", "r", 1, "p0", "p0.b", "x", 1],
      "carry side"),
     ("rw", "release", ["", PUB, 1, ELEASE, "p0.a", "r", 1, "p0", "p0.b", "w", 0],
      "carry count"),
     ("rw", "renew", ["", PUB, 1, ELEASE, 1000, "h", "o"], "item kind"),
+    ("rw", "renew", ["", PUB, 1, ELEASE, 1000, "ax", "o"], "item kind"),
+    ("rlock", "renew", ["", PUB, 1, ELEASE, 1000, "aw", "o"], "item kind"),
     ("rw", "leave", ["", PUB, 1, ELEASE, "o", "p", "n", "q", 1], "next side"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, -1, 1, "p", "p.a", "p", 1, 1, 1], "value"),
     ("sem", "acquire", ["", PUB, 1, ELEASE, 3, 5, "p", "p.a", "p", 1, 1, 1], "bounded"),
@@ -853,7 +878,14 @@ class Model:
                 reentry: int, queue: int) -> List[Any]:
         self.wakes = []
         self.purge()
+        other = 0
+        if self.kind == "rw":  # reentry + 2: the owner holds the other side
+            other, reentry = reentry // 2, reentry % 2
         m = self.markers.pop(waiter, None)
+        if m is not None and self.kind == "rw" and m["s"] != side and not other:
+            # a grant of the other side its owner never recorded: given back first
+            self.drop(m["s"], m["o"], m["n"], True)
+            m = None
         if m is not None:
             f = self.field(m["s"], m["o"])
             if not reentry and f in self.holds and m["s"] == side:
@@ -902,9 +934,15 @@ class Model:
         mine = self.holds.get(self.field(side, owner), [None])[0]
         if mine is None:
             return self.done(-1, 0, 0)
-        self.markers.pop(owner, None)
+        self.adopted(owner, side)
         left = mine - self.drop(side, owner, n, False)
         return self.done(1, left, 0)
+
+    def adopted(self, owner: str, side: str) -> None:
+        """A call of ``owner`` on ``side`` adopts its grant (rw: a grant of that side)."""
+        m = self.markers.get(owner)
+        if m is not None and (self.kind != "rw" or m["s"] == side):
+            del self.markers[owner]
 
     def sem_release(self, give: int, pairs: List[Tuple[str, int]]) -> List[Any]:
         self.wakes = []
@@ -945,12 +983,16 @@ class Model:
         self.wakes = []
         self.purge()
         # 'a' items first: whether the grant was unadopted when the call began
-        results = [
-            (1 if self.markers.pop(ident, None) is not None else -1) if kind == "a" else 0
-            for kind, ident in items
-        ]
+        results = [0] * len(items)
         for n, (kind, ident) in enumerate(items):
-            if kind == "a":
+            if kind.startswith("a"):
+                mk = self.markers.get(ident)
+                found = mk is not None and (kind == "a" or mk["s"] == kind[1:])
+                if found:
+                    del self.markers[ident]
+                results[n] = 1 if found else -1
+        for n, (kind, ident) in enumerate(items):
+            if kind.startswith("a"):
                 continue
             if kind == "e":
                 ok = ident in self.entries
@@ -963,7 +1005,7 @@ class Model:
                 if ok:
                     self.holds[f][1] = max(self.holds[f][1], self.now + ttl)
                     if self.kind != "sem":  # a lock's renewal adopts its owner's grant
-                        self.markers.pop(ident, None)
+                        self.adopted(ident, kind)
             results[n] = 1 if ok else -1
         self.handover()
         return [1, results.count(1), 0, self.wakes, results]
@@ -978,12 +1020,12 @@ THREADS = ["a", "b"]
 _op = st.one_of(
     st.tuples(st.just("acq"), st.sampled_from(PROCS), st.sampled_from(THREADS),
               st.sampled_from(["r", "w"]), st.integers(1, 2), st.sampled_from([1, 1, 0]),
-              st.sampled_from([0, 0, 0, 1]), st.sampled_from([2, 6])),
+              st.sampled_from([0, 0, 0, 1, 2, 3]), st.sampled_from([2, 6])),
     st.tuples(st.just("rel"), st.sampled_from(PROCS), st.sampled_from(THREADS),
               st.sampled_from(["r", "w"]), st.integers(1, 2), st.sampled_from([0, 1])),
     st.tuples(st.just("leave"), st.sampled_from(PROCS), st.sampled_from(THREADS)),
     st.tuples(st.just("renew"), st.sampled_from(PROCS),
-              st.lists(st.sampled_from(["h", "e", "a"]), min_size=1, max_size=3)),
+              st.lists(st.sampled_from(["h", "h2", "e", "a", "a2"]), min_size=1, max_size=3)),
     st.tuples(st.just("adv"), st.sampled_from([1, 1, 1, 2, 4])),
 )
 
@@ -1029,9 +1071,10 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
             if kind == "sem":
                 got = p.call("acquire", now, owner, waiter, proc, ttl, add, queue)
                 reentry = 0
-            elif kind == "rw":
+            elif kind == "rw":  # (reentry + 2: the owner holds the other side)
                 got = p.call("acquire", now, owner, proc, side, ttl, add, reentry, queue)
             else:
+                reentry %= 2
                 got = p.call("acquire", now, owner, proc, ttl, add, reentry, queue)
             want = m.acquire(owner, waiter, proc, side, ttl, add, reentry, queue)
         elif op[0] == "rel":
@@ -1055,10 +1098,12 @@ def _check_model(client: "redis.Redis[bytes]", name: str, kind: str, fair: int,
             for k in op[2]:
                 if k == "e":
                     items.append(("e", proc))
-                elif k == "a":
+                elif k == "a" or (k == "a2" and kind != "rw"):
                     items.append(("a", f"{proc}.a"))
+                elif k == "a2":  # rw: adopt only a grant of one side
+                    items.append((data.draw(st.sampled_from(["ar", "aw"])), f"{proc}.a"))
                 elif kind == "rw":
-                    items.append(("r", f"{proc}.a"))
+                    items.append(("r" if k == "h" else "w", f"{proc}.a"))
                 else:
                     items.append(("h", f"{proc}.a"))
             got = p.call("renew", now, 6 * UNIT, *[x for item in items for x in item])

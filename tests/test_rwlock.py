@@ -11,11 +11,13 @@ from typing import Any, List
 import pytest
 import redis
 
-from rlocks._engine import identity
+from rlocks._engine import identity, renewal
 from rlocks._engine.scripts import run
 from rlocks.errors import LockLostError, NotOwnedError
 from rlocks.rwlock import RWLock, UpgradeError, WriteLock
 
+from ._servers import wait_until
+from ._threads import joined, started
 from .conftest import NAMESPACE, snapshot
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -139,6 +141,42 @@ def test_downgrade(client: "redis.Redis[bytes]", name: str) -> None:
     assert in_thread(lambda: lock.read_lock.acquire(blocking=False))
     assert not in_thread(lambda: lock.write_lock.acquire(blocking=False))
     lock.read_lock.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_handed_the_lock_keeps_it_through_a_downgrade_before_its_adoption(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer handed the lock records it with no adoption round trip (its renewer's
+    first renewal adopts it, made late here). Taking the read side before that tells
+    the script it holds the write side: the unadopted write grant is its own and stays,
+    not given back as a grant to a wait of the thread that ended."""
+    monkeypatch.setattr(renewal, "ADOPT_AFTER", 30.0)
+    other, mine = (redis.Redis.from_url(redis_url) for _ in range(2))
+    holder = RWLock(name, client=other, namespace=NAMESPACE, entry_lease=30.0).write_lock
+    lock = RWLock(name, client=mine, namespace=NAMESPACE, entry_lease=30.0)
+    keys = lock.write_lock._keys.queued()
+    assert holder.acquire()
+
+    def downgrade() -> Any:
+        assert lock.write_lock.acquire(timeout=30)
+        owner = identity.thread_owner()
+        markers = [k for k in other.hkeys(keys[3]) if k.startswith(b"g:")]
+        assert markers == [f"g:{owner}".encode()], "the grant was adopted already"
+        assert lock.read_lock.acquire(blocking=False)
+        held = other.hgetall(keys[0])
+        lock.read_lock.release()
+        lock.write_lock.release()
+        return owner, held
+
+    thread, out = started(downgrade)
+    wait_until(lambda: other.zcard(keys[2]) == 1, 15, "the writer to queue")
+    holder.release()
+    owner, held = joined(thread, out, 30)
+    assert held.get(f"w:{owner}".encode()) == b"1", held
+    assert held.get(f"r:{owner}".encode()) == b"1", held
+    assert holder.acquire(blocking=False)
+    holder.release()
 
 
 def test_upgrade_is_refused_at_once_and_changes_nothing(

@@ -765,6 +765,11 @@ class Primitive(Renewable):
         """The renew items of ``owner``'s hold: ``('h', owner)`` (an RWLock side: its side)."""
         return ("h", owner)
 
+    def _adopt_item(self, owner: str) -> Tuple[str, str]:
+        """The renew item that adopts ``owner``'s hand-over grant: ``('a', owner)`` (an
+        RWLock side: only a grant of its side, ``('ar' | 'aw', owner)``)."""
+        return ("a", owner)
+
     def _hold_field(self, owner: str) -> str:
         """The field of ``owner``'s hold in the holds hash (queue_lib.lua's ``hfield``):
         the owner id, or ``<side>:<owner>`` on an RWLock side."""
@@ -782,16 +787,16 @@ class Primitive(Renewable):
         if self._lost_reply_check(owner) is None:
             return None
         if self._kind == "sem":  # a semaphore issues no fencing tokens
-            return self._items_call((*self._renew_items(owner), "a", owner))
+            return self._items_call((*self._renew_items(owner), *self._adopt_item(owner)))
         # The lost reply carried the grant's fencing token: a fresh one, above every token
         # issued so far, is as good (nobody saw the lost one) and is what the reply decodes.
         return self._items_call(
-            (*self._renew_items(owner), "a", owner, "t", self._hold_field(owner))
+            (*self._renew_items(owner), *self._adopt_item(owner), "t", self._hold_field(owner))
         )
 
     def _adopt_call(self, owner: str) -> Call:
         """Adopt ``owner``'s hand-over grant and extend it to ``ttl`` (no renewer here)."""
-        return self._items_call((*self._renew_items(owner), "a", owner))
+        return self._items_call((*self._renew_items(owner), *self._adopt_item(owner)))
 
     def _renewal_arguments(self, lease: Lease) -> Tuple[Sequence[str], Sequence[Arg]]:
         """KEYS and ARGV of one renewal by the renewer: a hold, or a queue entry."""

@@ -397,6 +397,18 @@ local function revoke(ctx, waiter, m)
     return drop(ctx, m.s, m.o, m.n, true)
 end
 
+-- A call of `waiter`'s owner on `side` adopts its hand-over grant: the marker goes (the
+-- owner knows it holds it). An RWLock grant of the other side stays: its owner holds
+-- nothing there that it knows of (a wait that ended as the hand-over came, whose leave
+-- is on its way), and a marker-less hold would live out its lease unowned.
+local function adopted(ctx, waiter, side)
+    if ctx.kind == 'rw' then
+        local m = get_marker(waiter)
+        if m == nil or m.s ~= side then return end
+    end
+    clear_marker(ctx, waiter)
+end
+
 -- Everything whose lease ended by ctx.now: dead holds go (sem: permits come back, bounded
 -- as in sem_lib), expired entries leave the queue, unadopted grants are revoked.
 -- Amortised O(log n) per ended item: each is removed once.
@@ -635,9 +647,19 @@ local function reply_text(reply)
 end
 
 -- acquire, shared by every primitive. a = {owner, waiter, entry, side, ttl, add, reentry,
--- queue}. rlock/rw: waiter == owner. See the per-script headers for the replies.
+-- other, queue}; other (rw): 1 = the caller holds the other side, else 0.
+-- rlock/rw: waiter == owner. See the per-script headers for the replies.
 local function op_acquire(ctx, a)
     local m = purged_marker(ctx, a.waiter)
+    if m ~= nil and ctx.kind == 'rw' and m.s ~= a.side and a.other == 0 then
+        -- A grant of the other side its owner never recorded (it holds nothing there:
+        -- a wait that ended as the hand-over came, whose leave may still be on its way)
+        -- is given back, as that leave would, before this call goes on. Kept, it would
+        -- outlive the wait for its short lease, and a read grant would make this write
+        -- call an upgrade.
+        revoke(ctx, a.waiter, m)
+        m = nil
+    end
     if m ~= nil then
         -- The waiter holds a hand-over grant: the caller has it now, so it is adopted.
         -- Asking for the same thing without re-entry is the re-check after a missed
@@ -799,7 +821,7 @@ local function op_release(ctx, r)
     end
     -- the owner releasing it knows it holds it: its own grant counts as adopted
     -- (tn = 0: no grant marker exists at all)
-    if ctx.tn > 0 then clear_marker(ctx, r.owner) end
+    if ctx.tn > 0 then adopted(ctx, r.owner, r.side) end
     local left = mine - drop(ctx, r.side, r.owner, r.n, false, mine)
     handover(ctx)
     local items = nil
@@ -840,24 +862,34 @@ end
 
 -- renew: items from ARGV[first] on, pairs (kind, id): 'h' = hold of owner id (rlock,
 -- sem), 'r'/'w' = rw read/write hold of owner id, 'e' = queue entry id, 'a' = adopt the
--- hand-over grant of waiter id, 't' = (rlock, rw) issue a fresh fencing token to the hold
--- whose holds-hash field is id (an acquire whose reply was lost: its grant's token never
--- reached the owner; the new one is above every token issued before, so the order of
--- grants holds). Holds get now + ttl, entries now + entry lease; neither is ever
--- shortened. Renewing an rlock or rw hold also adopts its owner's hand-over grant (there
--- the waiter id is the owner id, and only a process that recorded the grant renews it).
+-- hand-over grant of waiter id ('ar'/'aw', rw: only a grant of that side), 't' = (rlock,
+-- rw) issue a fresh fencing token to the hold whose holds-hash field is id (an acquire
+-- whose reply was lost: its grant's token never reached the owner; the new one is above
+-- every token issued before, so the order of grants holds). Holds get now + ttl, entries
+-- now + entry lease; neither is ever shortened. Renewing an rlock or rw hold also adopts
+-- its owner's hand-over grant of that side (there the waiter id is the owner id, and
+-- only a process that recorded the grant renews it).
 -- Per item: 1 = renewed/adopted/issued, -1 = not there (lost, left, expired).
 local function op_renew(ctx, ttl, first)
     purge(ctx)
     local results, ok = {}, 0
     -- 'a' items first: each says whether its grant was unadopted when the call began,
-    -- though a hold item of the same owner, anywhere in the list, adopts it too.
+    -- though a hold item of the same owner, anywhere in the list, adopts it too. rw:
+    -- 'ar' / 'aw' adopt only a grant of that side (see adopted()).
     for i = first, #ARGV - 1, 2 do
-        if ARGV[i] == 'a' then
+        local kind, id = ARGV[i], ARGV[i + 1]
+        if string.sub(kind, 1, 1) == 'a' then
             local n = (i - first) / 2 + 1
             results[n] = -1
-            if redis.call('HEXISTS', W, 'g:' .. ARGV[i + 1]) == 1 then
-                clear_marker(ctx, ARGV[i + 1])
+            local found
+            if kind == 'a' then
+                found = redis.call('HEXISTS', W, 'g:' .. id) == 1
+            else
+                local m = get_marker(id)
+                found = m ~= nil and m.s == string.sub(kind, 2)
+            end
+            if found then
+                clear_marker(ctx, id)
                 results[n] = 1
                 ok = ok + 1
             end
@@ -866,7 +898,7 @@ local function op_renew(ctx, ttl, first)
     for i = first, #ARGV - 1, 2 do
         local kind, id = ARGV[i], ARGV[i + 1]
         local done = false
-        if kind == 'a' then
+        if string.sub(kind, 1, 1) == 'a' then
             done = nil -- answered above
         elseif kind == 't' then
             if redis.call('HEXISTS', H, id) == 1 then
@@ -885,7 +917,7 @@ local function op_renew(ctx, ttl, first)
             local field = hfield(ctx, side, id)
             if redis.call('HEXISTS', H, field) == 1 then
                 extend(ctx, L, field, ctx.now + ttl)
-                if ctx.tn > 0 and ctx.kind ~= 'sem' then clear_marker(ctx, id) end
+                if ctx.tn > 0 and ctx.kind ~= 'sem' then adopted(ctx, id, side) end
                 done = true
             end
         end
@@ -910,7 +942,7 @@ local function renew_args(ctx, i)
     for j = i + 1, #ARGV - 1, 2 do
         local kind = ARGV[j]
         local allowed = kind == 'e' or kind == 'a' or
-            (ctx.kind == 'rw' and (kind == 'r' or kind == 'w')) or
+            (ctx.kind == 'rw' and (kind == 'r' or kind == 'w' or kind == 'ar' or kind == 'aw')) or
             (ctx.kind ~= 'rw' and kind == 'h') or (ctx.kind ~= 'sem' and kind == 't')
         if not allowed then bad = bad or 'RLOCKS_BAD_ARG item kind' end
         str_arg(j + 1, 'item id')

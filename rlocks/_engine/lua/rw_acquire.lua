@@ -9,7 +9,9 @@
 -- ARGV[7]   side: 'r' (read) or 'w' (write)
 -- ARGV[8]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
 -- ARGV[9]   holds to add, count (>= 1)
--- ARGV[10]  1 = the caller believes it holds that side already (re-entry); 0 = not
+-- ARGV[10]  1 = the caller believes it holds that side already (re-entry); 0 = not;
+--           + 2 when it holds the other side (then an unadopted grant of that side is
+--           the caller's: a writer taking the read side; else it is given back first)
 -- ARGV[11]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
 --           2 = as 1, and the entry's wake-up lines go to its list, not its channel (b = 1)
 --
@@ -25,9 +27,11 @@
 local ctx, i = context('rw')
 local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'),
            side = side_arg(i + 2, 'side', 'rw'), ttl = int_arg(i + 3, 'ttl', 1),
-           add = int_arg(i + 4, 'add', 1), reentry = int_arg(i + 5, 'reentry', 0, 1),
+           add = int_arg(i + 4, 'add', 1), reentry = int_arg(i + 5, 'reentry', 0, 3),
            queue = int_arg(i + 6, 'queue', 0, 2)}
 a.waiter = a.owner
+a.other = math.floor(a.reentry / 2)
+a.reentry = a.reentry % 2
 if bad then return redis.error_reply(bad) end
 local err = open(ctx)
 if err then return err end

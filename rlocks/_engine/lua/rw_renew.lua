@@ -6,7 +6,8 @@
 --
 -- ARGV[5]   ttl, ms (>= 1): a renewed hold's lease ends ttl from now (never shortened)
 -- ARGV[6..] pairs (kind, id): 'r' / 'w' <owner> renew that owner's read / write hold;
---           'e' <entry> renew the queue entry; 'a' <waiter> adopt its hand-over grant;
+--           'e' <entry> renew the queue entry; 'a' <waiter> adopt its hand-over grant
+--           ('ar' / 'aw': only a grant of the read / write side);
 --           't' 'r:<owner>' / 'w:<owner>' issue that hold a fresh fencing token
 --
 -- Reply: status 1, value = items done, aux 0, token = a 't' item's new token (0: none),
