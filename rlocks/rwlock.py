@@ -33,7 +33,7 @@ from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, Options, Primitive
 from ._engine.quorum import Quorum
 from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, Call, load_queued
+from ._engine.scripts import Arg, load_queued
 from ._engine.state import PrimitiveState
 from .errors import UpgradeError
 
@@ -94,18 +94,8 @@ class _SideCore(Primitive):
         other = "w" if self._side == "r" else "r"
         return self._held_in_process((pool, key, f"{other}:{owner}")) > 0
 
-    def _acquire_call(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
-    ) -> Call:
-        # Whether the owner holds the other side is part of the call (see
-        # _acquire_arguments), so of the key its prepared form is kept under.
-        other = self._other_side_held(owner)
-        return self._prepared(
-            ("acquire", owner, count, reentry, other, entry, listen),
-            self._acquire_script,
-            lambda: self._acquire_arguments(owner, count, reentry, entry, listen),
-            self._replication,
-        )
+    def _acquire_depends(self, owner: str) -> Tuple[Any, ...]:
+        return (self._other_side_held(owner),)
 
     def _acquire_arguments(
         self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False

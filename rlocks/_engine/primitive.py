@@ -738,11 +738,17 @@ class Primitive(Renewable):
         """The prepared acquire call: queue under ``entry`` if not granted (``None``: a
         single try, nothing queued); ``listen``: see :meth:`_queue_flag`."""
         return self._prepared(
-            ("acquire", owner, count, reentry, entry, listen),
+            ("acquire", owner, count, reentry, entry, listen, *self._acquire_depends(owner)),
             self._acquire_script,
             lambda: self._acquire_arguments(owner, count, reentry, entry, listen),
             self._replication,
         )
+
+    def _acquire_depends(self, owner: str) -> Tuple[Any, ...]:
+        """What else ``owner``'s acquire ARGV depend on, beyond the call's parameters (an
+        RWLock side: whether the owner holds the other side): part of the key the
+        prepared call is kept under. No I/O."""
+        return ()
 
     def _leave_arguments(
         self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
