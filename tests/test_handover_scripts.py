@@ -398,6 +398,29 @@ def test_rw_reentry_downgrade_and_upgrade(rw: _Prim) -> None:
     assert rw.holds() == {"r:p2.a": 1, "r:p3.a": 1}
 
 
+def test_a_caller_whose_entry_the_walk_for_those_ahead_grants_adopts_that_grant(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """A queued reader behind another asks again as the writer's lease has ended: the walk
+    for those ahead grants both readers, the caller's own entry included. The caller
+    adopts that grant (ADOPTED, one hold), never granted a second time (it counted two
+    holds, its books one: its release left a hold behind, on a full ttl)."""
+    rw = _Prim(client, "rw", name)
+    assert _wacq(rw, T0, "p1.a", "w", ttl=1000)[0] == 1
+    assert _wacq(rw, T0, "p2.a", "r")[:2] == [3, 1]
+    assert _wacq(rw, T0, "p3.a", "r")[:2] == [3, 2]
+    assert _wacq(rw, T0 + 1000, "p3.a", "r") == [2, 1, 30000, ["g p2.a", "g p3.a"]]
+    assert rw.holds() == {"r:p2.a": 1, "r:p3.a": 1}
+    assert rw.markers() == ["p2.a"]
+    sem = _Prim(client, "sem", name + "-sem", value=3)
+    assert _sacq(sem, T0, "p1.a", 3, ttl=1000)[:2] == [1, 3]
+    assert _sacq(sem, T0, "p2.a", 1)[:2] == [3, 1]
+    assert _sacq(sem, T0, "p3.a", 1)[:2] == [3, 2]
+    assert _sacq(sem, T0 + 1000, "p3.a", 1) == [2, 1, 30000, ["g p2.a", "g p3.a"]]
+    assert sem.holds() == {"p2.a": 1, "p3.a": 1}
+    assert sem.meta("#free") == "1"
+
+
 @pytest.mark.parametrize("granted, asks", [("r", "w"), ("w", "r")])
 def test_rw_a_grant_of_the_other_side_its_owner_never_recorded_is_given_back(
     rw: _Prim, granted: str, asks: str
@@ -905,6 +928,11 @@ class Model:
         if self.fair:
             if not (self.queue and self.queue[0] == entry):
                 self.handover()
+                m = self.markers.pop(waiter, None)
+                if m is not None:  # that walk granted the caller's own entry: adopted
+                    f = self.field(m["s"], m["o"])
+                    self.holds[f][1] = max(self.holds[f][1], self.now + ttl)
+                    return self.done(2, self.holds[f][0], self.holds[f][1] - self.now)
             first = (self.queue[:1] == [entry]) or (not self.queue)
         else:
             first = True

@@ -710,7 +710,21 @@ local function op_acquire(ctx, a)
         -- Those ahead of the caller go first; the caller only if nobody is left ahead.
         if rank ~= 0 then
             handover(ctx)
-            if ctx.granted > 0 then rank = redis.call('ZRANK', Q, a.entry) end
+            if ctx.granted > 0 then
+                rank = redis.call('ZRANK', Q, a.entry)
+                -- The walk may have reached the caller's own entry (readers, permits:
+                -- room for it too) and granted it: that grant is the caller's, adopted
+                -- now, never granted a second time (bug hunt: a reader counted twice).
+                local mine_now = get_marker(a.waiter)
+                if mine_now ~= nil then
+                    clear_marker(ctx, a.waiter)
+                    local field = hfield(ctx, mine_now.s, mine_now.o)
+                    extend(ctx, L, field, ctx.now + a.ttl)
+                    ctx.token = tonumber(mine_now.t)
+                    return finish(ctx, 2, held_by(ctx, mine_now.s, mine_now.o),
+                        lease_left(ctx, mine_now.s, mine_now.o))
+                end
+            end
         end
         first = rank == 0 or
             (rank == false and (ctx.tn == 0 or redis.call('ZCARD', Q) == 0))
