@@ -1592,6 +1592,54 @@ def test_a_waiter_gone_just_after_a_release_queued_it_takes_itself_out(
     _free_with_nobody_queued(holder, admin, queue)
 
 
+@pytest.mark.timeout(90)
+def test_a_grant_a_leave_makes_at_once_to_a_waiter_that_gave_up_is_passed_on(
+    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer times out; its leave re-points the process's entry to the reader behind
+    it, who gives up before that leave arrives (held back here until then). The reader
+    fits beside the holding reader and is granted at once by the leave: the grant is
+    passed on in its name, not left to hold writers off for the entry lease."""
+    other, mine = (redis.Redis.from_url(redis_url) for _ in range(2))
+    reading = rlocks.RWLock(name, client=other, namespace=NS).read_lock
+    lock = rlocks.RWLock(name, client=mine, namespace=NS)
+    queue = _queue_key("write", name)
+    assert reading.acquire()
+    gave_up = threading.Event()
+    real_claim, real_leave = wakehub.WakeHub.claim, Primitive._leave_call
+    reader: List[threading.Thread] = []
+    named: List[Any] = []
+
+    def claim(self: Any, waiter: Any, leaving: bool = False) -> bool:
+        try:
+            return real_claim(self, waiter, leaving)
+        finally:
+            if leaving and threading.current_thread() in reader:
+                gave_up.set()
+
+    def leave_call(self: Any, owner: str, entry: str, ask: Any = None) -> Any:
+        if ask is not None:  # the writer's leave, naming the reader: once it gave up
+            named.append(ask)
+            assert gave_up.wait(30), "the reader did not give up"
+        return real_leave(self, owner, entry, ask)
+
+    monkeypatch.setattr(wakehub.WakeHub, "claim", claim)
+    monkeypatch.setattr(Primitive, "_leave_call", leave_call)
+    writer, wrote = started(lambda: lock.write_lock.acquire(timeout=3.0))
+    wait_until(lambda: other.zcard(queue) == 1, 15, "the writer to queue")
+    second, read = started(lambda: lock.read_lock.acquire(timeout=4.0))
+    reader.append(second)
+    assert joined(writer, wrote, 30) is False
+    assert joined(second, read, 30) is False
+    assert named, "the writer's leave did not name the reader"
+    reading.release()
+    # nobody holds the lock: a writer of another client gets it with a single try
+    assert rlocks.RWLock(name, client=other, namespace=NS).write_lock.acquire(
+        blocking=False
+    ), "the reader's grant was left to its lease"
+    assert other.zcard(queue) == 0
+
+
 def test_a_passed_grant_of_a_waiter_whose_wait_is_over_leaves_no_echo(
     client: "redis.Redis[bytes]", monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -463,10 +463,13 @@ def _leave(
         if reply.status == PASSED:
             # the grant's line, when the hub reads it, must not grant a later wait
             hub.note_grant(leaving)
-        # value 0: the entry left, or was granted to nxt at once (its line says so)
-        if nxt is None or reply.status != GRANTED or reply.value == 0 or hub.take_over(nxt):
+        # (with nxt named, value 0 says the re-pointed entry was granted to it at once:
+        # its line says so)
+        if nxt is None or reply.status != GRANTED or hub.take_over(nxt):
             return
-        # nxt stopped waiting before it was named: the entry names nobody who waits.
+        # nxt stopped waiting before it was named: the entry, or the grant it was just
+        # made, names nobody who waits (a grant left so would hold everyone off for its
+        # short lease: bug hunt).
         gone, leaving = nxt.id, nxt
 
 
