@@ -401,11 +401,15 @@ end
 -- owner knows it holds it). An RWLock grant of the other side stays: its owner holds
 -- nothing there that it knows of (a wait that ended as the hand-over came, whose leave
 -- is on its way), and a marker-less hold would live out its lease unowned.
+-- Whether `waiter` has an unadopted grant; of `side` only when given (an rw side).
+local function has_marker(waiter, side)
+    if side == nil then return redis.call('HEXISTS', W, 'g:' .. waiter) == 1 end
+    local m = get_marker(waiter)
+    return m ~= nil and m.s == side
+end
+
 local function adopted(ctx, waiter, side)
-    if ctx.kind == 'rw' then
-        local m = get_marker(waiter)
-        if m == nil or m.s ~= side then return end
-    end
+    if ctx.kind == 'rw' and not has_marker(waiter, side) then return end
     clear_marker(ctx, waiter)
 end
 
@@ -646,6 +650,16 @@ local function reply_text(reply)
     return head .. '\n' .. table.concat(wakes, '\n')
 end
 
+-- The acquiring caller adopts `m`, its waiter's hand-over grant (its marker cleared
+-- already), of which its owner now holds `count`: nothing is added, the hold's lease
+-- becomes the caller's ttl, and the reply is ADOPTED with the grant's fencing token.
+local function adopt(ctx, a, m, count)
+    extend(ctx, L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
+    ctx.token = tonumber(m.t) -- a string: cjson would round 16 digits
+    handover(ctx)
+    return finish(ctx, 2, count, lease_left(ctx, m.s, m.o))
+end
+
 -- acquire, shared by every primitive. a = {owner, waiter, entry, side, ttl, add, reentry,
 -- other, queue}; other (rw): 1 = the caller holds the other side, else 0.
 -- rlock/rw: waiter == owner. See the per-script headers for the replies.
@@ -668,10 +682,7 @@ local function op_acquire(ctx, a)
         clear_marker(ctx, a.waiter)
         local count = held_by(ctx, m.s, m.o)
         if a.reentry == 0 and count ~= nil and m.s == a.side then
-            extend(ctx, L, hfield(ctx, m.s, m.o), ctx.now + a.ttl)
-            ctx.token = tonumber(m.t) -- a string: cjson would round 16 digits
-            handover(ctx)
-            return finish(ctx, 2, count, lease_left(ctx, m.s, m.o))
+            return adopt(ctx, a, m, count)
         end
     end
     local mine = nil -- a semaphore has no re-entry: permits are counted, not owned
@@ -715,14 +726,10 @@ local function op_acquire(ctx, a)
                 -- The walk may have reached the caller's own entry (readers, permits:
                 -- room for it too) and granted it: that grant is the caller's, adopted
                 -- now, never granted a second time (bug hunt: a reader counted twice).
-                local mine_now = get_marker(a.waiter)
-                if mine_now ~= nil then
+                local walked = get_marker(a.waiter)
+                if walked ~= nil then
                     clear_marker(ctx, a.waiter)
-                    local field = hfield(ctx, mine_now.s, mine_now.o)
-                    extend(ctx, L, field, ctx.now + a.ttl)
-                    ctx.token = tonumber(mine_now.t)
-                    return finish(ctx, 2, held_by(ctx, mine_now.s, mine_now.o),
-                        lease_left(ctx, mine_now.s, mine_now.o))
+                    return adopt(ctx, a, walked, held_by(ctx, walked.s, walked.o))
                 end
             end
         end
@@ -895,14 +902,9 @@ local function op_renew(ctx, ttl, first)
         if string.sub(kind, 1, 1) == 'a' then
             local n = (i - first) / 2 + 1
             results[n] = -1
-            local found
-            if kind == 'a' then
-                found = redis.call('HEXISTS', W, 'g:' .. id) == 1
-            else
-                local m = get_marker(id)
-                found = m ~= nil and m.s == string.sub(kind, 2)
-            end
-            if found then
+            local side = nil
+            if kind ~= 'a' then side = string.sub(kind, 2) end
+            if has_marker(id, side) then
                 clear_marker(ctx, id)
                 results[n] = 1
                 ok = ok + 1
