@@ -163,7 +163,8 @@ def test_rlock_fifo_handover_names_the_granted_waiter(
     # p1 releases: the lock goes to p2 in the same script, with the short entry lease.
     assert rl.call("release", T0 + 2, "p1.a", 1) == [1, 0, 0, ["g p2.a"]]
     assert rl.holds() == {"p2.a": 1}
-    assert rl.lease_end("p2.a") == T0 + 2 + ELEASE
+    # (its short lease ends with its entry, queued at T0: never later than that)
+    assert rl.lease_end("p2.a") == T0 + ELEASE
     assert rl.queue() == ["p3"]
     assert rl.markers() == ["p2.a"]
     message = sub.get_message(timeout=5)
@@ -218,8 +219,8 @@ def test_rlock_try_does_not_queue_and_fair_acquirer_does_not_barge(
     assert rl.queue() == []
     assert _racq(rl, T0, "p2.a")[0] == 3
     # p1's hold expires; nobody released. A fair newcomer still queues behind p2, and
-    # its call hands the lock to p2 on the way.
-    assert _racq(rl, T0 + 30000, "p3.a") == [3, 1, 60000, ["g p2.a"]]
+    # its call hands the lock to p2 on the way (whose short lease ends with its entry).
+    assert _racq(rl, T0 + 30000, "p3.a") == [3, 1, 30000, ["g p2.a"]]
     assert rl.holds() == {"p2.a": 1}
 
 
@@ -241,6 +242,21 @@ def test_rlock_grant_to_a_dead_process_is_revoked_after_the_short_lease(rl: _Pri
     # p2 died before it noticed: nothing adopts the grant. Just before the short lease
     # ends p3 still waits; at its end p3 is handed the lock by whatever runs next.
     assert rl.call("renew", T0 + ELEASE - 1, 30000, "e", "p3") == [1, 1, 0, [], [1]]
+    assert rl.call("renew", T0 + ELEASE, 30000, "e", "p3") == [1, 1, 0, ["g p3.a"], [1]]
+    assert rl.holds() == {"p3.a": 1}
+
+
+def test_a_grant_to_a_waiter_that_died_while_queued_ends_with_its_entry(rl: _Prim) -> None:
+    """A waiter killed while queued delays the next holder one entry lease at most: a
+    grant made just before its entry would have ended does not start a fresh lease."""
+    assert _racq(rl, T0, "p1.a")[0] == 1
+    assert _racq(rl, T0, "p2.a")[0] == 3
+    assert _racq(rl, T0, "p3.a")[0] == 3
+    # p2 dies at once (its entry is never renewed); p3 lives and renews its own.
+    assert rl.call("renew", T0 + ELEASE - 10, 30000, "e", "p3") == [1, 1, 0, [], [1]]
+    assert rl.call("release", T0 + ELEASE - 1, "p1.a", 1)[3] == ["g p2.a"]
+    assert rl.lease_end("p2.a") == T0 + ELEASE
+    # (a fresh short lease would keep p3 waiting until T0 + 2 * ELEASE - 1)
     assert rl.call("renew", T0 + ELEASE, 30000, "e", "p3") == [1, 1, 0, ["g p3.a"], [1]]
     assert rl.holds() == {"p3.a": 1}
 
@@ -619,7 +635,8 @@ def test_a_release_queues_its_process_s_next_waiter_behind_those_waiting(rl: _Pr
     raw = rl.raw("release", T0 + 5, "p1.a", 1, "p1", "p1.b", 1)
     assert _plain(raw)[:4] == [1, 0, 0, ["g p2.a"]]
     status, position, hint, token = raw[4]
-    assert (status, position, hint) == (3, 1, ELEASE)  # to the end of p2's short lease
+    # (the hint: to the end of p2's short lease, its entry's end)
+    assert (status, position, hint) == (3, 1, ELEASE - 5)
     assert token == int(rl.client.hget(rl.keys[6], "last"))
     assert rl.queue() == ["p1"] and rl.holds() == {"p2.a": 1}
     entry = json.loads(rl.client.hget(rl.keys[3], "e:p1"))
@@ -876,10 +893,11 @@ class Model:
             self.take(cap, e["s"], e["o"], e["n"])
             if self.fair or (e["k"] and self.now >= e["p"]):
                 self.remove_entry(entry)
-                self.grant(e["s"], e["o"], e["n"], self.now + self.elease)
+                # (never past the entry's own end: a dead waiter delays one lease at most)
+                end = min(self.now + self.elease, e["end"])
+                self.grant(e["s"], e["o"], e["n"], end)
                 assert e["w"] not in self.markers
-                self.markers[e["w"]] = {"o": e["o"], "s": e["s"], "n": e["n"],
-                                        "end": self.now + self.elease}
+                self.markers[e["w"]] = {"o": e["o"], "s": e["s"], "n": e["n"], "end": end}
                 self.wakes.append("g " + e["w"])
             elif e["k"]:
                 i += 1  # passed over within its patience: no new wake-up

@@ -17,7 +17,8 @@
 --              b = 1: its lines go to the list 'C:E' instead of the channel,
 --              p = server ms when its patience ends (fair = 0, set when woken),
 --              l = the entry lease (ms) of the call that queued it: a grant to it lives
---              that long until adopted, whoever's call makes the grant,
+--              that long until adopted, whoever's call makes the grant, but never
+--              past the end the entry had (its score in T),
 --              t = when the entry took its place (server ms; for inspection only)};
 --              'g:<waiter>' -> JSON {o, s, n, t}: a hand-over grant (t = its fencing
 --              token as a string, '0' for a semaphore) the waiter has not
@@ -44,7 +45,8 @@
 --            patience of P ms (0 = none); a woken waiter that lost the race is granted by
 --            the first hand-over once its patience has ended (not woken again within it)
 --   ARGV[4]  entry lease, ms (>= 1): lease of a queue entry this call makes or renews
---            (a hand-over grant lives its entry's 'l' until its owner adopts it)
+--            (a hand-over grant lives its entry's 'l', at most to the entry's end,
+--            until its owner adopts it)
 --   sem only: ARGV[5] initial value, count (>= 0); ARGV[6] 1 = bounded, 0 = not
 --
 -- ONE reply shape for every script, one line of text and then the wake-up lines:
@@ -466,16 +468,23 @@ end
 
 -- Hand `e` (an entry's record, of `entry`'s place) what it asks, as a hand-over grant:
 -- the holds live the entry lease its waiter asked for (not this caller's: the waiter counts
--- on it when it keeps the grant without adopting it), a marker (with the fencing token,
--- for ADOPTED) lets its adoption, or its revocation at that lease's end, find the grant,
--- and a 'g' line wakes the waiter. The caller has taken the entry out of the queue, or
--- never put it there.
-local function hand(ctx, e, entry)
-    local life = e.l or ctx.elease
-    local _, _, token = grant(ctx, e.s, e.o, e.n, ctx.now + life)
+-- on it when it keeps the grant without adopting it), but never past `entry_end` (the end
+-- the entry had; nil: no entry), a marker (with the fencing token, for ADOPTED) lets its
+-- adoption, or its revocation at that end, find the grant, and a 'g' line wakes the
+-- waiter. The caller has taken the entry out of the queue, or never put it there.
+--
+-- Why `entry_end`: a waiter that died while queued must delay the next holder by one
+-- entry lease at most. A fresh lease from the grant would add a second one when the grant
+-- comes just before the dead entry would have ended. A live waiter loses nothing by the
+-- cap: its entry's end is at least its last queueing call plus its entry lease, which is
+-- all it counts on (queued._short_lease_end), and renewals only move that end later.
+local function hand(ctx, e, entry, entry_end)
+    local ends = ctx.now + (e.l or ctx.elease)
+    if entry_end ~= nil and entry_end < ends then ends = entry_end end
+    local _, _, token = grant(ctx, e.s, e.o, e.n, ends)
     -- No older marker of e.w can exist: a waiter's acquire adopts its grant first.
     redis.call('HSET', W, 'g:' .. e.w, cjson.encode({o = e.o, s = e.s, n = e.n, t = fmt(token)}))
-    redis.call('ZADD', T, ctx.now + life, 'g:' .. e.w)
+    redis.call('ZADD', T, ends, 'g:' .. e.w)
     ctx.qdirty = true
     ctx.tn = ctx.tn + 1
     ctx.granted = ctx.granted + 1
@@ -506,8 +515,9 @@ local function handover(ctx)
         local fresh = ctx.kind ~= 'rw' or held_by(ctx, e.s, e.o) == nil
         take(ctx, cap, e.s, e.o, e.n, fresh)
         if ctx.fair == 1 or (e.k == 1 and ctx.now >= (e.p or 0)) then
+            local entry_end = tonumber(redis.call('ZSCORE', T, 'e:' .. top))
             remove_entry(ctx, top)
-            hand(ctx, e, top)
+            hand(ctx, e, top, entry_end)
         elseif e.k == 1 then
             -- passed over within its patience: it asks again when that ends (its QUEUED
             -- reply said when), or this walk grants it at a release after that
