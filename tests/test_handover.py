@@ -30,7 +30,7 @@ from rlocks._engine.scripts import run
 
 from . import _procs
 from ._servers import wait_until
-from ._threads import in_thread, joined, listening, parked, started
+from ._threads import hub_waiters, in_thread, joined, listening, parked, started
 
 SPAWN = multiprocessing.get_context("spawn")
 NS = "rlocks-handover-test"
@@ -912,6 +912,40 @@ def test_a_grant_is_kept_unadopted_only_when_it_is_surely_this_waits_and_young(
     assert _short_lease_end(sem, st, 101) is None
     short = rlocks.RLock(name, client=client, namespace=NS, entry_lease=1.0)
     assert _short_lease_end(short, st, 101) is None  # 1 s leaves the renewer no slack
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("entry_lease", [2.0, 1.0], ids=["kept-unadopted", "adopted-first"])
+def test_a_hold_handed_over_after_a_long_wait_is_renewed_from_its_grant(
+    client: "redis.Redis[bytes]", name: str, entry_lease: float
+) -> None:
+    """The renewer counts a handed hold's lease from the grant, not from the acquire
+    that waited for it. Counted from the acquire, a wait longer than the ttl left the
+    lease's end already past (one failed renewal: a loss) and its renewal due at once,
+    which, racing the holder's release, reported a false loss (bug hunt). Both ways of
+    taking the grant: kept on its short lease (the default entry lease), and adopted
+    before returning (1 s leaves the renewer too little of a short lease to keep)."""
+    holder = rlocks.RLock(name, client=client, namespace=NS, ttl=1.0)
+    waiting = rlocks.RLock(name, client=client, namespace=NS, ttl=1.0, entry_lease=entry_lease)
+    holder.acquire()
+
+    def wait_for_it() -> float:
+        began = time.monotonic()
+        assert waiting.acquire(timeout=30)
+        try:
+            assert time.monotonic() - began > 1.0  # waited longer than the ttl
+            lease = waiting._holds[identity.thread_owner()].lease
+            assert lease is not None
+            return lease.expires - time.monotonic()
+        finally:
+            waiting.release()
+
+    thread, out = started(wait_for_it)
+    wait_until(lambda: bool(hub_waiters(waiting)), 10, "the waiter to wait")
+    time.sleep(1.5)  # the holder's renewer keeps its hold
+    holder.release()
+    # (the end as the renewer counts it; a ttl away at most, at least most of it)
+    assert joined(thread, out) > 0.5
 
 
 @pytest.mark.timeout(60)

@@ -292,7 +292,7 @@ def _acquire(
                 # Granted by the very release that queued it (nobody else waited): that
                 # queueing's answer tells that the grant is this wait's (_short_lease_end).
                 st.basis = (carried[0], carried[1].token)
-            if (yield from _handed(prim, owner, count, first, st)):
+            if (yield from _handed(prim, owner, count, st)):
                 return True
             # Revoked before this process could adopt it: queue again (at the tail).
             hub.rewait(waiter)
@@ -305,7 +305,7 @@ def _acquire(
                 # The victim: unless a grant won the race (then no cycle is left), leave
                 # as at a deadline (acquire_steps' clean-up calls leave) and raise.
                 if hub.claim(waiter, leaving=True) and (
-                    yield from _handed(prim, owner, count, first, st)
+                    yield from _handed(prim, owner, count, st)
                 ):
                     return True
                 raise error
@@ -317,7 +317,7 @@ def _acquire(
                 # entry before this (then it leaves the queue in its turn, passing the
                 # entry on), or the head will not name it.
                 if hub.claim(waiter, leaving=True):
-                    return (yield from _handed(prim, owner, count, first, st))
+                    return (yield from _handed(prim, owner, count, st))
                 if not waiter.named:
                     return False  # never asked Redis: nothing to leave
                 st.queued = True
@@ -422,7 +422,7 @@ def _acquire(
             hub.note_grant(waiter)
         return (yield from _granted(prim, owner, count, reply, since, st))
     # The deadline passed: the grant and the leave race under the hub mutex.
-    if hub.claim(waiter, leaving=True) and (yield from _handed(prim, owner, count, first, st)):
+    if hub.claim(waiter, leaving=True) and (yield from _handed(prim, owner, count, st)):
         return True
     if st.silent and not waiter.named:
         # Its BLPOP already waited out a socket timeout of a silent server: the leave
@@ -567,15 +567,22 @@ def _settle(
         raise
 
 
-def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _AcquireState) -> Steps:
+def _handed(prim: "Primitive", owner: str, count: int, st: _AcquireState) -> Steps:
     """Adopt and record a hand-over grant the hub (or a release reply) announced: one
     round trip (False: the grant's short lease had ended and it was revoked, so there is
     nothing to record), an acquire re-check instead when the grant must pass the checks
     a direct grant passes (``_checks_hand_over``).
 
+    The hold's lease, as the renewer counts it, starts with the call that adopts the
+    grant (or now, for a grant kept on its short lease), never with the acquire: after a
+    wait longer than a third of ``ttl`` the renewer would find it due at once (a renewal
+    racing the holder's release then reported a false loss: bug hunt), and after one
+    longer than ``ttl`` its end already past (one failed renewal, a loss).
+
     Raises what ``_granted`` raises for a grant that cannot be kept (given back first).
     """
     st.queued = False  # the grant took the entry out of the queue
+    since = monotonic()
     if prim._checks_hand_over(owner):
         # The hand-over was made by the releaser's script, which WAITed for nobody and
         # could not know this owner's books. Its re-check (acquire, queue = 1) answers
@@ -603,6 +610,7 @@ def _handed(prim: "Primitive", owner: str, count: int, since: float, st: _Acquir
     # until adopted, and a process stalled that long after the wake-up (CI saw one under
     # load) would otherwise return True for a grant already revoked and handed on. The
     # adoption extends the hold to the full ttl, so True means what a direct grant means.
+    since = monotonic()
     reply = yield _call(st, prim._adopt_call(owner))
     st.op = None
     if not reply.items or reply.items[0] != 1:
