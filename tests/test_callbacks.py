@@ -60,6 +60,55 @@ def test_slow_on_lost_does_not_starve_renewal_of_other_holds(
         client.delete(a._keys.hash, b._keys.hash)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answered", [True, False], ids=["release-answered", "reply-lost"])
+def test_a_renewal_that_crosses_the_release_of_a_hold_reports_no_false_loss(
+    client: "redis.Redis[bytes]", name: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, answered: bool,
+) -> None:
+    """The release reaches Redis first, the renewal (sent meanwhile) finds the hold gone,
+    then the release's answer comes. Nothing was lost: no loss is reported (bug hunt: a
+    false ``on_lost`` after a normal release). Only when that answer never comes does the
+    renewer's finding stand: then nothing tells the two apart, and a loss is reported."""
+    from rlocks._engine import scripts
+    from rlocks._engine.primitive import Primitive
+
+    found = threading.Event()  # the renewer applied its renewal's answer: hold gone
+    real_lost = Primitive._hold_lost
+
+    def hold_lost(self: Any, owner: str, reason: str, lease: Any = None) -> None:
+        real_lost(self, owner, reason, lease)
+        if lease is not None:
+            found.set()
+
+    lost: List[Any] = []
+    lock = rlocks.RLock(name, client=client, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append)
+    real_call = scripts.Call.__call__
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real_call(self, *args, **kwargs)
+        if self.script is lock._release_script:
+            # The release ran in Redis; its answer is held back until the renewal due
+            # within ttl/3 has found the hold gone.
+            assert found.wait(10), "the renewal never came"
+            if not answered:
+                raise redis.exceptions.ConnectionError("the release's reply was lost")
+        return reply
+
+    monkeypatch.setattr(Primitive, "_hold_lost", hold_lost)
+    monkeypatch.setattr(scripts.Call, "__call__", call)
+    assert lock.acquire()
+    if answered:
+        lock.release()
+        assert not [r for r in caplog.records if "lost by" in r.getMessage()]
+    else:
+        with pytest.raises(redis.exceptions.ConnectionError):
+            lock.release()
+        assert [r for r in caplog.records if "lost by" in r.getMessage()]
+        wait_until(lambda: lost == [lock], 10, "on_lost call")
+    assert not client.exists(lock._keys.hash)
+
+
 @pytest.mark.timeout(30)
 def test_on_lost_runs_off_the_renewer_thread_and_its_errors_are_logged(
     client: "redis.Redis[bytes]", name: str, caplog: pytest.LogCaptureFixture

@@ -647,6 +647,7 @@ class AsyncPrimitive(Primitive):
             if carry is not None:
                 # The release runs on: its outcome ends the carry (see _aend_carry).
                 _background(self._aend_carry(owner, carry, running))
+            self._end_releasing(owner, answered=False)
             self._record_release(owner, count)
             if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
                 self._unsettle(owner, count, op)

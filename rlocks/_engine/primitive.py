@@ -179,12 +179,16 @@ if hasattr(os, "register_at_fork"):
 class Hold:
     """What one owner of this process holds on one primitive (local view)."""
 
-    __slots__ = ("count", "lease", "lost", "granted", "token", "tokens")
+    __slots__ = ("count", "lease", "lost", "granted", "token", "tokens", "releasing", "pending")
 
     def __init__(self) -> None:
         self.count = 0
         self.lease: Optional[Lease] = None
         self.lost = False
+        #: A release of its last level is on its way to Redis (see _end_releasing).
+        self.releasing = False
+        #: Why the renewer found it gone while that release was on its way, if it did.
+        self.pending: Optional[str] = None
         self.granted = monotonic()  # when its first level was granted (hold duration)
         #: The fencing token of this hold (RLock, RWLock sides); None if none was issued.
         self.token: Optional[int] = None
@@ -1100,14 +1104,19 @@ class Primitive(Renewable):
     def _hold_lost(self, owner: str, reason: str, lease: Optional[Lease] = None) -> None:
         """Mark ``owner``'s hold lost (called by the renewer or by a release).
 
-        With ``lease`` given, only if that lease is still the hold's current one: a
-        renewal racing with a normal release must not report the released hold lost.
+        With ``lease`` given (the renewer's finding), only if that lease is still the
+        hold's current one, and not while a release of the hold's last level is on its
+        way: a renewal that reached Redis just after that release found the hold gone
+        though nothing was lost. The release's answer decides then (:meth:`_end_releasing`).
         """
         with _bookkeeping:
             hold = self._holds.get(owner)
             if hold is None or hold.count <= 0 or hold.lost:
                 return
             if lease is not None and hold.lease is not lease:
+                return
+            if lease is not None and hold.releasing:
+                hold.pending = reason
                 return
             hold.lost = True
             stale, hold.lease = hold.lease, None
@@ -1539,6 +1548,7 @@ class Primitive(Renewable):
             raise  # the hold was lost: reported, and dropped from the books
         except BaseException as exc:
             leave = None if carry is None else self._carry_end(owner, carry, None)
+            self._end_releasing(owner, answered=False)
             if foreign(exc) and not isinstance(client, Quorum):
                 # Interrupted anywhere: finish the release, in the books (a drop done in
                 # part or not at all) and in Redis (a script that did not run).
@@ -1600,15 +1610,36 @@ class Primitive(Renewable):
                 return keys, (*args, *then)
 
             call = self._prepared(("release", owner, count, then), self._release_script, build)
-            return call, (hub, waiter, monotonic())
-        return self._prepared(
-            ("release", owner, count),
-            self._release_script,
-            lambda: self._release_arguments(owner, count),
-        ), None
+            begun: Tuple[Call, Optional[Carry]] = (call, (hub, waiter, monotonic()))
+        else:
+            begun = self._prepared(
+                ("release", owner, count),
+                self._release_script,
+                lambda: self._release_arguments(owner, count),
+            ), None
+        if count >= hold.count:
+            # (the caller ends it: _finish_release, or _end_releasing when the call fails)
+            hold.releasing = True
+        return begun
+
+    def _end_releasing(self, owner: str, answered: bool) -> None:
+        """The release of ``owner``'s last level is over (no I/O). A loss the renewer
+        found meanwhile was put off (:meth:`_hold_lost`). With the release's answer
+        (``answered``), that answer is the truth: not-owner reports the loss itself, a
+        release that took the hold means the renewal came after it. Without one (the call
+        failed, or was cut short), the renewer's finding is reported as it came."""
+        with _bookkeeping:
+            hold = self._holds.get(owner)
+            if hold is None or not hold.releasing:
+                return
+            hold.releasing = False
+            reason, hold.pending = hold.pending, None
+        if reason is not None and not answered:
+            self._hold_lost(owner, reason)
 
     def _finish_release(self, owner: str, count: int, reply: Reply) -> None:
         """The I/O-free end of a release: drop the local holds, report a loss."""
+        self._end_releasing(owner, answered=True)
         if reply.not_owner:
             self._hold_lost(owner, "its hold was gone at release")
             self._record_release(owner, count)
