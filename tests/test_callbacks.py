@@ -109,6 +109,77 @@ def test_a_renewal_that_crosses_the_release_of_a_hold_reports_no_false_loss(
     assert not client.exists(lock._keys.hash)
 
 
+@pytest.mark.timeout(60)
+def test_a_release_interrupted_before_it_is_sent_leaves_later_losses_reported(
+    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt (a signal handler's exception) after the release is prepared but
+    before its call: the hold is still held, and a later real loss of it is reported.
+    (The release once marked the hold as releasing before that point: the mark stayed,
+    and the renewer's finding waited for an answer that never came. Bug hunt.)"""
+    from rlocks._engine import primitive
+
+    lost: List[Any] = []
+    lock = rlocks.RLock(name, client=client, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append)
+    real_serial = primitive.serial
+    calls = []
+
+    def interrupted() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real_serial()
+
+    assert lock.acquire()
+    monkeypatch.setattr(primitive, "serial", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    assert calls, "the release took another path: the test no longer tests anything"
+    assert lock._is_owned() and client.exists(lock._keys.hash)
+    client.delete(lock._keys.hash)  # lost, for real
+    wait_until(lambda: lost == [lock], 10, "on_lost call")
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_cancelled_asyncio_release_of_a_lost_hold_still_reports_the_loss(
+    redis_url: str, name: str
+) -> None:
+    """The release runs on after its task is cancelled (shielded), and its answer is the
+    only one that can tell the hold was gone: the loss is reported from it (bug hunt:
+    such losses went unreported)."""
+    lost: List[Any] = []
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        # (a ttl long enough that its renewer never looks while the test runs)
+        lock = ra.RLock(name, client=client, ttl=30, namespace=NAMESPACE, on_lost=lost.append)
+        releasing = asyncio.Event()
+
+        async def holder() -> None:  # (the task owns the hold: it must release it too)
+            await lock.acquire()
+            await client.delete(lock._keys.hash)  # lost, and nothing has noticed yet
+            releasing.set()
+            await lock.release()
+
+        try:
+            task = asyncio.ensure_future(holder())
+            await releasing.wait()  # back here once the task awaits its release's answer
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(500):
+                if lost:
+                    break
+                await asyncio.sleep(0.02)
+            assert lost == [lock]
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
 @pytest.mark.timeout(30)
 def test_on_lost_runs_off_the_renewer_thread_and_its_errors_are_logged(
     client: "redis.Redis[bytes]", name: str, caplog: pytest.LogCaptureFixture

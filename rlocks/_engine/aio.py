@@ -611,19 +611,31 @@ class AsyncPrimitive(Primitive):
             if call.script is self._release_script:
                 quorum.released()
 
-    async def _aend_carry(
-        self, owner: str, carry: Carry, running: "asyncio.Future[Reply]"
+    async def _aend_release(
+        self,
+        owner: str,
+        carry: Optional[Carry],
+        running: "asyncio.Future[Reply]",
+        pending: Optional[str],
     ) -> None:
-        """End ``carry`` once the release ``running`` (which its caller stopped awaiting:
-        cancelled) is over: the waiter it queued may have stopped waiting too, and is
-        then taken out in its name only after the script ran."""
+        """End a release whose caller stopped awaiting it (cancelled, or it failed) once
+        ``running`` is over. Its ``carry``: the waiter it queued may have stopped waiting
+        too, and is then taken out in its name only after the script ran. Its answer,
+        which nobody else reads (the books dropped the hold): a hold the release found
+        gone is reported lost, as the caller would have been told; without an answer, so
+        is a loss the renewer found meanwhile (``pending``, see ``_mark_releasing``)."""
         try:
             reply: Optional[Reply] = await running
         except BaseException:  # noqa: BLE001 - its failure was the caller's to report
             reply = None
-        leave = self._carry_end(owner, carry, reply)
-        if leave is not None:
-            await self._aleave_for(leave)
+        if carry is not None:
+            leave = self._carry_end(owner, carry, reply)
+            if leave is not None:
+                await self._aleave_for(leave)
+        if reply is not None and reply.not_owner:
+            self._report_lost(owner, "its hold was gone at release")
+        elif reply is None and pending is not None:
+            self._report_lost(owner, pending)
 
     async def _aleave_for(self, call: Call) -> None:
         """:meth:`Primitive._leave_for`, awaited (shielded: it runs to its end)."""
@@ -640,14 +652,15 @@ class AsyncPrimitive(Primitive):
         op = new_op(op_stream())
         running = asyncio.ensure_future(self._arun_quorum_or_one(call, op))
         try:
+            # (marked before the release can run: it runs only once this task awaits it)
+            self._mark_releasing(owner, count)
             # Shielded: a release cancelled half-way still reaches Redis instead of
             # leaving the hold there until its lease ends.
             reply = await asyncio.shield(running)
         except BaseException as exc:
-            if carry is not None:
-                # The release runs on: its outcome ends the carry (see _aend_carry).
-                _background(self._aend_carry(owner, carry, running))
-            self._end_releasing(owner, answered=False)
+            # The release runs on (or failed): its outcome ends the carry and tells a
+            # loss (see _aend_release).
+            _background(self._aend_release(owner, carry, running, self._take_pending(owner)))
             self._record_release(owner, count)
             if isinstance(exc, Exception) and not isinstance(self._client, Quorum):
                 self._unsettle(owner, count, op)

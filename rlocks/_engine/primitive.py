@@ -1528,6 +1528,7 @@ class Primitive(Renewable):
         op = new_op(identity.thread_owner())
         reply: Optional[Reply] = None
         try:
+            self._mark_releasing(owner, count)
             if isinstance(client, Quorum):
                 try:
                     reply = self._quorum_reply(client, call)
@@ -1610,30 +1611,42 @@ class Primitive(Renewable):
                 return keys, (*args, *then)
 
             call = self._prepared(("release", owner, count, then), self._release_script, build)
-            begun: Tuple[Call, Optional[Carry]] = (call, (hub, waiter, monotonic()))
-        else:
-            begun = self._prepared(
-                ("release", owner, count),
-                self._release_script,
-                lambda: self._release_arguments(owner, count),
-            ), None
-        if count >= hold.count:
-            # (the caller ends it: _finish_release, or _end_releasing when the call fails)
-            hold.releasing = True
-        return begun
+            return call, (hub, waiter, monotonic())
+        return self._prepared(
+            ("release", owner, count),
+            self._release_script,
+            lambda: self._release_arguments(owner, count),
+        ), None
 
-    def _end_releasing(self, owner: str, answered: bool) -> None:
-        """The release of ``owner``'s last level is over (no I/O). A loss the renewer
-        found meanwhile was put off (:meth:`_hold_lost`). With the release's answer
-        (``answered``), that answer is the truth: not-owner reports the loss itself, a
-        release that took the hold means the renewal came after it. Without one (the call
-        failed, or was cut short), the renewer's finding is reported as it came."""
+    def _mark_releasing(self, owner: str, count: int) -> None:
+        """A release of ``count`` levels is about to be sent (no I/O): if they are the
+        hold's last, the renewer's finding that it is gone waits for the release's answer
+        from now on (see :meth:`_hold_lost`). The caller calls it first thing inside the
+        ``try`` whose every exit ends it (:meth:`_finish_release`, :meth:`_take_pending`):
+        marked any earlier, an interrupt before that ``try`` left the mark for good, and
+        every later loss of the hold unreported (bug hunt)."""
+        with _bookkeeping:
+            hold = self._holds.get(owner)
+            if hold is not None and count >= hold.count:
+                hold.releasing = True
+
+    def _take_pending(self, owner: str) -> Optional[str]:
+        """End the mark of :meth:`_mark_releasing` (no I/O); returns the renewer's finding
+        that was put off meanwhile (why the hold was found gone), or None."""
         with _bookkeeping:
             hold = self._holds.get(owner)
             if hold is None or not hold.releasing:
-                return
+                return None
             hold.releasing = False
             reason, hold.pending = hold.pending, None
+        return reason
+
+    def _end_releasing(self, owner: str, answered: bool) -> None:
+        """The release of ``owner``'s last level is over (no I/O). With the release's
+        answer (``answered``), that answer is the truth: not-owner reports the loss itself,
+        a release that took the hold means the renewal came after it. Without one (the call
+        failed, or was cut short), the renewer's finding is reported as it came."""
+        reason = self._take_pending(owner)
         if reason is not None and not answered:
             self._hold_lost(owner, reason)
 
