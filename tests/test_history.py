@@ -1,0 +1,209 @@
+"""The history checker (tests/history): its rules on made-up histories, then short seeded
+runs of every primitive under every fault, on one server and on a cluster, with threads
+and with asyncio tasks.
+
+The made-up histories show each rule can fail: a history that breaks it is caught, and
+the nearest one that keeps it passes. The runs are the referee's short version (the
+soak, ``python -m tests.history``, runs any length); they are marked ``history`` so that
+lanes other than the README command's may leave them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from tests._servers import server_version
+from tests.history.check import Params, check
+from tests.history.run import RunConfig, run
+
+P = Params(ttl=1.0, entry_lease=0.5, permits=2)
+
+
+def acq(w: str, th: str, h: str, inv: float, ret: float, *, p: str = "rlock", s: str = "x",
+        o: str = "ok", d: int = 1, new: bool = True, tok: Optional[int] = None) -> Dict[str, Any]:
+    return dict(a="acquire", w=w, th=th, p=p, s=s, h=h, d=d, new=new, inv=inv, ret=ret, o=o,
+                tok=tok)
+
+
+def rel(w: str, th: str, h: str, t: float, *, p: str = "rlock", s: str = "x",
+        o: str = "ok") -> List[Dict[str, Any]]:
+    return [dict(a="release_call", w=w, th=th, p=p, s=s, h=h, inv=t),
+            dict(a="release", w=w, th=th, p=p, s=s, h=h, end=True, inv=t, ret=t + 0.001, o=o)]
+
+
+def hold(w: str, th: str, h: str, start: float, end: float, **kw: Any) -> List[Dict[str, Any]]:
+    o = kw.pop("o", "ok")
+    return [acq(w, th, h, start - 0.01, start, **kw)] + rel(
+        w, th, h, end, **{k: v for k, v in kw.items() if k in ("p", "s")}, o=o)
+
+
+def fault(kind: str, inv: float, ret: float, target: Optional[str] = None) -> Dict[str, Any]:
+    return dict(a="fault", w="nemesis", k=kind, target=target, inv=inv, ret=ret, recover=0.0)
+
+
+def rules(events: List[Dict[str, Any]], params: Params = P, log=()) -> List[str]:
+    return sorted({v.rule for v in check(events, params, log).violations})
+
+
+# -- safety ------------------------------------------------------------------------------------
+
+
+def test_holds_in_turn_pass():
+    events = hold("w1", "t1", "a", 1.0, 1.2, tok=1) + hold("w2", "t1", "b", 1.3, 1.5, tok=2)
+    assert rules(events) == []
+
+
+def test_two_untold_holds_that_overlap_break_exclusion():
+    events = hold("w1", "t1", "a", 1.0, 1.2) + hold("w2", "t1", "b", 1.1, 1.5)
+    assert rules(events) == ["exclusion"]
+
+
+def test_an_overlapped_hold_must_be_the_one_told():
+    told_later = hold("w1", "t1", "a", 1.0, 1.2) + hold("w2", "t1", "b", 1.1, 1.5, o="lost")
+    assert "untold-loss" in rules(told_later)
+    told_first = hold("w1", "t1", "a", 1.0, 1.2, o="lost") + hold("w2", "t1", "b", 1.1, 1.5)
+    stop = [fault("stop_worker", 0.5, 1.15, "w1")]
+    assert rules(told_first + stop) == []
+
+
+def test_a_hold_is_told_by_owned_on_lost_or_a_reentry():
+    for telling in (dict(a="owned", w="w1", th="t1", p="rlock", s="x", h="a", t=1.15, o="false"),
+                    dict(a="on_lost", w="w1", p="rlock", obj="a", t=1.15),
+                    acq("w1", "t1", "a", 1.15, 1.16, o="lost", d=2, new=False)):
+        events = (hold("w1", "t1", "a", 1.0, 1.2) + [telling] + hold("w2", "t1", "b", 1.1, 1.5)
+                  + [fault("stop_worker", 0.5, 1.05, "w1")])
+        assert rules(events) == [], telling
+
+
+def test_a_killed_holder_holds_until_it_was_reaped():
+    events = [acq("w1", "t1", "a", 0.9, 1.0), fault("kill_worker", 1.5, 1.6, "w1")]
+    assert rules(events + hold("w2", "t1", "b", 2.7, 2.8)) == []
+    assert rules(events + hold("w2", "t1", "b", 1.55, 2.8)) == ["exclusion"]
+
+
+def test_readers_share_and_a_writer_excludes():
+    readers = hold("w1", "t1", "a", 1.0, 1.5, p="rw", s="r") + hold("w2", "t1", "b", 1.1, 1.2, p="rw", s="r")
+    assert rules(readers) == []
+    writer = hold("w3", "t1", "c", 1.3, 1.4, p="rw", s="w")
+    assert rules(readers + writer) == ["exclusion"]
+
+
+def test_permits_cap_untold_holds():
+    two = hold("w1", "t1", "a", 1.0, 1.5, p="sem", s="p") + hold("w2", "t1", "b", 1.1, 1.6, p="sem", s="p")
+    assert rules(two) == []
+    assert rules(two + hold("w3", "t1", "c", 1.2, 1.3, p="sem", s="p")) == ["permits"]
+
+
+def test_a_bounded_semaphore_refuses_a_release_of_nobodys_permit():
+    ok = dict(a="spurious", w="w1", th="t1", p="bsem", s="p", inv=1.0, ret=1.01, o="ok")
+    assert rules([ok]) == ["bounded"]
+    assert rules([dict(ok, o="refused")]) == []
+
+
+def test_tokens_grow_with_the_grants():
+    assert rules(hold("w1", "t1", "a", 1.0, 1.1, tok=5) + hold("w2", "t1", "b", 1.3, 1.4, tok=4)) \
+        == ["token-order"]
+    assert rules(hold("w1", "t1", "a", 1.0, 1.1, tok=5) + hold("w2", "t1", "b", 1.3, 1.4, tok=5)) \
+        == ["token-order"]
+    # Asked for before the other returned: no order is known between the two grants.
+    overlapping = hold("w1", "t1", "a", 1.0, 1.1, tok=5) + [acq("w2", "t1", "b", 0.95, 1.2, tok=4)]
+    assert rules(overlapping + rel("w2", "t1", "b", 1.3)) == []
+
+
+def test_the_fenced_store_takes_no_late_write():
+    events = hold("w1", "t1", "a", 1.0, 1.1, tok=1) + hold("w2", "t1", "b", 1.3, 1.4, tok=2)
+    refused = dict(a="write", w="w1", th="t1", p="rlock", s="x", h="a", tok=1, inv=1.05,
+                   ret=1.06, o="refused")
+    assert rules(events + [refused]) == ["fence"]
+    assert rules(events, log=[("rlock", 1, "a"), ("rlock", 2, "b")]) == []
+    assert rules(events, log=[("rlock", 2, "b"), ("rlock", 2, "a")]) == ["fence"]
+
+
+def test_a_loss_with_no_fault_near_it_is_false():
+    lost = hold("w1", "t1", "a", 1.0, 1.1, o="lost")
+    assert rules(lost) == ["false-loss"]
+    assert rules(lost + [fault("client_kill", 0.5, 0.51)]) == []
+    assert rules(lost + [fault("stop_worker", 0.5, 0.9, "w2")]) == ["false-loss"]
+    callback = [dict(a="on_lost", w="w1", p="rlock", obj="a", t=1.5)]
+    assert rules(hold("w1", "t1", "a", 1.0, 1.1) + callback) == ["false-loss"]
+
+
+def test_a_call_that_fails_outside_the_faults_is_an_error():
+    failed = [acq("w1", "t1", "a", 1.0, 1.1, o="error")]
+    assert rules(failed) == ["error"]
+    assert rules(failed + [fault("restart", 0.5, 0.6)]) == []
+
+
+# -- liveness ----------------------------------------------------------------------------------
+
+
+def test_a_free_lock_with_a_waiter_stalls():
+    waited = [acq("w1", "t1", "a", 1.0, 9.0, o="false")]
+    assert rules(waited) == ["stall"]
+    assert rules(waited + [fault("kill_master", 1.0, 6.0)]) == []
+    # Out of the faults' reach long enough on both sides of one: still a stall.
+    assert rules(waited + [fault("pause_server", 4.5, 4.6)]) == ["stall"]
+    held = hold("w2", "t1", "b", 0.5, 8.9)
+    assert rules(waited + held) == []
+
+
+def test_a_fair_lock_serves_waiters_in_order_of_arrival():
+    first = [acq("w1", "t1", "a", 1.0, 3.0)] + rel("w1", "t1", "a", 3.1)
+    overtaker = [acq("w2", "t1", "b", 1.5, 2.0)] + rel("w2", "t1", "b", 2.9)
+    holder = hold("w3", "t1", "c", 0.5, 1.9)
+    assert rules(first + overtaker + holder) == ["fifo"]
+    assert rules(first + overtaker + holder, Params(1.0, 0.5, 2, fair=False)) == []
+    close = [acq("w2", "t1", "b", 1.1, 2.0)] + rel("w2", "t1", "b", 2.9)
+    assert rules(first + close + holder) == []
+
+
+def test_a_notification_reaches_a_waiter():
+    waiter = hold("w1", "t1", "a", 1.0, 1.05, p="cond") + [
+        dict(a="wait_call", w="w1", th="t1", p="cond", s="x", h="a", inv=1.05, to=20.0)]
+    notify = hold("w2", "t1", "n", 2.0, 2.1, p="cond") + [
+        dict(a="notify", w="w2", th="t1", p="cond", s="x", h="n", n=1, inv=2.05, ret=2.06, o="ok")]
+    end = [dict(a="exit", w="w3", t=30.0)]
+
+    def woken(o: str, ret: float) -> List[Dict[str, Any]]:
+        return [dict(a="wait", w="w1", th="t1", p="cond", s="x", h="a", new="a2", inv=1.05,
+                     ret=ret, o=o, to=20.0)] + rel("w1", "t1", "a2", ret + 0.01, p="cond")
+
+    assert rules(waiter + notify + woken("ok", 2.2) + end) == []
+    assert rules(waiter + notify + woken("false", 21.05) + end) == ["notify"]
+
+
+def test_a_worker_that_does_not_stop_is_hung():
+    assert rules([dict(a="hung", w="nemesis", target="w1", t=5.0)]) == ["hung"]
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def _judge(result: Any) -> None:
+    assert result.ok, (f"{result.report.summary(40)}\n(history in {result.folder})")
+    stats = result.report.stats
+    assert all(stats["sections"].get(k, 0) > 10 for k in ("rlock", "rw", "sem", "bsem", "cond")), stats
+
+
+@pytest.mark.history
+@pytest.mark.parametrize("driver, persist, seed", [("thread", True, 11), ("asyncio", False, 12)])
+def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) -> None:
+    cfg = RunConfig(seed=seed, seconds=24, driver=driver, persist=persist, quiet=(1.0, 2.0),
+                    out=str(tmp_path))
+    result = run(cfg)
+    _judge(result)
+    assert set(result.report.stats["faults"]) == set(cfg.fault_kinds()), result.report.stats
+
+
+@pytest.mark.history
+@pytest.mark.parametrize("driver, seed", [("thread", 13), ("asyncio", 14)])
+def test_history_cluster(driver: str, seed: int, tmp_path) -> None:
+    if server_version() < (7, 0):
+        pytest.skip(f"the cluster needs redis-server 7.0 or newer; found {server_version()}")
+    cfg = RunConfig(seed=seed, seconds=32, driver=driver, topology="cluster", quiet=(1.0, 2.0),
+                    out=str(tmp_path))
+    result = run(cfg)
+    _judge(result)
+    assert set(result.report.stats["faults"]) == set(cfg.fault_kinds()), result.report.stats
