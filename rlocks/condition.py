@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import Callable, Optional, Type, TypeVar
 
 from ._engine.condition import ConditionCore, wait_for_steps
+from ._engine.steps import drive
 from .rlock import RLock
 from .rwlock import WriteLock
 
@@ -87,11 +88,11 @@ class Condition(ConditionCore):
         lock is always taken back, waiting for Redis as long as it takes. Other Redis
         errors propagate after the lock is taken back.
 
-        In Redis: adds an entry to the condition's queue (while still holding the lock),
-        renews its lease every ``ttl / 3`` while waiting, and removes it on leaving.
-        About five round trips when notified promptly.
+        In Redis: adds an entry to the condition's waiters (while still holding the
+        lock), renews its lease every ``ttl / 3`` while waiting, and removes it on
+        leaving. About five round trips when notified promptly.
         """
-        return self._wait(timeout)
+        return bool(drive(self._wait(timeout)))
 
     def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:
         """Wait until ``predicate()`` is true, or ``timeout`` seconds passed; return the
@@ -113,12 +114,10 @@ class Condition(ConditionCore):
         that is not an int >= 0; both without I/O. Waiters whose lease ended (their
         process died) are dropped first and never count. Redis errors propagate.
         """
-        count = self._notify_count(n)
-        if count:
-            self._notify(count)(self._lock._client)
+        drive(self._notify(self._notify_count(n)))
 
     def notify_all(self) -> None:
         """Wake every waiter, in every process (one round trip). The calling thread must
         hold the lock: otherwise RuntimeError (:class:`~rlocks.errors.NotOwnedError`)."""
         self._check_owned("notify")
-        self._notify(-1)(self._lock._client)
+        drive(self._notify(-1))

@@ -2,60 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
 
-from ._engine.primitive import Primitive
-from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, load_queued
+from ._engine.constructors import public_init
+from ._engine.primitive import ENTRY_LEASE, LockSpec, Options
+from ._engine.state import PrimitiveState, statistics
+from ._engine.surface import LockSurface
 
 __all__ = ["RLock"]
 
-
-class _RLockCore(Primitive):
-    """What an RLock is, without I/O: its key kind, scripts and their arguments.
-
-    Shared by :class:`RLock` and ``rlocks.asyncio.RLock``, which add their surfaces.
-    """
-
-    __slots__ = ()
-
-    _kind = "rlock"
-    _excludes = True
-    _detects_deadlocks = True
-    _acquire_script = load_queued("rlock_acquire")
-    _release_script = load_queued("rlock_release")
-    _renew_script = load_queued("rlock_renew")
-    _leave_script = load_queued("rlock_leave")
-    _quorum_refusal = None
-
-    # -- script arguments (see the headers of the rlock_*.lua files) ---------------------
-
-    def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args = (owner, self._entry_id(entry), self._ttl_ms, count,
-                1 if reentry else 0, self._queue_flag(entry, listen))
-        return self._keys.queued(), (*self._context(), *args)
-
-    def _release_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return self._keys.queued(), (*self._context(), owner, count)
-
-    def _leave_arguments(
-        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args: Tuple[Arg, ...] = (owner, entry, "")
-        if ask is not None:
-            args = (owner, entry, ask[0], ask[2])
-        return self._keys.queued(), (*self._context(), *args)
-
-    def _renew_arguments(
-        self, owner: str, lease_ms: Optional[int] = None
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        call = self._items_call(self._renew_items(owner), lease_ms)
-        return call.keys, call.args
+_SPEC = LockSpec("rlock", "x")
 
 
-class RLock(ReentrantLock, _RLockCore):
+class RLock(LockSurface):
     """A reentrant lock shared by every process that uses the same name and Redis.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
@@ -86,21 +45,16 @@ class RLock(ReentrantLock, _RLockCore):
       acknowledge is given back and :class:`~rlocks.errors.ReplicationError` is raised;
       a short renewal is logged. This narrows the failover window; it does not close it
       (see docs/operations.md). Not available on Redis Cluster clients.
-    - ``fair``: ``True`` (the default) serves waiters of every process first come, first
-      served: they queue on the server and a release hands the lock to the oldest one in
-      the same script, so it returns without another round trip. ``False`` lets a free
-      lock go to whoever asks first (the releasing thread may take it again at once); a
-      release then wakes one waiting process instead of granting it, and grants it at the
-      first release after its patience (100 ms) ends. Every process using the name must
-      pass the same value. TypeError if not a bool.
-    - ``entry_lease``: seconds (default 2.0) a process's queue entry lives unless its
-      renewer renews it (every third of it while a thread waits), and a hand-over grant
-      lives until its process adopts it: a waiting process that dies, or dies just after
-      being handed the lock, delays the next holder at most this long. A shorter one
-      bounds that stall at the price of more renewals. A handed waiter leaves the
-      adoption of its grant to its renewer only while max(1 s, two thirds of this) of
-      the grant's lease is left; otherwise (always at 1 s or less) it adopts it before
-      returning (one round trip). TypeError/ValueError unless a number of seconds >= 0.01.
+    - ``fair``: ``True`` (the default) serves waiting threads of every process first
+      come, first served: each waits in a queue on the server, a release wakes the oldest
+      (a hint), and it takes the lock with its own acquire. ``False`` lets a free lock go
+      to whoever asks first (the releasing thread may take it again at once) for up to
+      100 ms after a release woke the oldest waiter, which has it first after that.
+      Every process using the name must pass the same value. TypeError if not a bool.
+    - ``entry_lease``: seconds (default 2.0) a waiting thread's place in the queue lives
+      between its looks (it looks at least every third of it): a waiter that dies delays
+      the next holder at most this long. TypeError/ValueError unless a number of seconds
+      >= 0.01.
     - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking
       ``acquire`` checks, and checks again every ``deadlock_timeout``, whether it is part
       of a cycle of waits between RLocks and RWLock sides (any processes, any hosts);
@@ -116,6 +70,29 @@ class RLock(ReentrantLock, _RLockCore):
 
     _label = "rlocks.RLock"
 
+    @public_init
+    def __init__(
+        self,
+        name: str,
+        *,
+        client: Any = None,
+        ttl: float = 30.0,
+        auto_renew: bool = True,
+        namespace: str = "rlocks",
+        on_lost: Optional[Callable[[Any], object]] = None,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
+        fair: bool = True,
+        deadlock_timeout: Optional[float] = 1.0,
+        entry_lease: float = ENTRY_LEASE,
+    ) -> None:
+        self._configure(name, Options.of(locals()), "rlock", _SPEC)
+
     def locked(self) -> bool:
         """Whether any owner, anywhere, holds the lock now (one round trip)."""
-        return bool(self._client.exists(self._keys.hash))
+        return bool(self._backend.read(("EXISTS", self._keys.hash)))
+
+    def statistics(self) -> PrimitiveState:
+        """Holders, counts, leases and waiters, read from Redis now (a frozen dataclass,
+        the same the ``rlocks`` command line prints). Redis errors propagate."""
+        return statistics(self)

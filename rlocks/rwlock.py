@@ -1,221 +1,55 @@
 """``rlocks.RWLock``: a readers-writer lock across threads, processes and hosts.
 
-One Redis hash per lock holds both sides (layout in ``_engine/lua/queue_lib.lua``); every
-change is one Lua script. Each side is an engine primitive of its own (local holds,
-leases, lost-hold reporting) with the ``threading.RLock`` surface. Readers and writers
-wait in one queue on the server, in arrival order: a release hands the lock to the next
-writer, or to every reader queued before the next writer, so neither side starves.
+One Redis hash holds both sides (``_engine/lua/rw_lib.lua``), each hold with its own lease.
+Each side is an engine primitive of its own (:class:`LockSpec` of side ``r`` or ``w``)
+with the ``threading.RLock`` surface. Readers and writers wait in one queue on the
+server, in arrival order, so neither side starves.
 
-The I/O-free definitions (``_ReadCore``, ``_WriteCore``) are shared with
-``rlocks.asyncio.RWLock``, whose sides put the asyncio surface on the same cores.
+:class:`RWPair` is shared with ``rlocks.asyncio.RWLock``, whose sides put the asyncio
+surface on the same specs.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import (
-    Any,
-    Callable,
-    ClassVar,
-    Generic,
-    List,
-    Optional,
-    Sequence,
-    Tuple,
-    Type,
-    TypeVar,
-)
+from typing import Any, Callable, ClassVar, Generic, Optional, Type, TypeVar
 
-from redis.exceptions import NoScriptError
-
-from ._engine.clients import io_client
 from ._engine.constructors import public_init
-from ._engine.primitive import ENTRY_LEASE, Options, Primitive
-from ._engine.quorum import Quorum
-from ._engine.reentrant import ReentrantLock
-from ._engine.scripts import Arg, load_queued
-from ._engine.state import PrimitiveState
+from ._engine.primitive import ENTRY_LEASE, LockSpec, Options, Primitive
+from ._engine.scripts import Call, load
+from ._engine.state import PrimitiveState, statistics
+from ._engine.steps import Run, drive
+from ._engine.surface import LockSurface
 from .errors import UpgradeError
 
 __all__ = ["RWLock", "ReadLock", "WriteLock", "UpgradeError"]
 
-class _SideCore(Primitive):
-    """What both sides share, without I/O: the keys, scripts and their arguments.
+READ, WRITE = LockSpec("rw", "r"), LockSpec("rw", "w")
+_LOCKED = load("rw_locked")
 
-    Both sides run the queue-and-hand-over scripts on one hash, one queue and one wake-up
-    channel: readers and writers wait in one FIFO (see ``lua/rw_acquire.lua``).
-    """
 
-    __slots__ = ("_side",)
+class Side(Primitive):
+    """What both sides share, either surface: the other side, and the upgrade check."""
 
-    _kind = "rw"
+    __slots__ = ("_other",)
+
     _label = "rlocks.RWLock"
-    _detects_deadlocks = True
-    _acquire_script = load_queued("rw_acquire")
-    _release_script = load_queued("rw_release")
-    _renew_script = load_queued("rw_renew")
-    _leave_script = load_queued("rw_leave")
-    _side_code = ""  # 'r' or 'w', the field prefix in the hash
-    _side_name = ""  # 'read_lock' or 'write_lock'
-    _quorum_refusal = None
-
-    def __init__(self, name: str, options: Options) -> None:
-        self._configure(name, options)
-        self._side = self._side_code
 
     def _describe(self) -> str:
-        return f"{self._label}({self._name!r}).{self._side_name}"
+        side = "read" if self._spec.side == "r" else "write"
+        return f"RWLock {self._name!r} ({side})"
 
-    def _hold_key(self, owner: str) -> Tuple[int, str, str]:
-        # Both sides share the hash: an owner's read and write holds are counted apart,
-        # as Redis counts them (fields r:<owner> and w:<owner>).
-        pool, key, _owner = super()._hold_key(owner)
-        return pool, key, f"{self._side}:{owner}"
-
-    def _queues_locally(self, owner: str) -> bool:
-        # Either side counts: a writer taking the read side (a downgrade) is granted at
-        # once by the script, and queueing it behind local readers that wait for this
-        # very writer would deadlock. The books count the sides apart (as Redis does).
-        # With fair=False it tries first, as any other barger does.
-        pool, key, _field = super()._hold_key(owner)
-        return self._fair and all(
-            self._held_in_process((pool, key, f"{side}:{owner}")) == 0 for side in "rw"
-        )
-
-    def _describe_class(self) -> str:
-        return f"{self._label}.{self._side_name}"
-
-    # -- script arguments (see the headers of the rw_*.lua files) ------------------------
-
-    def _other_side_held(self, owner: str) -> bool:
-        """Whether ``owner`` holds the other side in this process, through any object of
-        the name (no I/O)."""
-        pool, key, _field = super()._hold_key(owner)
-        other = "w" if self._side == "r" else "r"
-        return self._held_in_process((pool, key, f"{other}:{owner}")) > 0
-
-    def _acquire_depends(self, owner: str) -> Tuple[Any, ...]:
-        return (self._other_side_held(owner),)
-
-    def _acquire_arguments(
-        self, owner: str, count: int, reentry: bool, entry: Optional[str], listen: bool = False
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        # reentry + 2 when the owner holds the other side: only then is an unadopted grant
-        # of that side the owner's to keep (a writer taking the read side); otherwise it
-        # is a grant to a wait of this thread that has ended, and the script gives it
-        # back (lua/rw_acquire.lua).
-        flags = (1 if reentry else 0) + (2 if self._other_side_held(owner) else 0)
-        args = (owner, self._entry_id(entry), self._side, self._ttl_ms, count, flags,
-                self._queue_flag(entry, listen))
-        return self._keys.queued(), (*self._context(), *args)
-
-    def _release_arguments(self, owner: str, count: int) -> Tuple[Sequence[str], Sequence[Arg]]:
-        return self._keys.queued(), (*self._context(), owner, self._side, count)
-
-    def _leave_arguments(
-        self, owner: str, entry: str, ask: Optional[Tuple[str, str, int]] = None
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        args: Tuple[Arg, ...] = (owner, entry, "")
-        if ask is not None:
-            args = (owner, entry, *ask)
-        return self._keys.queued(), (*self._context(), *args)
-
-    def _renew_items(self, owner: str) -> Tuple[str, ...]:
-        return (self._side, owner)
-
-    def _adopt_item(self, owner: str) -> Tuple[str, str]:
-        # This side's grant only: one of the other side was made to a wait of this thread
-        # that has ended, and its marker must stay for the leave (or the lease) that
-        # takes it back (lua/queue_lib.lua, op_renew).
-        return ("a" + self._side, owner)
-
-    def _deadlock_side(self) -> str:
-        return self._side
-
-    def _renew_arguments(
-        self, owner: str, lease_ms: Optional[int] = None
-    ) -> Tuple[Sequence[str], Sequence[Arg]]:
-        call = self._items_call(self._renew_items(owner), lease_ms)
-        return call.keys, call.args
-
-    def _holders_pipeline(self, client: Any) -> Any:
-        """A pipeline, not sent, whose last reply says who holds: a renewal with no item
-        (it tidies holds whose lease ended, so the counters are live), then the counters."""
-        call = self._items_call(())
-        pipe = client.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
-        pipe.hmget(self._keys.hash, "#w", "#nr")
-        return pipe
-
-    def _holders_from(self, results: List[Any]) -> int:
-        """How many owners hold this side, from ``_holders_pipeline``'s replies."""
-        for result in results:
-            if isinstance(result, Exception) and not isinstance(result, NoScriptError):
-                raise result
-        writer, readers = results[-1]
-        if self._side == "w":
-            return 0 if writer is None else 1
-        return int(readers or 0)
-
-
-class _ReadCore(_SideCore):
-    __slots__ = ()
-
-    _side_code = "r"
-    _side_name = "read_lock"
-
-
-class _WriteCore(_SideCore):
-    __slots__ = ("_read",)
-
-    _side_code = "w"
-    _side_name = "write_lock"
-    _excludes = True
-
-    def __init__(self, name: str, read: _ReadCore, options: Options) -> None:
-        super().__init__(name, options)
-        self._read = read
-
-    def _check_acquire(self, owner: str) -> None:
-        super()._check_acquire(owner)
-        if self._read._held(owner) > 0 and self._held(owner) == 0:
+    def _check_upgrade(self, owner: str) -> None:
+        """A thread that reads (and does not write) may not ask for the write side: two
+        doing so would wait for each other for ever. Refused here, without I/O."""
+        if self._spec.side == "w" and self._hold(owner).count == 0 \
+                and self._other._hold(owner).count > 0:
             raise UpgradeError(
-                f"{self._describe()}: this owner holds the read side; upgrading to the "
-                "write side is refused (it would deadlock two upgraders). Release the "
-                "read side first",
-                name=self._name,
-            )
-
-    def _refused(self, owner: str, reentry: bool) -> BaseException:
-        if reentry:
-            return super()._refused(owner, reentry)
-        # Reads without writing through another object of this name: still an upgrade.
-        return UpgradeError(
-            f"{self._describe()}: this owner holds the read side; upgrading to the "
-            "write side is refused",
-            name=self._name,
-        )
+                f"{self._label}({self._name!r}): this thread holds the read side and asks "
+                "for the write side: an upgrade would deadlock with another reader doing "
+                "the same; release the read side first", name=self._name)
 
 
-class _SyncSide(ReentrantLock, _SideCore):
-    __slots__ = ()
-
-    def locked(self) -> bool:
-        """Whether any owner, anywhere, holds this side now (one round trip; with a
-        Quorum, one to each master at once, and a majority must agree)."""
-        if isinstance(self._client, Quorum):
-            return self._client.agreed(self._client.map(self._holders_on)) > 0
-        return self._holders_on(self._client) > 0
-
-    def _holders_on(self, client: Any) -> int:
-        results = self._holders_pipeline(io_client(client)).execute(raise_on_error=False)
-        if isinstance(results[0], NoScriptError):
-            client.script_load(self._renew_script.source)
-            results = self._holders_pipeline(io_client(client)).execute(raise_on_error=False)
-        return self._holders_from(results)
-
-
-class ReadLock(_SyncSide, _ReadCore):
+class ReadLock(Side, LockSurface):
     """The read side of an :class:`RWLock` (``rwlock.read_lock``).
 
     Any number of threads, in any processes, may hold it at once, unless a thread holds
@@ -226,14 +60,18 @@ class ReadLock(_SyncSide, _ReadCore):
 
     __slots__ = ()
 
+    def locked(self) -> bool:
+        """Whether anyone, anywhere, holds the read side now (one round trip)."""
+        return drive(_count(self)) > 0
 
-class WriteLock(_SyncSide, _WriteCore):
+
+class WriteLock(Side, LockSurface):
     """The write side of an :class:`RWLock` (``rwlock.write_lock``).
 
     One thread at a time holds it, and only while nobody (else) holds the read side.
     While a thread waits for it, readers that arrive later wait behind it (one queue, in
     arrival order); a writer process that dies while waiting stops holding them back at
-    most the queue entry's lease (2 s) later.
+    most its queue entry's lease (2 s) later.
 
     ``threading.Condition(rw.write_lock).wait()`` by a writer that also reads (it
     downgraded) releases both sides while it waits and takes both back.
@@ -241,24 +79,40 @@ class WriteLock(_SyncSide, _WriteCore):
 
     __slots__ = ()
 
-    def _held_with(self) -> ReadLock:
-        read = self._read
-        assert isinstance(read, ReadLock)  # built by RWLock: the sync read side
-        return read
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self._check_upgrade(self._owner())
+        return super().acquire(blocking, timeout)
+
+    acquire.__doc__ = LockSurface.acquire.__doc__
+    __enter__ = acquire
+
+    def locked(self) -> bool:
+        """Whether anyone, anywhere, holds the write side now (one round trip)."""
+        return drive(_count(self)) > 0
+
+    def _held_with(self) -> Any:
+        return self._other
 
 
-R = TypeVar("R", bound=_ReadCore)
-W = TypeVar("W", bound=_WriteCore)
+def _count(side: Side) -> Any:
+    """How many owners hold ``side`` now (a dialogue: one read-only script)."""
+    k = side._keys
+    reply = yield Run(side._backend, Call(_LOCKED, (k.hash, k.queue, k.leases),
+                                          (side._spec.side,)))
+    return reply.a
 
 
-class _RWPair(Generic[R, W]):
+R = TypeVar("R", bound=Side)
+W = TypeVar("W", bound=Side)
+
+
+class RWPair(Generic[R, W]):
     """Both sides of one readers-writer lock, built together (sync or asyncio sides)."""
 
     __slots__ = ("_read", "_write", "__weakref__")
 
     _read_type: Type[R]
     _write_type: Type[W]
-    #: Public class name used in messages, e.g. ``"rlocks.RWLock"``.
     _label: ClassVar[str] = "rlocks.RWLock"
 
     @public_init
@@ -278,10 +132,13 @@ class _RWPair(Generic[R, W]):
         entry_lease: float = ENTRY_LEASE,
     ) -> None:
         options = Options.of(locals())
-        read = self._read_type(name, options)
-        # The read side checked everything and picked the client; the write side shares it.
-        self._read: R = read
-        self._write: W = self._write_type(name, read, replace(options, client=read.client))
+        read: R = self._read_type.__new__(self._read_type)
+        read._configure(name, options, "rw", READ)
+        write: W = self._write_type.__new__(self._write_type)
+        write._configure(name, options, "rw", WRITE)
+        write._client, write._backend = read._client, read._backend
+        read._other, write._other = write, read
+        self._read, self._write = read, write
 
     @property
     def read_lock(self) -> R:
@@ -310,22 +167,16 @@ class _RWPair(Generic[R, W]):
         return self._read.client
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        # A copy would share both sides' holds; see Primitive.__reduce_ex__.
-        raise TypeError(
-            f"cannot pickle or copy {self._read._label!r} object {self.name!r}: its holds "
-            "belong to this process; build another object with the same name instead"
-        )
+        raise TypeError(f"cannot pickle or copy {self._label}({self.name!r}): it stands for "
+                        "this process's holds")
 
     def __repr__(self) -> str:
-        reading = len(self._read._local_owners())
-        writing = len(self._write._local_owners())
-        return (
-            f"<{self._read._label} name={self.name!r} namespace={self.namespace!r} "
-            f"readers here={reading} writers here={writing} at {id(self):#x}>"
-        )
+        return (f"<{self._label} name={self.name!r} namespace={self.namespace!r} "
+                f"readers here={len(self._read._mine)} writers here={len(self._write._mine)} "
+                f"at {id(self):#x}>")
 
 
-class RWLock(_RWPair[ReadLock, WriteLock]):
+class RWLock(RWPair[ReadLock, WriteLock]):
     """A readers-writer lock shared by every process that uses the same name and Redis.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
@@ -343,9 +194,8 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
       one queue on the server; a release hands the lock to the next writer, or to every
       reader queued before the next writer, so neither a stream of readers nor a stream
       of writers starves the other (a thread already reading may re-enter at once).
-      ``fair=False`` lets a free lock go to whoever asks first, barging past the queue;
-      a release still wakes only as many waiting processes as it can serve, and grants
-      them at the first release after their patience (100 ms) ends;
+      ``fair=False`` lets a free lock go to whoever asks first, barging past the queue,
+      for up to 100 ms after a release woke the waiters it can serve;
     - downgrade is allowed: the write holder may take the read side, then release the
       write side and keep reading;
     - upgrade is refused: a thread holding only the read side that asks for the write
@@ -371,9 +221,6 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     _write_type = WriteLock
 
     def statistics(self) -> PrimitiveState:
-        """Readers, the writer and the queue of waiting processes, from Redis.
-
-        A few read-only round trips; returns a frozen dataclass (the same the ``rlocks``
-        command line prints). Redis errors propagate.
-        """
-        return self._read._statistics()
+        """Readers, the writer and the waiters, from Redis (a frozen dataclass, the same
+        the ``rlocks`` command line prints). Redis errors propagate."""
+        return statistics(self._read)

@@ -6,7 +6,6 @@ back to the test's thread, which re-raises it.
 
 from __future__ import annotations
 
-import linecache
 import sys
 import threading
 from typing import Any, Callable, Dict, List, Tuple
@@ -44,64 +43,29 @@ def in_thread(fn: Callable[[], Any]) -> Any:
 
 
 def parked(thread: threading.Thread) -> bool:
-    """Whether ``thread`` sleeps on its wake-up event in the queue dialogue's threading
-    step (``Primitive._perform``) with its channel subscribed, or (a head that reads its
-    wake-up lines itself) in its BLPOP of the entry's list (a head gets there only after
-    an attempt, and then sleeps until a wake-up or its re-check pause; so would any
-    waiter that made one)."""
+    """Whether ``thread`` sleeps in its wait for a wake-up hint (a ``Listen`` step: the
+    engine's ``Waiter.wait``) after a refused acquire (no I/O)."""
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
-        if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            op = frame.f_locals["op"]
-            sleeps = "waiter.event.wait(" in line or '"BLPOP"' in line
-            return sleeps and bool(op.waiter.subscribed)
+        code = frame.f_code
+        if code.co_name == "wait" and code.co_filename.endswith("wakeups.py"):
+            return True
         frame = frame.f_back
     return False
 
 
-def listening(thread: threading.Thread) -> bool:
-    """Whether ``thread`` is in a LISTEN step of its queue dialogue (``Primitive._perform``:
-    its BLPOP, sent or about to be); beside :func:`parked` it tells a listening waiter
-    from one asleep on its wake-up event (no I/O)."""
-    from rlocks._engine.queued import LISTEN
+def hub_waiters(prim: Any) -> List[str]:
+    """The owners of this process waiting for wake-up hints on ``prim`` (no I/O)."""
+    from rlocks._engine import wakeups
 
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == "_perform" and "op" in frame.f_locals:
-            return bool(frame.f_locals["op"].kind == LISTEN)
-        frame = frame.f_back
-    return False
+    with wakeups._mutex:
+        return [owner for (key, owner) in wakeups._waiters if key == prim._keys.hash]
 
 
-def hub_waiters(prim: Any) -> List[Any]:
-    """The threads of this process that ``prim``'s wake-up hub has waiting on its channel,
-    in their local order (no I/O)."""
-    from rlocks._engine.waiting import hub_for
-
-    ch = hub_for(prim.client, prim.namespace)._channels.get(prim._channel())
-    return list(ch.waiters) if ch is not None else []
+def engine_threads() -> List[str]:
+    """The names of rlocks' own threads alive in this process (renewer, wake-ups)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("rlocks-")]
 
 
-def pause_at_hand_over(monkeypatch: Any, prim: Any) -> Tuple[threading.Event, threading.Event]:
-    """Hold the first waiter of ``prim`` that takes a hand-over grant at its first step
-    (``_checks_hand_over``, before it adopts the grant) until ``go`` is set.
-
-    Returns ``(woken, go)``: ``woken`` is set once a waiter is held there. The patch is
-    on ``prim``'s class and ``monkeypatch`` undoes it; other objects are not held.
-    """
-    woken, go = threading.Event(), threading.Event()
-    cls = type(prim)
-    checks = cls._checks_hand_over
-
-    def paused(self: Any, owner: str) -> bool:
-        if self is prim and not woken.is_set():
-            woken.set()
-            assert go.wait(20)
-        return bool(checks(self, owner))
-
-    monkeypatch.setattr(cls, "_checks_hand_over", paused)
-    return woken, go
-
-
-__all__: List[str] = ["in_thread", "joined", "listening", "parked", "pause_at_hand_over", "started"]
+__all__: List[str] = ["engine_threads", "hub_waiters", "in_thread", "joined", "parked",
+                      "started"]

@@ -130,15 +130,12 @@ def name(request: pytest.FixtureRequest) -> Iterator[str]:
 def without_counters(keys: Any) -> List[bytes]:
     """``keys`` without the counters that stay by design: the fencing token counters
     (``<namespace>:fence:{<tag>}``, one per namespace and cluster slot; tokens never go
-    back), the deadlock detector's wait numbers (``<namespace>:wait-seq``) and the op
-    records (``<hash>:ops``, ``<hash>:op-ends``: they outlive the release by 60-120 s, so a
-    re-sent release is still answered from them; lua/op_lib.lua)."""
-    return [k for k in keys if b":fence:{" not in k
-            and not k.endswith((b":wait-seq", b":ops", b":op-ends"))]
+    back) and the deadlock detector's wait numbers (``<namespace>:wait-seq``)."""
+    return [k for k in keys if b":fence:{" not in k and not k.endswith(b":wait-seq")]
 
 
 def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[bytes, Any]:
-    """Every key of ``namespace`` but op records, with its value and whether it expires.
+    """Every key of ``namespace``, with its value and whether it expires.
 
     In a test that uses the ``name`` fixture, only the keys built from that name (it is
     unique per test): holds that earlier tests left behind are renewed or expire on their
@@ -149,56 +146,24 @@ def snapshot(client: "redis.Redis[bytes]", namespace: str = NAMESPACE) -> Dict[b
     for key in client.scan_iter(match=f"{namespace}:*"):
         if mine is not None and mine.encode() not in key:
             continue
-        if key.endswith((b":ops", b":op-ends")):
-            continue  # op records outlive every hold by design (see without_counters)
         kind = client.type(key)
         value: Any = client.hgetall(key) if kind == b"hash" else client.dump(key)
         state[key] = (kind, value, client.pttl(key) > 0)
     return state
 
 
-#: The commands that run a script: EVALSHA, and FCALL of a queue library function.
-SCRIPT_CALLS = ("EVALSHA", "FCALL")
-
-
-def has_functions(client: Any = None) -> bool:
-    """Whether the server runs Redis Functions (7.0+, Valkey): there rlocks sends each
-    queue script as FCALL of its library function (renewal pipelines excepted), else
-    EVALSHA. ``client``: a plain ``redis.Redis`` to ask; otherwise the suite's server
-    binary is asked (the one every server of a test run is started from)."""
-    if isinstance(client, redis.Redis):
-        found = str(client.info("server")["redis_version"])
-        version = tuple(int(part) for part in found.split(".")[:2])
-    else:
-        version = server_version()[:2]
-    return version >= (7, 0)
-
-
-def sent_as(prim: Any, script: Any) -> bytes:
-    """The bytes that name ``script`` in a call of ``prim``: its function name (FCALL)
-    where it is a queue script, the client is not a cluster client and the server has
-    functions, else its SHA1 (EVALSHA)."""
-    client = prim.client
-    if (script.function is not None and hasattr(client, "connection_pool")
-            and has_functions(client)):
-        return str(script.function).encode()
-    return str(script.sha).encode()
+#: The command that runs a script.
+SCRIPT_CALLS = ("EVALSHA",)
 
 
 def load_scripts(client: "redis.Redis[bytes]", *scripts: Any) -> None:
-    """Load ``scripts`` (and the queue library, where the server has functions) so that
-    no first call is answered NOSCRIPT or "function not found": a test that counts
+    """Load ``scripts`` so that no first call is answered NOSCRIPT: a test that counts
     sends then counts only the calls themselves."""
     for script in scripts:
         client.script_load(script.source)
-        if script.library is not None and has_functions(client):
-            client.execute_command("FUNCTION", "LOAD", "REPLACE", script.library.code)
 
 
 def script_calls(client: "redis.Redis[bytes]") -> int:
-    """Script runs the server has counted, EVALSHA and FCALL together, but for those that
-    failed (an FCALL of a function not loaded, a NOSCRIPT answer: nothing ran)."""
-    stats = client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
-               - int(stats.get(f"cmdstat_{command}", {}).get("failed_calls", 0))
-               for command in ("evalsha", "fcall"))
+    """Script runs the server has counted, but for those that failed (NOSCRIPT)."""
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))

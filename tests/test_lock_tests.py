@@ -22,12 +22,8 @@ lock_tests = pytest.importorskip(
 )
 
 import rlocks  # noqa: E402
-from rlocks._engine.dialogue import stopped  # noqa: E402
-from rlocks._engine.renewal import renewer_for  # noqa: E402
-from rlocks._engine.waiting import hub_for  # noqa: E402
-
 from ._servers import wait_until  # noqa: E402
-from ._threads import hub_waiters  # noqa: E402
+from ._threads import engine_threads, hub_waiters  # noqa: E402
 from .conftest import NAMESPACE  # noqa: E402
 
 _serial = itertools.count()
@@ -78,11 +74,10 @@ def _shared_client_and_warm_engine(client):  # type: ignore[no-untyped-def]
     # test (TestSemaphore::test_acquire_contended failed so, "failed to cleanup 1 threads").
     contender = threading.Thread(target=lambda: lock.acquire(timeout=60) and lock.release())
     contender.start()
-    # This client's own hub and renewer, with the contender parked in the hub: threads of
-    # other pools bear the same names, so names alone proved nothing.
-    hub, renewer = hub_for(client, NAMESPACE), renewer_for(client)
-    wait_until(lambda: len(hub_waiters(lock)) == 1 and not stopped(hub._runner)
-               and not stopped(renewer._runner), 60, "this client's renewer and wake-up hub")
+    # The contender registered for wake-ups (its subscriber runs), and the renewer runs.
+    wait_until(lambda: len(hub_waiters(lock)) == 1
+               and {"rlocks-wakeups", "rlocks-renewer"} <= set(engine_threads()),
+               60, "the renewer and the wake-up subscriber")
     lock.release()
     contender.join(60)
     assert not contender.is_alive()

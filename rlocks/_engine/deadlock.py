@@ -1,16 +1,16 @@
 """Deadlock detection: the wait-for graph each waiting owner records, and its check.
 
-Written once, without I/O: :func:`check` is a generator that yields :class:`.queued.Op`
-(``READ``: run this one Redis command) and receives the answers, so the threading and the
-asyncio drivers run the same check (see :mod:`.queued`).
+Written once, without I/O: :func:`check` is a generator that yields Redis commands and
+receives their answers; :class:`Detector` turns them into :class:`~.steps.Read` steps, so
+the threading and the asyncio drivers run the same check (see :mod:`.dialogues`).
 
 The graph
 ---------
 An owner (a thread, or a task) that has waited ``deadlock_timeout`` seconds for an RLock or
 an RWLock side records its *wait-for edge*: the key ``<ns>:wait:{<owner>}`` holds
-``"<seq> <side> <entry> <hash key>"``, the primitive it waits for and on which side (``x``
-an RLock, ``r``/``w`` an RWLock side) and its process's queue entry (``-``: none looked
-at, for a ``fair=False`` primitive), with a lease (``PX``) that each later check renews, so
+``"<seq> <side> <queue> <hash key>"``, the primitive it waits for and on which side (``x``
+an RLock, ``r``/``w`` an RWLock side) and whether its place in the queue holds it back
+(``+``; ``-`` for a ``fair=False`` primitive), with a lease (``PX``) that each later check renews, so
 a dead waiter leaves no edge for longer than that lease. ``<seq>`` numbers the *wait*: it
 is drawn once per wait (``INCR <ns>:wait-seq``) and kept while it lasts. The edge is
 deleted when the wait ends, before ``acquire`` returns or raises, so while an edge with a
@@ -43,7 +43,7 @@ for: a deadlock.
 
 Exactly one victim: the owner of the cycle whose wait has the highest ``seq`` (the wait
 that entered the check last), leaving out a wait that may not give up: a Condition wait
-taking its lock back (``Primitive._taking_back``; its edge stores the side in capitals) must
+taking its lock back (``Primitive._restoring``; its edge stores the side in capitals) must
 return holding the lock, as ``threading.Condition.wait`` does, so another member of the
 cycle is accused (a cycle of such waits only is logged and not broken). Every owner of
 the cycle that checks picks the same one, and only the victim raises; the others keep
@@ -67,11 +67,8 @@ still not seen.
 
 Limits: a wait through a Semaphore, or an owner whose primitive has ``deadlock_timeout=None``,
 records no edge, so a cycle through it is not seen. Of the queue, only the entry just
-ahead counts (it waits for the one ahead of it in turn), and only while its lease runs;
-threads of one process that wait behind each other locally (one entry per wake-up hub) are
-followed only through the process's entry. An edge whose deletion failed (the link broke
-as the wait ended) lives until its lease: the deletion never waits for a read turn (see
-``queued.Op``), so only a broken link leaves one.
+ahead counts (it waits for the one ahead of it in turn), and only while its lease runs.
+An edge whose deletion failed (the link broke as the wait ended) lives until its lease.
 """
 
 from __future__ import annotations
@@ -80,13 +77,14 @@ import json
 import logging
 from typing import Any, Dict, Generator, List, NamedTuple, Optional, Sequence, Tuple
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import DeadlockError
 from .clock import monotonic
 from .keys import accuse_key, wait_key, wait_seq_key
 from .scripts import load
 from .state import parse_key
+from .steps import Read
 
 __all__ = ["Detector", "Edge", "check", "drop_edge"]
 
@@ -112,7 +110,7 @@ class Edge(NamedTuple):
     seq: int
     side: str  # 'x' RLock, 'r' / 'w' RWLock side
     key: str  # the primitive's holds hash
-    entry: str = "-"  # the owner's process's queue entry; '-': the queue blocks it not
+    entry: str = "-"  # '+': its place in the queue holds it back; '-': not (fair=False)
     #: A Condition wait taking its lock back: it may not give up, so never the victim.
     #: Stored as the side in capitals (an older rlocks reads no edge there: it then
     #: misses that cycle, never accuses the wrong owner).
@@ -135,7 +133,7 @@ class Edge(NamedTuple):
         return cls(owner, int(parts[0]), side.lower(), parts[3], parts[2], side.isupper())
 
 
-class Detector:
+class _Wait:
     """One waiting owner's detector state: when to check, and its edge once recorded."""
 
     __slots__ = (
@@ -151,7 +149,7 @@ class Detector:
         self.owner = owner
         self.side = side
         self.key = key
-        self.entry = entry  # its process's queue entry; '-': not held back by the queue
+        self.entry = entry  # '+': its place in the queue holds it back; '-': not
         self.timeout = timeout
         self.due = since + timeout  # the first check: only a wait this long pays for one
         self.seq: Optional[int] = None  # drawn at the first check; then an edge may exist
@@ -187,24 +185,17 @@ def _evalsha(script: Any, keys: Sequence[str], args: Sequence[str]) -> Reads:
 def _blockers(edge: Edge) -> Reads:
     """``{owner: how it blocks}`` for the waiter of ``edge``: the side it holds (``x``,
     ``r``, ``w``) for each hold of ``edge.key`` that conflicts with ``edge.side``, and
-    ``q <side> <its seq> <waiter's seq>`` for the owner of the entry just ahead of
-    ``edge.entry`` in the queue. Nothing when the waiter holds ``edge.key`` itself (a
-    hand-over it has not noticed yet)."""
+    ``q <side> <its arrival> <waiter's arrival>`` for the owner of the entry just ahead of
+    the waiter in the queue. Nothing when the waiter holds ``edge.key`` itself (granted,
+    and still inside its acquire)."""
     key = edge.key
-    # The lease ZSET, queue, entries and entry leases beside the hash (``PrimitiveKeys.
-    # queued()``'s second to fifth keys).
     raw = yield from _evalsha(
-        _HOLDERS,
-        (f"{key}:leases", f"{key}:queue", f"{key}:entries", f"{key}:times"),
-        ("" if edge.entry == "-" else edge.entry,),
-    )
+        _HOLDERS, (key, f"{key}:q", f"{key}:l"),
+        ("rlock" if edge.side == "x" else "rw", "" if edge.entry == "-" else edge.owner))
     holds, ahead = raw if raw else ((), ())
     fields = [_text(field) for field in holds or ()]
     own = (edge.owner,) if edge.side == "x" else ("r:" + edge.owner, "w:" + edge.owner)
     if any(field in own for field in fields):
-        # It holds what it waits for: a hand-over granted it while it was still inside
-        # its acquire (its edge stays until it notices), since a re-entry, a writer's
-        # read and a refused upgrade never wait. It is not blocked here: it returns.
         return {}
     owners: Dict[str, str] = {}
     for field in fields:
@@ -218,7 +209,7 @@ def _blockers(edge: Edge) -> Reads:
     return owners
 
 
-def check(det: Detector) -> Reads:
+def check(det: _Wait) -> Reads:
     """Record (or renew) ``det``'s edge, then look for a cycle through it.
 
     Returns the :class:`DeadlockError` to raise when ``det``'s owner is the victim of a
@@ -266,7 +257,7 @@ def _victim(cycle: Sequence[Edge]) -> Optional[Edge]:
     return max(eligible, key=lambda edge: (edge.seq, edge.owner))
 
 
-def _error(det: Detector, described: Tuple[Tuple[str, str, str], ...]) -> DeadlockError:
+def _error(det: _Wait, described: Tuple[Tuple[str, str, str], ...]) -> DeadlockError:
     return DeadlockError(
         f"deadlock: {det.label} acquired by {det.owner} would wait forever: "
         + "; ".join(f"{o} holds {h} and waits for {w}" for o, h, w in described),
@@ -275,7 +266,7 @@ def _error(det: Detector, described: Tuple[Tuple[str, str, str], ...]) -> Deadlo
     )
 
 
-def _accuse(det: Detector, victim: Edge, cycle: Sequence[Edge], ways: Sequence[str]) -> Reads:
+def _accuse(det: _Wait, victim: Edge, cycle: Sequence[Edge], ways: Sequence[str]) -> Reads:
     """Leave ``victim`` the cycle ``det`` found and confirmed, turned to start at the
     victim's edge (as the victim's own walk would have found it); see "A victim another
     member found" in the module docstring."""
@@ -292,7 +283,7 @@ def _accuse(det: Detector, victim: Edge, cycle: Sequence[Edge], ways: Sequence[s
     )
 
 
-def _accused(det: Detector, mine: Edge) -> Reads:
+def _accused(det: _Wait, mine: Edge) -> Reads:
     """The error to raise if another member of a cycle accused this wait and the cycle is
     still there (confirmed here, as by the accuser), else ``None``."""
     raw = yield ("GET", accuse_key(det.namespace, det.owner))
@@ -319,7 +310,7 @@ def _accused(det: Detector, mine: Edge) -> Reads:
 
 
 def _walk(
-    det: Detector, mine: Edge
+    det: _Wait, mine: Edge
 ) -> Generator[Tuple[Any, ...], Any, Optional[Tuple[List[Edge], List[str]]]]:
     """Depth first from ``mine``: the edges of a cycle back to ``det.owner`` (``mine``
     first; each edge's waiter is blocked by the next edge's owner, the last's by the
@@ -345,7 +336,7 @@ def _walk(
 
 
 def _confirm(
-    det: Detector, cycle: Sequence[Edge], ways: Sequence[str]
+    det: _Wait, cycle: Sequence[Edge], ways: Sequence[str]
 ) -> Generator[Tuple[Any, ...], Any, Optional[List[str]]]:
     """Whether every hold or place ahead, then every edge, of ``cycle`` is still what
     the walk read (``ways``): how each edge's waiter is blocked (by the next owner), or
@@ -394,7 +385,56 @@ def _describe(
     )
 
 
-def drop_edge(det: Detector) -> Tuple[Any, ...]:
+def drop_edge(det: _Wait) -> Tuple[Any, ...]:
     """The command that deletes ``det``'s edge and any accusation of it (its wait ended;
     one slot: both are tagged by the owner)."""
     return ("DEL", wait_key(det.namespace, det.owner), accuse_key(det.namespace, det.owner))
+
+
+class Detector:
+    """The deadlock checks of one blocking acquire: :meth:`check` when due (each a few
+    reads), :meth:`end` when the wait is over (drops its edge)."""
+
+    __slots__ = ("backend", "wait")
+
+    def __init__(self, p: Any, owner: str) -> None:
+        self.backend = p._backend
+        side = p._spec.side
+        self.wait = _Wait(p._namespace, owner, side, p._keys.hash, p._deadlock_timeout,
+                          monotonic() - p._deadlock_timeout, p._describe(), p._name,
+                          "+" if p._fair else "-", owner in p._restoring)
+        self.wait.due = monotonic()
+
+    def check(self) -> Generator[Any, Any, None]:
+        if monotonic() < self.wait.due:
+            return
+        try:
+            error = yield from self._reads(check(self.wait))
+        except RedisError as exc:  # a failed check finds nothing; the next one may
+            log.debug("deadlock check of %s failed: %r", self.wait.owner, exc)
+            self.wait.due = monotonic() + self.wait.timeout
+            return
+        if error is not None:
+            raise error
+
+    def end(self) -> Generator[Any, Any, None]:
+        if self.wait.seq is None:
+            return
+        try:
+            yield Read(self.backend, drop_edge(self.wait))
+        except BaseException:  # noqa: BLE001 - the edge ends with its lease
+            pass
+
+    def _reads(self, reads: Reads) -> Generator[Any, Any, Any]:
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                command = reads.throw(error) if error is not None else reads.send(value)
+            except StopIteration as done:
+                return done.value
+            value, error = None, None
+            try:
+                value = yield Read(self.backend, command)
+            except NoScriptError as exc:
+                error = exc

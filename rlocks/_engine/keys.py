@@ -4,8 +4,10 @@ Every key and channel of one primitive is built as::
 
     <namespace>:<kind>:{<name>}[:<suffix>]
 
-The ``{<name>}`` part is the Redis Cluster hash tag, so a primitive's hash, its wake-up
-channel and any side keys map to the same slot and one Lua script may touch them all.
+The ``{<name>}`` part is the Redis Cluster hash tag, so a primitive's hash and its side
+keys (queue ``:q``, holder leases ``:l``, a Condition's waiters ``:c:<name>``) map to
+the same slot and one Lua script may touch them all. Wake-ups go to one channel per
+process, ``<namespace>:wake:<process>`` (a hint published by a script, whatever its slot).
 Inside the namespace and the name, ``%``, ``{`` and ``}`` are percent-escaped: a name can
 then never end the hash tag early, and the mapping from (namespace, kind, name) to key is
 one-to-one (two different names never share a key). Everything else, ``:``, spaces,
@@ -24,7 +26,8 @@ from functools import cache, lru_cache
 from typing import List, NamedTuple, Tuple
 
 __all__ = [
-    "PrimitiveKeys", "accuse_key", "escape", "fence_key", "keys_for", "wait_key", "wait_seq_key",
+    "PrimitiveKeys", "accuse_key", "escape", "fence_key", "keys_for", "slot", "wait_key",
+    "wait_seq_key",
 ]
 
 _SLOTS = 16384  # Redis Cluster's hash slots: a key's slot is CRC16(tag) mod 16384
@@ -78,7 +81,7 @@ def _slot_tag(slot: int) -> str:
     return raw.decode("ascii")
 
 
-def _slot(key: str) -> int:
+def slot(key: str) -> int:
     """The cluster slot of ``key`` (redis-py's rule: the first non-empty ``{...}``)."""
     raw = key.encode("utf-8")
     start = raw.find(b"{")
@@ -95,7 +98,7 @@ def fence_key(hash_key: str) -> str:
     ``<namespace>:fence:{<tag>}``, in the same cluster slot."""
     # hash_key is "<escaped namespace>:<kind>:{<escaped name>}": neither part has a '{'
     namespace = hash_key[: hash_key.index("{") - 1].rsplit(":", 1)[0]
-    return f"{namespace}:fence:{{{_slot_tag(_slot(hash_key))}}}"
+    return f"{namespace}:fence:{{{_slot_tag(slot(hash_key))}}}"
 
 
 def escape(part: str) -> str:
@@ -104,48 +107,25 @@ def escape(part: str) -> str:
 
 
 class PrimitiveKeys(NamedTuple):
-    """The Redis names one primitive uses."""
+    """The Redis names one primitive uses (all in one cluster slot)."""
 
-    hash: str  # owner id -> hold count, plus any per-primitive metadata fields
-    channel: str  # prefix of the per-process wake-up channels (see wake)
+    hash: str  # the holds: owner (or side:owner) -> count, plus '#' fields
+    queue: str  # its waiters, ZSET (lua/lib.lua); exists only while someone waits
+    leases: str  # holder lease ends, ZSET (RWLock, semaphores; an RLock's is its PEXPIRE)
+    fence: str  # the fencing token counter of the slot (shared by the slot's primitives)
+    wake: str  # prefix of the per-process wake-up channels: <namespace>:wake:<process>
 
-    def wake(self, entry: str) -> str:
-        """The wake-up channel of the process whose queue entry is ``entry`` (its process
-        token): a hand-over publishes each woken process's lines there only
-        (``lua/queue_lib.lua`` ``finish``), so it wakes no other process. The name keeps
-        the hash tag, so a cluster script may publish on it as a shard channel. It also
-        names the entry's wake-up list, which a waiter reading its own lines BLPOPs (the
-        list's key is then in the primitive's slot).
-        """
-        return f"{self.channel}:{entry}"
-
-    def queued(self) -> Tuple[str, str, str, str, str, str, str, str, str]:
-        """The nine KEYS of every queue-and-hand-over script (``lua/queue_lib.lua``,
-        ``lua/op_lib.lua``), in order: holds hash, holder lease ends, queue, entries, entry
-        lease ends, wake-up channel prefix, fencing token counter, op records, op record ends.
-
-        All but the counter carry the hash's tag and the counter a tag of the same slot,
-        so one script touches one cluster slot.
-        """
-        base = self.hash
-        return (
-            base,
-            f"{base}:leases",
-            f"{base}:queue",
-            f"{base}:entries",
-            f"{base}:times",
-            self.channel,
-            fence_key(base),
-            f"{base}:ops",
-            f"{base}:op-ends",
-        )
+    def condition(self, name: str) -> str:
+        """The waiters of the Condition ``name`` (``""``: the lock's default one)."""
+        return f"{self.hash}:c:{escape(name)}"
 
 
 def keys_for(namespace: str, kind: str, name: str) -> PrimitiveKeys:
     """Key and channel names for primitive ``name`` of ``kind`` in ``namespace``."""
     assert kind and ":" not in kind and "{" not in kind, kind
     base = f"{escape(namespace)}:{kind}:{{{escape(name)}}}"
-    return PrimitiveKeys(hash=base, channel=f"{base}:wake")
+    return PrimitiveKeys(base, f"{base}:q", f"{base}:l", fence_key(base),
+                         f"{escape(namespace)}:wake:")
 
 
 def wait_key(namespace: str, owner: str) -> str:

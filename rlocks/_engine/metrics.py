@@ -232,7 +232,8 @@ def _base(primitive: Any) -> Dict[str, Any]:
     label = str(primitive._label)
     kind = _KINDS.get(label.rsplit(".", 1)[-1], label.rsplit(".", 1)[-1].lower())
     # RWLock sides carry their side code ('r' / 'w'); other primitives have no side.
-    side = _SIDES.get(getattr(primitive, "_side_code", ""), "-")
+    spec = getattr(primitive, "_spec", None)
+    side = _SIDES.get(getattr(spec, "side", ""), "-")
     attributes: Dict[str, Any] = {"kind": kind, "side": side}
     if _include_name:
         attributes["name"] = primitive._name

@@ -25,27 +25,26 @@ in ``stale`` (for a semaphore their permits are counted as free, as the next scr
 
 Waiters
 -------
-Who waits is the primitive's queue (``lua/queue_lib.lua``): one entry per waiting
-*process*, in order, naming the thread or task it is for now, what it wants and when its
-lease ends; ``queue`` lists them and ``waiting`` counts them. Entries whose lease passed
-are left out (counted in ``stale``) as the next script will drop them.
+Who waits is the primitive's queue (``lua/lib.lua``): one entry per waiting thread or
+task, in arrival order, with when its lease ends; ``queue`` lists them and ``waiting``
+counts them. Entries whose lease passed are left out (counted in ``stale``) as the next
+script will drop them.
 
-Layouts (field names) are those documented in the header of ``lua/queue_lib.lua``: the
-holds hash (owner -> count, plus counters whose names start with ``#``), the holders'
-lease ends, the queue, its entries and their lease ends, all under one hash tag.
+Layouts are those of ``lua/rlock_lib.lua``, ``rw_lib.lua`` and ``sem_lib.lua``: the holds
+hash (owner -> count, plus fields whose names start with ``#``), the holders' lease ends
+(RWLock, semaphores; an RLock's lease is its hash's expiry), and the queue, under one
+hash tag.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from .clients import is_cluster
 from .keys import escape, keys_for
-from .scripts import load_queued, run
+from .scripts import Call, load
 
 __all__ = [
     "KINDS",
@@ -55,10 +54,12 @@ __all__ = [
     "PrimitiveState",
     "QueueEntry",
     "afind",
+    "astatistics",
     "find",
     "force_release",
     "list_primitives",
     "parse_key",
+    "statistics",
     "unescape",
 ]
 
@@ -126,14 +127,14 @@ class Holder:
 
 @dataclass(frozen=True)
 class QueueEntry:
-    """One process's place in a primitive's queue (``lua/queue_lib.lua``, KEYS[3..5])."""
+    """One waiter's place in a primitive's queue (``lua/lib.lua``)."""
 
-    waiter: str  # the owner id (thread or task) the entry is for now
+    waiter: str  # the owner id (thread or task) that waits
     side: str  # "read" / "write" (RWLock), "" otherwise
     wanted: int  # holds (permits) it asks for
-    lease_left_ms: Optional[int]  # ms until the entry ends unless renewed
+    lease_left_ms: Optional[int]  # ms until the entry ends unless its waiter looks again
     age_ms: Optional[int]  # ms since it took its place
-    entry: str = ""  # a process's wake-up hub (host:pid:nonce/n): one entry per hub
+    entry: str = ""  # its member in the queue: '<arrival>:<side>:<owner>'
 
     def to_dict(self) -> Dict[str, Any]:
         return _entry_dict(self)
@@ -157,12 +158,12 @@ class PrimitiveState:
     type: str  # "RLock", "RWLock", "Semaphore" or "BoundedSemaphore"
     holders: Tuple[Holder, ...]
     lease_ms: Optional[int]  # the key's PTTL; None when it has no expiry
-    # (role, processes queued): ("wake", ZCARD of the queue); None when not asked
+    # (role, waiters queued): ("wake", live entries of the queue); None when not asked
     waiting: Optional[Tuple[Tuple[str, int], ...]] = None
     value: Optional[int] = None  # semaphores: the initial value
     free: Optional[int] = None  # semaphores: permits free, dead holders' included
     stale: int = 0  # holds or entries past their lease, not yet tidied by a script
-    #: The queue in order, head first: one entry per waiting process (None: not read).
+    #: The queue in order, head first: one entry per waiting thread or task (None: not read).
     queue: Optional[Tuple[QueueEntry, ...]] = None
 
     @property
@@ -195,7 +196,7 @@ class PrimitiveState:
         return data
 
 
-# -- decoding one hash (read-only mirrors of the layouts in lua/*_lib.lua) -----------------
+# -- decoding one primitive (read-only mirrors of the layouts in lua/*_lib.lua) ----------
 
 
 def _text(value: Any) -> str:
@@ -216,105 +217,75 @@ def _scores(raw: Any) -> List[Tuple[str, float]]:
     return [(_text(member), float(score)) for member, score in raw]
 
 
-def _decode_rlock(flat: Dict[str, str], ends: Dict[str, int], now: int) -> Dict[str, Any]:
-    holders, stale = [], 0
-    for owner, raw in sorted(flat.items()):
-        count = _int(raw)
-        ends_at = ends.get(owner)
-        if owner.startswith("#") or count is None or count <= 0:
-            continue
-        if ends_at is None or ends_at <= now:
-            stale += 1
-            continue
-        holders.append(Holder(owner, count, ends_at - now))
-    return {"holders": tuple(holders), "stale": stale, "type": "RLock"}
+def _decode_rlock(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
+                  now: int) -> Dict[str, Any]:
+    holders = [Holder(owner, count, pttl) for owner, count in
+               ((o, _int(v)) for o, v in sorted(flat.items()))
+               if not owner.startswith("#") and count is not None and count > 0]
+    return {"holders": tuple(holders), "stale": 0, "type": "RLock"}
 
 
-def _decode_rw(flat: Dict[str, str], ends: Dict[str, int], now: int) -> Dict[str, Any]:
+def _decode_rw(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
+               now: int) -> Dict[str, Any]:
     holders, stale = [], 0
-    # The writer first, then readers by owner id.
     fields = sorted((f for f in flat if f[1:2] == ":" and f[0] in "rw"),
-                    key=lambda f: (f[0] != "w", f))
+                    key=lambda f: (f[0] != "w", f))  # the writer first, then readers
     for name in fields:
         count = _int(flat[name])
         ends_at = ends.get(name)
         if count is None or count <= 0 or ends_at is None or ends_at <= now:
             stale += 1
             continue
-        side = "write" if name[0] == "w" else "read"
-        holders.append(Holder(name[2:], count, ends_at - now, side))
+        holders.append(Holder(name[2:], count, ends_at - now, "write" if name[0] == "w" else "read"))
     return {"holders": tuple(holders), "stale": stale, "type": "RWLock"}
 
 
-def _decode_sem(flat: Dict[str, str], ends: Dict[str, int], now: int) -> Dict[str, Any]:
-    free = _int(flat.get("#free", "")) if "#free" in flat else None
-    value = _int(flat.get("#value", "")) if "#value" in flat else None
-    held = _int(flat.get("#held", "0")) or 0
-    bounded = _int(flat.get("#bounded", "0")) == 1
-    holders, stale = [], 0
+def _decode_sem(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
+                now: int) -> Dict[str, Any]:
+    initial = _int(flat.get("#i", "")) if "#i" in flat else None
+    value = _int(flat.get("#v", "")) if "#v" in flat else initial
+    bounded = _int(flat.get("#b", "0")) == 1
+    holders, stale, held = [], 0, 0
     for owner, raw in sorted(flat.items()):
         if owner.startswith("#"):
             continue
         count = _int(raw) or 0
         ends_at = ends.get(owner)
         if ends_at is None or ends_at <= now or count <= 0:
-            stale += 1
-            if free is not None:
-                # What the next script's purge computes (queue_lib.lua): a dead holder's
-                # permits are free again, a bounded semaphore's never above its value.
-                held -= max(count, 0)
-                back = free + max(count, 0)
-                if bounded and value is not None:
-                    back = min(back, max(free, value - held))
-                free = back
+            stale += 1  # its permits are free again for the next script
             continue
+        held += count
         holders.append(Holder(owner, count, ends_at - now))
-    return {
-        "holders": tuple(holders),
-        "stale": stale,
-        "value": value,
-        "free": free,
-        "type": "BoundedSemaphore" if bounded else "Semaphore",
-    }
+    free = None if value is None else value - held
+    return {"holders": tuple(holders), "stale": stale, "value": initial, "free": free,
+            "type": "BoundedSemaphore" if bounded else "Semaphore"}
 
 
 _SIDES = {"r": "read", "w": "write"}
 
 
-def _decode_queue(
-    queue: Any, entries: Any, times: Any, now: int
-) -> Tuple[Tuple[QueueEntry, ...], int]:
-    """The queue in order, and how many of its entries' leases ended (stale)."""
-    table = {} if isinstance(entries, Exception) or not entries else {
-        _text(k): _text(v) for k, v in entries.items()
-    }
-    ends = dict(_scores(times))
+def _decode_queue(queue: Any, now: int) -> Tuple[Tuple[QueueEntry, ...], int]:
+    """The queue in arrival order, and how many of its entries' leases ended (stale)."""
     result, stale = [], 0
-    for token, _seq in _scores(queue):
-        try:
-            data = json.loads(table.get(f"e:{token}", ""))
-        except ValueError:
-            data = {}
-        end = ends.get(f"e:{token}")
-        if end is not None and end <= now:
+    for member, end in sorted(_scores(queue)):
+        if member.startswith("~"):
+            continue  # a fair=False patience mark
+        if end <= now:
             stale += 1
             continue
-        since = data.get("t")
+        arrival, side, owner = member.split(":", 2)
         result.append(QueueEntry(
-            entry=token,
-            waiter=str(data.get("w", "")),
-            side=_SIDES.get(str(data.get("s", "")), ""),
-            wanted=int(data.get("n", 0) or 0),
-            lease_left_ms=None if end is None else int(end) - now,
-            age_ms=None if since is None else now - int(since),
-        ))
+            entry=member, waiter=owner, side=_SIDES.get(side, ""), wanted=1,
+            lease_left_ms=int(end) - now, age_ms=now - int(arrival) // 1000))
     return tuple(result), stale
 
 
-def _decode(
-    namespace: str, kind: str, name: str, replies: Sequence[Any], now: int
-) -> Optional[PrimitiveState]:
-    raw, pttl, leases, queue, entries, times = replies
+_DECODERS = {"rlock": _decode_rlock, "rw": _decode_rw, "sem": _decode_sem}
+
+
+def _decode(namespace: str, kind: str, name: str, replies: Sequence[Any],
+            now: int) -> Optional[PrimitiveState]:
+    raw, pttl, leases, queue = replies
     hash_gone = isinstance(raw, Exception) or not raw
     queue_gone = isinstance(queue, Exception) or not queue
     if hash_gone and queue_gone:  # gone since SCAN, or not a hash
@@ -322,23 +293,12 @@ def _decode(
     flat = {} if hash_gone else {_text(k): _text(v) for k, v in raw.items()}
     lease = None if isinstance(pttl, Exception) or int(pttl) < 0 else int(pttl)
     ends = {member: int(score) for member, score in _scores(leases)}
-    if kind == "rlock":
-        parts = _decode_rlock(flat, ends, now)
-    elif kind == "rw":
-        parts = _decode_rw(flat, ends, now)
-    else:
-        parts = _decode_sem(flat, ends, now)
-    waiting_in, stale = _decode_queue(queue, entries, times, now)
+    parts = _DECODERS[kind](flat, lease, ends, now)
+    waiting_in, stale = _decode_queue(queue, now)
     parts["stale"] += stale
-    return PrimitiveState(
-        namespace=namespace,
-        kind=kind,
-        name=name,
-        key=keys_for(namespace, kind, name).hash,
-        lease_ms=lease,
-        queue=waiting_in,
-        **parts,
-    )
+    return PrimitiveState(namespace=namespace, kind=kind, name=name,
+                          key=keys_for(namespace, kind, name).hash, lease_ms=lease,
+                          queue=waiting_in, waiting=(("wake", len(waiting_in)),), **parts)
 
 
 # -- I/O ----------------------------------------------------------------------------------
@@ -353,27 +313,27 @@ def _read_batch(pipe: Any, namespace: str, batch: Sequence[Tuple[str, str]]) -> 
     """Queue on ``pipe`` (a MULTI pipeline, sync or asyncio) the reads of ``batch``."""
     pipe.time()
     for kind, name in batch:
-        key, leases, queue, table, times = keys_for(namespace, kind, name).queued()[:5]
-        pipe.hgetall(key)
-        pipe.pttl(key)
-        pipe.zrange(leases, 0, -1, withscores=True)
-        pipe.zrange(queue, 0, -1, withscores=True)
-        pipe.hgetall(table)
-        pipe.zrange(times, 0, -1, withscores=True)
+        k = keys_for(namespace, kind, name)
+        pipe.hgetall(k.hash)
+        pipe.pttl(k.hash)
+        pipe.zrange(k.leases, 0, -1, withscores=True)
+        pipe.zrange(k.queue, 0, -1, withscores=True)
 
 
-def _decode_batch(
-    namespace: str, batch: Sequence[Tuple[str, str]], replies: Sequence[Any]
-) -> List[PrimitiveState]:
+_PER = 4  # replies per primitive in a batch
+
+
+def _decode_batch(namespace: str, batch: Sequence[Tuple[str, str]],
+                  replies: Sequence[Any]) -> List[PrimitiveState]:
     """The states of ``batch`` from the replies of :func:`_read_batch`'s pipeline (read
-    with ``raise_on_error=False``: a key of another type under our name, WRONGTYPE, must
-    not hide the others). Raises the error of TIME, the batch's first command."""
+    with ``raise_on_error=False``: a key of another type under our name must not hide the
+    others). Raises the error of TIME, the batch's first command."""
     if isinstance(replies[0], Exception):
         raise replies[0]
     now = _server_ms(replies[0])
     states: List[PrimitiveState] = []
     for i, (kind, name) in enumerate(batch):
-        state = _decode(namespace, kind, name, replies[1 + 6 * i:7 + 6 * i], now)
+        state = _decode(namespace, kind, name, replies[1 + _PER * i:1 + _PER * (i + 1)], now)
         if state is not None:
             states.append(state)
     return states
@@ -384,28 +344,31 @@ def _batches(entries: Sequence[Tuple[str, str]]) -> Iterable[Sequence[Tuple[str,
         yield entries[start:start + _BATCH]
 
 
-def _snapshot(
-    client: Any, namespace: str, entries: Sequence[Tuple[str, str]]
-) -> List[PrimitiveState]:
-    """Read ``entries`` ((kind, name) pairs) at one server time per batch (blocking I/O)."""
+def _snapshot(client: Any, namespace: str,
+              entries: Sequence[Tuple[str, str]]) -> List[PrimitiveState]:
+    """Read ``entries`` ((kind, name) pairs) at one server time per batch (blocking I/O).
+    On a cluster, each primitive is read by itself (its keys share a slot; a batch may
+    not)."""
     states: List[PrimitiveState] = []
-    for batch in _batches(entries):
+    groups = ([[e] for e in entries] if hasattr(client, "get_nodes")
+              else list(_batches(entries)))
+    for batch in groups:
         pipe = client.pipeline(transaction=True)
         _read_batch(pipe, namespace, batch)
         states += _decode_batch(namespace, batch, pipe.execute(raise_on_error=False))
     return states
 
 
-def _with_waiting(client: Any, states: List[PrimitiveState]) -> List[PrimitiveState]:
-    # Who waits is the queue: one entry per waiting process (no round trip: the snapshot
-    # read it; ZCARD counts entries whose lease ended too, the snapshot does not).
-    return [replace(state, waiting=(("wake", len(state.queue or ())),)) for state in states]
-
-
 def _scan(client: Any, namespace: str) -> Iterable[Tuple[str, str]]:
     # MATCH is a glob: the namespace's own glob characters must match literally.
     match = re.sub(r"([\\*?\[\]])", r"\\\1", escape(namespace)) + ":*"
-    for key in client.scan_iter(match=match, count=1000, _type="hash"):
+    if hasattr(client, "get_nodes"):  # a cluster: every master
+        keys: Iterable[Any] = (key for node in client.get_primaries()
+                               for key in client.scan_iter(match=match, count=1000,
+                                                           _type="hash", target_nodes=node))
+    else:
+        keys = client.scan_iter(match=match, count=1000, _type="hash")
+    for key in keys:
         try:
             text = key.decode("utf-8") if isinstance(key, bytes) else key
         except UnicodeDecodeError:
@@ -415,27 +378,18 @@ def _scan(client: Any, namespace: str) -> Iterable[Tuple[str, str]]:
             yield parsed
 
 
-def list_primitives(
-    client: Any,
-    namespace: str = "rlocks",
-    pattern: str = "*",
-    kinds: Optional[Iterable[str]] = None,
-    waiting: bool = True,
-) -> List[PrimitiveState]:
-    """Every primitive of ``namespace`` whose name matches the glob ``pattern``.
-
-    Sorted by name, then kind. ``kinds`` limits the key kinds ("rlock", "rw", "sem").
-    With ``waiting``, each state's ``waiting`` counts the live entries of its queue (one
-    per waiting process; no extra round trip). Reads only; Redis errors propagate.
-    """
+def list_primitives(client: Any, namespace: str = "rlocks", pattern: str = "*",
+                    kinds: Optional[Iterable[str]] = None,
+                    waiting: bool = True) -> List[PrimitiveState]:
+    """Every primitive of ``namespace`` whose name matches the glob ``pattern``, sorted by
+    name, then kind (on a cluster, every master is scanned). ``kinds`` limits the key
+    kinds. Reads only; Redis errors propagate."""
     wanted = set(kinds) if kinds is not None else set(KINDS)
-    found = sorted(
-        {(kind, name) for kind, name in _scan(client, namespace)
-         if kind in wanted and fnmatch.fnmatchcase(name, pattern)},
-        key=lambda entry: (entry[1], entry[0]),
-    )
+    found = sorted({(kind, name) for kind, name in _scan(client, namespace)
+                    if kind in wanted and fnmatch.fnmatchcase(name, pattern)},
+                   key=lambda entry: (entry[1], entry[0]))
     states = _snapshot(client, namespace, found)
-    return _with_waiting(client, states) if waiting else states
+    return states if waiting else [replace(s, waiting=None) for s in states]
 
 
 def _named(name: str, kind: Optional[str]) -> List[Tuple[str, str]]:
@@ -447,27 +401,44 @@ def _named(name: str, kind: Optional[str]) -> List[Tuple[str, str]]:
     return [(code, name) for code in kinds]
 
 
-def find(
-    client: Any, namespace: str, name: str, kind: Optional[str] = None, waiting: bool = True
-) -> List[PrimitiveState]:
+def find(client: Any, namespace: str, name: str, kind: Optional[str] = None,
+         waiting: bool = True) -> List[PrimitiveState]:
     """The primitives named exactly ``name`` (one per kind that exists; none if unknown).
-
-    ``kind`` limits the search to one key kind. Reads only (one round trip, blocking);
-    Redis errors propagate.
-    """
+    Reads only; Redis errors propagate."""
     states = _snapshot(client, namespace, _named(name, kind))
-    return _with_waiting(client, states) if waiting else states
+    return states if waiting else [replace(s, waiting=None) for s in states]
 
 
-async def afind(
-    client: Any, namespace: str, name: str, kind: Optional[str] = None, waiting: bool = True
-) -> List[PrimitiveState]:
-    """:func:`find` for a ``redis.asyncio`` client (awaits its one round trip)."""
-    entries = _named(name, kind)  # at most one per kind: one batch
-    pipe = client.pipeline(transaction=True)
-    _read_batch(pipe, namespace, entries)
-    states = _decode_batch(namespace, entries, await pipe.execute(raise_on_error=False))
-    return _with_waiting(client, states) if waiting else states
+async def afind(client: Any, namespace: str, name: str, kind: Optional[str] = None,
+                waiting: bool = True) -> List[PrimitiveState]:
+    """:func:`find` for a ``redis.asyncio`` client."""
+    states: List[PrimitiveState] = []
+    for entry in _named(name, kind):
+        pipe = client.pipeline(transaction=True)
+        _read_batch(pipe, namespace, [entry])
+        states += _decode_batch(namespace, [entry], await pipe.execute(raise_on_error=False))
+    return states if waiting else [replace(s, waiting=None) for s in states]
+
+
+def _empty(p: Any) -> PrimitiveState:
+    kind = p._spec.kind
+    return PrimitiveState(namespace=p._namespace, kind=kind, name=p._name, key=p._keys.hash,
+                          type=KINDS[kind].label if kind != "sem" else (
+                              "BoundedSemaphore" if p._spec.bounded else "Semaphore"),
+                          holders=(), lease_ms=None, waiting=(("wake", 0),), queue=(),
+                          value=p._spec.value if kind == "sem" else None,
+                          free=p._spec.value if kind == "sem" else None)
+
+
+def statistics(p: Any) -> PrimitiveState:
+    """The state of primitive ``p`` now (one round trip); an empty one when Redis has none."""
+    found = find(p.client, p._namespace, p._name, p._spec.kind)
+    return found[0] if found else _empty(p)
+
+
+async def astatistics(p: Any) -> PrimitiveState:
+    found = await afind(p.client, p._namespace, p._name, p._spec.kind)
+    return found[0] if found else _empty(p)
 
 
 class Forced(NamedTuple):
@@ -475,30 +446,23 @@ class Forced(NamedTuple):
 
     #: Whether there was a primitive to release (False: no such hash).
     released: bool
-    #: Queued waiters (one per process) the freed primitive was handed to at once.
+    #: Waiters woken to take the freed primitive (each asks with its own acquire).
     handed: int
 
     def __bool__(self) -> bool:
         return self.released
 
 
-def force_release(client: Any, namespace: str, kind: str, name: str) -> Forced:
-    """End every hold of a primitive and hand it over to its queue, in order.
+_FORCE_RELEASE = load("force_release")
 
-    Returns whether there was a primitive to release (False when no such hash exists;
-    the result is truthy then) and to how many queued waiters it was handed. One atomic
-    script (``lua/force_release.lua``). Live holders find their holds lost at their next
-    renewal or release. Redis errors propagate.
-    """
+
+def force_release(client: Any, namespace: str, kind: str, name: str) -> Forced:
+    """End every hold of a primitive and wake its waiters, in queue order (one atomic
+    script, ``lua/force_release.lua``). Live holders find their holds lost at their next
+    renewal or release. Returns whether there was a primitive, and how many waiters were
+    woken. Redis errors propagate."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(KINDS)}")
-    keys = keys_for(namespace, kind, name).queued()
-    command = "SPUBLISH" if is_cluster(client) else "PUBLISH"
-    # fair = 1: the freed primitive is granted to the queue head(s) at once; 2000 ms: the
-    # engine's entry lease (Primitive._entry_ms), the grants' lease until adopted.
-    reply = run(client, _FORCE_RELEASE, keys, ("", command, 1, 2000, kind))
-    # A grant's wake-up line is 'g <waiter> [token]' (see queue_lib.lua's reply contract).
-    return Forced(reply.granted, sum(1 for line in reply.wakes if line.startswith("g ")))
-
-
-_FORCE_RELEASE = load_queued("force_release")
+    k = keys_for(namespace, kind, name)
+    reply = Call(_FORCE_RELEASE, (k.hash, k.queue, k.leases), (k.wake,))(client)
+    return Forced(reply.status == 1, len(reply.woken))

@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import Callable, Optional, Type, TypeVar
 
 from .._engine.condition import ConditionCore, wait_for_steps
+from .._engine.steps import adrive
 from .rlock import RLock
 from .rwlock import WriteLock
 
@@ -75,7 +76,7 @@ class Condition(ConditionCore):
         a notification or ``timeout`` seconds, take the lock back, return whether
         notified. Same errors, raised before any I/O for misuse.
         """
-        return await self._await_wait(timeout)
+        return bool(await adrive(self._wait(timeout)))
 
     async def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:
         """Wait until ``predicate()`` (a plain callable, called with the lock held) is
@@ -90,11 +91,9 @@ class Condition(ConditionCore):
 
     async def notify(self, n: int = 1) -> None:
         """:meth:`rlocks.Condition.notify` for the running task (awaited: a round trip)."""
-        count = self._notify_count(n)
-        if count:
-            await self._await(self._notify(count))
+        await adrive(self._notify(self._notify_count(n)))
 
     async def notify_all(self) -> None:
         """:meth:`rlocks.Condition.notify_all` for the running task (a round trip)."""
         self._check_owned("notify")
-        await self._await(self._notify(-1))
+        await adrive(self._notify(-1))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
-from .._engine.aio import AsyncReentrantLock, agather
-from .._engine.quorum import Quorum
-from ..rlock import _RLockCore
+from .._engine.constructors import public_init
+from .._engine.primitive import ENTRY_LEASE, Options
+from .._engine.state import PrimitiveState, astatistics
+from .._engine.surface import AsyncLockSurface
+from ..rlock import _SPEC
 
 __all__ = ["RLock"]
 
 
-class RLock(AsyncReentrantLock, _RLockCore):
+class RLock(AsyncLockSurface):
     """A reentrant lock across processes and hosts, owned by the running asyncio task.
 
     ``RLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
@@ -30,14 +32,28 @@ class RLock(AsyncReentrantLock, _RLockCore):
 
     _label = "rlocks.asyncio.RLock"
 
+    @public_init
+    def __init__(
+        self,
+        name: str,
+        *,
+        client: Any = None,
+        ttl: float = 30.0,
+        auto_renew: bool = True,
+        namespace: str = "rlocks",
+        on_lost: Optional[Callable[[Any], object]] = None,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
+        fair: bool = True,
+        deadlock_timeout: Optional[float] = 1.0,
+        entry_lease: float = ENTRY_LEASE,
+    ) -> None:
+        self._configure(name, Options.of(locals()), "rlock", _SPEC)
+
     async def locked(self) -> bool:
-        """Whether any owner, anywhere, holds the lock now (one round trip; with a
-        Quorum, one to each master at once, and a majority must agree)."""
-        client = self._aclient()
-        if isinstance(client, Quorum):
+        """Whether any owner, anywhere, holds the lock now (one round trip)."""
+        return bool(await self._backend.aread(("EXISTS", self._keys.hash)))
 
-            async def exists(master: Any) -> int:
-                return int(await master.exists(self._keys.hash))
-
-            return client.agreed(await agather(client, exists)) > 0
-        return bool(await client.exists(self._keys.hash))
+    async def statistics(self) -> PrimitiveState:
+        """As :meth:`rlocks.RLock.statistics`, awaited."""
+        return await astatistics(self)

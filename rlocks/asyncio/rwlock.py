@@ -4,52 +4,48 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.exceptions import NoScriptError
-
-from .._engine.aio import AsyncReentrantLock, agather
-from .._engine.clients import io_client
-from .._engine.quorum import Quorum
-from .._engine.state import PrimitiveState
-from ..rwlock import _ReadCore, _RWPair, _SideCore, _WriteCore
+from .._engine.state import PrimitiveState, astatistics
+from .._engine.steps import adrive
+from .._engine.surface import AsyncLockSurface
+from ..rwlock import RWPair, Side, _count
 
 __all__ = ["RWLock", "ReadLock", "WriteLock"]
 
 
-class _AsyncSide(AsyncReentrantLock, _SideCore):
+class ReadLock(Side, AsyncLockSurface):
+    """The read side of an :class:`RWLock`, owned by the running task."""
+
     __slots__ = ()
 
     _label = "rlocks.asyncio.RWLock"
 
     async def locked(self) -> bool:
-        """Whether any owner, anywhere, holds this side now (one round trip; with a
-        Quorum, one to each master at once, and a majority must agree)."""
-        client = self._aclient()
-        if isinstance(client, Quorum):
-            return client.agreed(await agather(client, self._aholders_on)) > 0
-        return await self._aholders_on(client) > 0
-
-    async def _aholders_on(self, client: Any) -> int:
-        client = io_client(client)
-        results = await self._holders_pipeline(client).execute(raise_on_error=False)
-        if isinstance(results[0], NoScriptError):
-            await client.script_load(self._renew_script.source)
-            results = await self._holders_pipeline(client).execute(raise_on_error=False)
-        return self._holders_from(results)
+        """Whether anyone, anywhere, holds the read side now (one round trip)."""
+        return await adrive(_count(self)) > 0
 
 
-class ReadLock(_AsyncSide, _ReadCore):
-    """The read side of an :class:`RWLock`, owned by the running task."""
-
-    __slots__ = ()
-
-
-class WriteLock(_AsyncSide, _WriteCore):
+class WriteLock(Side, AsyncLockSurface):
     """The write side of an :class:`RWLock`, owned by the running task."""
 
     __slots__ = ()
 
+    _label = "rlocks.asyncio.RWLock"
 
-class RWLock(_RWPair[ReadLock, WriteLock]):
+    async def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:
+        self._check_upgrade(self._owner())
+        return await super().acquire(blocking, timeout)
+
+    acquire.__doc__ = AsyncLockSurface.acquire.__doc__
+
+    async def locked(self) -> bool:
+        """Whether anyone, anywhere, holds the write side now (one round trip)."""
+        return await adrive(_count(self)) > 0
+
+    def _held_with(self) -> Any:
+        return self._other
+
+
+class RWLock(RWPair[ReadLock, WriteLock]):
     """A readers-writer lock across processes and hosts, for asyncio tasks.
 
     ``RWLock(name, *, client=None, ttl=30.0, auto_renew=True, namespace="rlocks",
@@ -68,7 +64,5 @@ class RWLock(_RWPair[ReadLock, WriteLock]):
     _write_type = WriteLock
 
     async def statistics(self) -> PrimitiveState:
-        """Readers, the writer and the queue of waiting processes, read from Redis now
-        (awaited: a few read-only round trips); see :meth:`rlocks.RWLock.statistics`.
-        Redis errors propagate."""
-        return await self._read._astatistics()
+        """As :meth:`rlocks.RWLock.statistics`, awaited."""
+        return await astatistics(self._read)

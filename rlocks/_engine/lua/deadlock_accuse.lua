@@ -13,7 +13,7 @@
 -- edge's lease: a wait that ended (its edge deleted together with the accusation) or a
 -- later wait of the same owner (another seq) is never accused by a late accuser.
 -- Returns 1 written, 0 not (the edge is gone or is another wait's). Outside the reply
--- contract of the queue scripts, like deadlock_holders.lua.
+-- contract of the operation scripts, like deadlock_holders.lua.
 local edge = redis.call('GET', KEYS[1])
 if not edge or string.match(edge, '^(%d+) ') ~= ARGV[1] then return 0 end
 local ttl = redis.call('PTTL', KEYS[1])

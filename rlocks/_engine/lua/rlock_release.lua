@@ -1,30 +1,31 @@
--- rlock_release: give back holds of an exclusive reentrant lock; when it frees the lock,
--- hand it over in the same script to the oldest live queued waiter.
--- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
--- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
--- context, so every ARGV below is one further on; a re-send is answered from the record.)
+-- rlock_release: give back one level of an owner's RLock hold.
 --
--- ARGV[5]   owner id
--- ARGV[6]   holds to give back, count (>= 1; more than the owner has: all of them)
--- ARGV[7..9] optional (absent or ARGV[7] = '': none): the releasing process's next waiter,
---           which waited for this release to queue (wakehub.py, WakeHub.unregister), is
---           queued in this same script, after the hand-over, as its own rlock_acquire with
---           queue = 2 would: ARGV[7] its entry id, ARGV[8] its id (owner and waiter),
---           ARGV[9] holds it wants (>= 1). Its call would otherwise reach Redis beside the
---           next holder's critical section.
+-- KEYS[1]  B  holds hash;  KEYS[2]  Q  waiting queue
+-- ARGV[1]  owner id
+-- ARGV[2]  count the caller believes the owner holds before this call (>= 1)
+-- ARGV[3]  fair: '1' / '0';  ARGV[4]  wake channel prefix;  ARGV[5]  patience, ms
 --
--- Replies: 1 released (value = the owner's holds left; at 0 the lock went to the head
--- waiter, named in wakes with its fencing token); -1 this owner holds nothing (no hold
--- changed; expired state recovered as by every call; nothing queued). The owner's own
--- unadopted hand-over grant counts as adopted by its release. With ARGV[7], reply 1 has
--- items '<status>,<value>,<aux>,<token>' of the carried queueing: 3 queued (value = its
--- position, 0 when granted at once, in wakes; aux as rlock_acquire's reply 3; token: the
--- last token issued before that queueing's hand-over, so its grant's is above it),
--- or 0,0,0,0: not queued (its entry or an unadopted grant to it exists; it asks itself).
-local ctx, i = context('rlock')
-local r = {owner = str_arg(i, 'owner'), side = 'x', n = int_arg(i + 1, 'holds', 1)}
-r.carry = carry_args(ctx, i + 2)
-if bad then return redis.error_reply(bad) end
-local err = open(ctx)
-if err then return err end
-return op_release(ctx, r)
+-- Replies:
+--   '1 <count>'  released; count = the owner's holds left (0: the lock is free, and the
+--                head waiter was woken)
+--   '2 <count>'  this very call had been applied already (a re-send): nothing changed
+--   '-1'         the owner holds nothing: its hold was lost (or, for a re-send of the
+--                last level, released by the first send: the caller knows which)
+local B, Q = KEYS[1], KEYS[2]
+local owner, expect = ARGV[1], tonumber(ARGV[2])
+local count = tonumber(redis.call('HGET', B, owner) or '0')
+if count == 0 then return reply('-1') end
+if count == expect - 1 then return reply('2', count) end
+if count ~= expect then return reply('-1') end
+if count > 1 then
+    redis.call('HINCRBY', B, owner, -1)
+    return reply('1', count - 1)
+end
+redis.call('DEL', B)
+if redis.call('EXISTS', Q) == 1 then
+    local list = waiters(Q, nil)
+    local heads = servable(list)
+    wake(ARGV[4], B, heads)
+    if ARGV[3] == '0' and #heads > 0 then start_patience(Q, heads[1], tonumber(ARGV[5])) end
+end
+return reply('1 0')

@@ -1,38 +1,108 @@
--- rw_acquire: take or re-enter one side of an RWLock, or queue for it.
--- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
--- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
--- context, so every ARGV below is one further on; a re-send is answered from the record.)
+-- rw_acquire: take or re-enter one side of an RWLock for one owner.
 --
--- ARGV[5]   owner id: the thread (or task); also the waiter named in wake-ups
--- ARGV[6]   entry id: the caller's wake-up hub's (one queue entry per hub: per process, connection
---           pool and event loop)
--- ARGV[7]   side: 'r' (read) or 'w' (write)
--- ARGV[8]   ttl, ms (>= 1): the hold's lease after a direct grant or adoption
--- ARGV[9]   holds to add, count (>= 1)
--- ARGV[10]  1 = the caller believes it holds that side already (re-entry); 0 = not;
---           + 2 when it holds the other side (then an unadopted grant of that side is
---           the caller's: a writer taking the read side; else it is given back first)
--- ARGV[11]  1 = queue if not granted (or keep the entry's place, re-pointed); 0 = try once
---           2 = as 1, and the entry's wake-up lines go to its list, not its channel (b = 1)
+-- KEYS[1]  B;  KEYS[2]  Q;  KEYS[3]  L (rw_lib.lua);  KEYS[4]  F  fencing token counter
+-- ARGV[1]  owner id
+-- ARGV[2]  side: 'r' or 'w'
+-- ARGV[3]  ttl, ms;  ARGV[4]  count the caller believes the owner holds on that side
+-- ARGV[5]  fair '1' / '0';  ARGV[6]  entry lease, ms (0 = just try)
+-- ARGV[7]  wake channel prefix (readers let in with a reader);  ARGV[8]  patience, ms
 --
--- Grants: re-entry of a held side, and read by the writer (downgrade), at once, never
--- queued. Otherwise FIFO by arrival (fair = 1): a writer when nobody holds either side,
--- a reader when nobody writes, and only with no live entry ahead of the caller's. A
--- release hands over to the next writer, or to every reader queued before the next one.
--- Replies: 1 granted (value = holds on that side, aux = lease ms; a fresh hold of that
--- side, a downgrade's read hold included, carries its fencing token); 2
--- adopted a missed hand-over grant (nothing added; token: its own); 3 queued (value = position, aux = ms to the earliest
--- holder lease end); 0 busy (queue = 0); -1 re-entry refused; -2 upgrade refused (the
--- owner reads but does not write: two upgraders would deadlock).
-local ctx, i = context('rw')
-local a = {owner = str_arg(i, 'owner'), entry = str_arg(i + 1, 'entry'),
-           side = side_arg(i + 2, 'side', 'rw'), ttl = int_arg(i + 3, 'ttl', 1),
-           add = int_arg(i + 4, 'add', 1), reentry = int_arg(i + 5, 'reentry', 0, 3),
-           queue = int_arg(i + 6, 'queue', 0, 2)}
-a.waiter = a.owner
-a.other = math.floor(a.reentry / 2)
-a.reentry = a.reentry % 2
-if bad then return redis.error_reply(bad) end
-local err = open(ctx)
-if err then return err end
-return op_acquire(ctx, a)
+-- Replies: as rlock_acquire.lua ('1 <count> <token>', '2 <count> <token>', '0 <ms>',
+-- '-1'), and '-2': the write side asked by an owner that reads (an upgrade) and does not
+-- write: refused, nothing changed. A reader may always take the read side while it
+-- writes (a downgrade), whoever waits.
+local B, Q, L, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, side = ARGV[1], ARGV[2]
+local ttl, expect = tonumber(ARGV[3]), tonumber(ARGV[4])
+local fair, entry_ms = ARGV[5] == '1', tonumber(ARGV[6])
+local field = side .. ':' .. owner
+
+local function grant()
+    local t = token(F)
+    redis.call('HSET', B, field, 1)
+    if side == 'w' then
+        redis.call('HSET', B, '#w', owner)
+    else
+        redis.call('HINCRBY', B, '#r', 1)
+    end
+    lease(field, ttl)
+    return t
+end
+
+if redis.call('EXISTS', B, Q) == 0 then
+    if expect ~= 0 then return reply('-1') end
+    return reply('1 1', grant())
+end
+
+purge()
+local count = tonumber(redis.call('HGET', B, field) or '0')
+if count > 0 or expect > 0 then
+    if count == expect then
+        redis.call('HINCRBY', B, field, 1)
+        lease(field, ttl)
+        return reply('1', count + 1, 0)
+    end
+    if count == expect + 1 then
+        if count == 1 then return reply('2 1', token(F)) end
+        return reply('2', count, 0)
+    end
+    return reply('-1')
+end
+
+local w = writer()
+if side == 'w' and w ~= owner and redis.call('HEXISTS', B, 'r:' .. owner) == 1 then
+    return reply('-2')
+end
+if side == 'r' and w == owner then
+    return reply('1 1', grant())  -- a downgrade: the writer reads too, whoever waits
+end
+
+local list, mine = waiters(Q, owner)
+local free
+if side == 'w' then free = w == false and readers() == 0 else free = w == false end
+if free then
+    local ok = not fair and patience_running(Q)
+    if not ok then
+        -- First come, first served: a writer at the head; a reader with no writer
+        -- queued before it.
+        if side == 'w' then
+            ok = list[1] == nil or list[1] == mine
+        else
+            ok = true
+            for _, m in ipairs(list) do
+                if m == mine then break end
+                if side_of(m) == 'w' then ok = false; break end
+            end
+        end
+    end
+    if ok then
+        if mine ~= nil then served(Q, mine, #list - 1) end
+        local t = grant()
+        if side == 'r' then
+            -- Readers queued right behind it may come in too.
+            local rest = {}
+            for _, m in ipairs(list) do
+                if m ~= mine then rest[#rest + 1] = m end
+            end
+            local others = {}
+            for _, m in ipairs(servable(rest)) do
+                if owner_of(m) ~= owner then others[#others + 1] = m end
+            end
+            wake(ARGV[7], B, others)
+        end
+        return reply('1 1', t)
+    end
+end
+local retry
+local first = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
+if not free and first[2] then
+    retry = tonumber(first[2]) - now_ms()
+elseif list[1] then
+    retry = tonumber(redis.call('ZSCORE', Q, list[1])) - now_ms()
+else
+    retry = entry_ms
+end
+if entry_ms > 0 then
+    enqueue(Q, mine or new_member(side, owner), entry_ms)
+end
+return reply('0', math.max(1, retry))

@@ -1,27 +1,34 @@
--- rw_release: give back read or write holds of an RWLock; what becomes free is handed
--- over in the same script (the next writer, or every reader queued before it).
--- (queue_lib.lua is prepended: KEYS, the context ARGV[1..4] and the reply shape are there.)
--- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
--- context, so every ARGV below is one further on; a re-send is answered from the record.)
+-- rw_release: give back one level of an owner's hold of one RWLock side.
 --
--- ARGV[5]   owner id
--- ARGV[6]   side: 'r' or 'w'
--- ARGV[7]   holds to give back, count (>= 1; more than the owner has on that side: all)
--- ARGV[8..11] optional (absent or ARGV[8] = '': none): the releasing process's next
---           waiter, queued in this same script as its own rw_acquire with queue = 2 would
---           (see rlock_release.lua): ARGV[8] its entry id, ARGV[9] its id, ARGV[10] its
---           side 'r' or 'w', ARGV[11] holds it wants (>= 1)
+-- KEYS[1]  B;  KEYS[2]  Q;  KEYS[3]  L (rw_lib.lua)
+-- ARGV[1]  owner id;  ARGV[2]  side 'r' / 'w'
+-- ARGV[3]  count the caller believes the owner holds on that side (>= 1)
+-- ARGV[4]  fair '1' / '0';  ARGV[5]  wake channel prefix;  ARGV[6]  patience, ms
 --
--- Replies: 1 released (value = holds left on that side; grants in wakes, each with its
--- fencing token); -1 this owner
--- holds nothing on that side (no hold changed; expired state recovered as by every call;
--- nothing queued). With ARGV[8], reply 1 has the carried queueing's items, as
--- rlock_release's.
-local ctx, i = context('rw')
-local r = {owner = str_arg(i, 'owner'), side = side_arg(i + 1, 'side', 'rw'),
-           n = int_arg(i + 2, 'holds', 1)}
-r.carry = carry_args(ctx, i + 3)
-if bad then return redis.error_reply(bad) end
-local err = open(ctx)
-if err then return err end
-return op_release(ctx, r)
+-- Replies: as rlock_release.lua ('1 <count>', '2 <count>', '-1').
+local B, Q, L = KEYS[1], KEYS[2], KEYS[3]
+local owner, side, expect = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local field = side .. ':' .. owner
+purge()
+local count = tonumber(redis.call('HGET', B, field) or '0')
+if count == 0 then return reply('-1') end
+if count == expect - 1 then return reply('2', count) end
+if count ~= expect then return reply('-1') end
+if count > 1 then
+    redis.call('HINCRBY', B, field, -1)
+    return reply('1', count - 1)
+end
+redis.call('HDEL', B, field)
+redis.call('ZREM', L, field)
+if side == 'w' then
+    redis.call('HDEL', B, '#w')
+elseif redis.call('HINCRBY', B, '#r', -1) <= 0 then
+    redis.call('HDEL', B, '#r')
+end
+if redis.call('HLEN', B) == 0 then redis.call('DEL', B, L) end
+if redis.call('EXISTS', Q) == 1 then
+    local heads = servable(waiters(Q, nil))
+    wake(ARGV[5], B, heads)
+    if ARGV[4] == '0' and #heads > 0 then start_patience(Q, heads[1], tonumber(ARGV[6])) end
+end
+return reply('1 0')

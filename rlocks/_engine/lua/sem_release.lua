@@ -1,80 +1,72 @@
--- sem_release: give permits back to a (Bounded)Semaphore and hand them over in the same
--- script to as many queued waiters, in order, as they cover.
--- (queue_lib.lua is prepended: KEYS, the context ARGV[1..6] and the reply shape are there.)
--- (op_lib.lua follows it: KEYS[8..9] and the op ARGV, sent by the engine right after the
--- context, so every ARGV below is one further on; a re-send is answered from the record.)
+-- sem_release: give permits back to a (Bounded)Semaphore and wake as many waiters as
+-- are free to be served.
 --
--- ARGV[7]    permits released, count (>= 1): added to #free, as threading.Semaphore does
--- ARGV[8], ARGV[9], ...  pairs (owner id, count >= 1): permits taken off each owner's own
---            record (the releasing thread's first, then other threads of its process, as
---            the engine chose from its local books; the same rule as lua/sem_release.lua);
---            each owner at most once; counts sum to at most ARGV[7]. The rest is a release
---            by nobody's permit.
---            An owner's unadopted hand-over grant ('g:<owner>') is NOT adopted by a
---            release: the releasing thread may be another one, whose books do not have
---            that grant yet (its owner adopts it when it records it). The grant only
---            shrinks to the permits the owner has left, and goes when none are left, so
---            revoking it later never takes permits that were released already.
+-- KEYS[1]  B;  KEYS[2]  Q;  KEYS[3]  L (sem_lib.lua)
+-- ARGV[1]  the releasing owner id;  ARGV[2]  wake channel prefix
+-- ARGV[3]  initial value;  ARGV[4]  1 bounded / 0 not
+-- ARGV[5]  permits released (>= 1)
+-- ARGV[6]  fair '1' / '0';  ARGV[7]  patience, ms
+-- ARGV[8], ARGV[9], ARGV[10], ...  triples (owner, permits it holds before this call,
+--          permits taken off it): the releasing thread's first, then other threads' of
+--          its process, as the engine chose from its books; the takes sum to at most
+--          ARGV[5]. The rest is a release of nobody's permit: it adds to the value of a
+--          Semaphore, and a BoundedSemaphore refuses it (it would put more than its value
+--          in circulation). The releasing owner's own count must be as listed (a re-send
+--          is recognised by it); another owner's need only cover what is taken.
 --
--- Replies (a semaphore release names no single owner, so value is the free count):
---    1  released; value = permits free after the hand-over (grants in wakes), aux = 0
---   -1  the owner of pair value (1-based) holds fewer permits than listed
---   -3  a BoundedSemaphore would have more permits in circulation (free plus held by
---       live owners) than its value
--- Refusals change no permit; expired state is recovered (and what it freed handed over)
--- as by every call.
-
--- After permits came off `owner`, its unadopted hand-over grant covers at most what it
--- has left (see ARGV[8] above).
-local function shrink_marker(ctx, owner)
-    local m = get_marker(owner)
-    if m == nil then return end
-    local left = held_by(ctx, 's', owner) or 0
-    if left <= 0 then
-        clear_marker(ctx, owner)
-    elseif left < m.n then
-        m.n = left
-        redis.call('HSET', W, 'g:' .. owner, cjson.encode(m))
+-- Replies:
+--   '1 <free>'   released; free = permits free now
+--   '2 <free>'   this very call had been applied already (a re-send): nothing changed
+--   '-1 <i>'     the owner of triple i (1-based) holds other than listed (its lease
+--                ended): nothing changed
+--   '-3'         a BoundedSemaphore would exceed its value: nothing changed
+--   '-4 <value> <bounded>'  as sem_acquire.lua
+local B, Q, L = KEYS[1], KEYS[2], KEYS[3]
+local value, bounded, give = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local bad = mismatch(value, bounded)
+if bad then return bad end
+purge()
+local takes, taken, applied, fresh = {}, 0, 0, 0
+for j = 8, #ARGV - 2, 3 do
+    local o, had, take = ARGV[j], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+    local now = tonumber(redis.call('HGET', B, o) or '0')
+    if o ~= ARGV[1] then
+        -- Another thread's permits: it may have taken more meanwhile (its books and this
+        -- thread's are apart), so only enough are asked for.
+        if now < take then return reply('-1', #takes + 1) end
+        fresh = fresh + 1
+    elseif now == had then
+        fresh = fresh + 1
+    elseif now == had - take then
+        applied = applied + 1
+    else
+        return reply('-1', #takes + 1)
     end
+    takes[#takes + 1] = {o, take}
+    taken = taken + take
 end
-
-local ctx, i = context('sem')
-local give = int_arg(i, 'permits', 1)
-local takes, owned = {}, 0
-if (#ARGV - i) % 2 ~= 0 then bad = bad or 'RLOCKS_BAD_ARG pairs' end
-local seen = {}
-for j = i + 1, #ARGV - 1, 2 do
-    local n = int_arg(j + 1, 'pair count', 1)
-    local owner = str_arg(j, 'pair owner')
-    -- each pair is checked against the owner's count alone: a repeated owner could
-    -- take off more than it holds, and #free would grow by permits nobody gave back
-    if seen[owner] then bad = bad or 'RLOCKS_BAD_ARG pairs' end
-    seen[owner] = true
-    takes[#takes + 1] = {owner, n}
-    owned = owned + n
-end
-if owned > give then bad = bad or 'RLOCKS_BAD_ARG pairs' end
-if bad then return redis.error_reply(bad) end
-local err = open(ctx)
-if err then return err end
-purge(ctx)
-for k, take in ipairs(takes) do
-    local held = held_by(ctx, 's', take[1]) or 0
-    if held < take[2] then
-        handover(ctx)
-        return finish(ctx, -1, k, 0)
+if applied > 0 and fresh == 0 then return reply('2', free(value)) end
+if applied > 0 then return reply('-1', 1) end
+local rest = give - taken
+if rest > 0 then
+    if bounded == 1 then return reply('-3') end
+    if redis.call('EXISTS', B) == 0 then
+        redis.call('HSET', B, '#i', value, '#b', bounded, '#v', value, '#h', 0)
     end
+    redis.call('HINCRBY', B, '#v', rest)
 end
--- Permits given back by their holders only move from held to free; the rest would add
--- permits to circulation, which a BoundedSemaphore never lets exceed its value.
-if ctx.bounded == 1 and ctx.free + ctx.held + (give - owned) > ctx.value then
-    handover(ctx)
-    return finish(ctx, -3, 0, 0)
+for _, t in ipairs(takes) do
+    if redis.call('HINCRBY', B, t[1], -t[2]) <= 0 then
+        redis.call('HDEL', B, t[1])
+        redis.call('ZREM', L, t[1])
+    end
+    redis.call('HINCRBY', B, '#h', -t[2])
 end
-ctx.free = ctx.free + give
-for _, take in ipairs(takes) do
-    drop(ctx, 's', take[1], take[2], false)
-    if ctx.tn > 0 then shrink_marker(ctx, take[1]) end
+local n = free(value)
+settle(nil)
+if redis.call('EXISTS', Q) == 1 then
+    local heads = servable(waiters(Q, nil))
+    wake(ARGV[2], B, heads)
+    if ARGV[6] == '0' and #heads > 0 then start_patience(Q, heads[1], tonumber(ARGV[7])) end
 end
-handover(ctx)
-return finish(ctx, 1, ctx.free, 0)
+return reply('1', n)

@@ -1,0 +1,112 @@
+"""Where a primitive's calls go: one Redis server or cluster (:class:`Server`), or a
+quorum of independent masters (``quorum.Quorum``). Both offer the same few operations,
+which the steps of a dialogue name (:mod:`.steps`); the dialogues never ask which one
+they talk to.
+
+- ``run(call)`` / ``arun(call)``: one script call, its :class:`~.scripts.Reply`;
+- ``run_many(calls)`` / ``arun_many(calls)``: several, in one round trip (renewals);
+- ``read(args)`` / ``aread(args)``: one plain command;
+- ``enlist(namespace, key, owner)`` / ``aenlist(...)``: a :class:`~.wakeups.Waiter`;
+- ``queues``: whether waiters queue on the server (False: they re-try);
+- ``address``: what identifies the server(s), for the process's hold registry;
+- ``aio``: whether the client is a ``redis.asyncio`` one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from typing import Any, Dict, List, Sequence, Tuple, Union
+
+from .clients import io_client, is_cluster
+from .scripts import Call, Reply, arun_many, run_many
+from .wakeups import AsyncHub, Hub, Waiter
+
+__all__ = ["Server", "address_of", "backend_for"]
+
+
+def address_of(client: Any) -> Tuple[Any, ...]:
+    """What identifies the server a client talks to (no I/O)."""
+    if is_cluster(client) or hasattr(client, "get_nodes"):
+        try:
+            nodes = client.get_nodes()
+            return ("cluster", tuple(sorted((n.host, n.port) for n in nodes)))
+        except Exception:  # noqa: BLE001
+            return ("cluster", id(client))
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:
+        return ("client", id(client))
+    where = kwargs.get("path") or (kwargs.get("host", "localhost"), kwargs.get("port", 6379))
+    return ("server", where, kwargs.get("db", 0))
+
+
+def _is_async(client: Any) -> bool:
+    return type(client).__module__.startswith("redis.asyncio")
+
+
+class Server:
+    """A redis-py client (``redis.Redis``, ``RedisCluster``, or their asyncio twins)."""
+
+    queues = True
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.aio = _is_async(client)
+        self.address = address_of(client)
+        self._hubs: Dict[str, Any] = {}
+        self._hub_lock = threading.Lock()
+        self._async_hubs: "weakref.WeakKeyDictionary[Any, Dict[str, AsyncHub]]" = (
+            weakref.WeakKeyDictionary())
+
+    def __repr__(self) -> str:
+        return f"<Server {self.address}>"
+
+    def run(self, call: Call) -> Reply:
+        return call(self.client)
+
+    async def arun(self, call: Call) -> Reply:
+        return await call.arun(self.client)
+
+    def run_many(self, calls: Sequence[Call]) -> List[Union[Reply, BaseException]]:
+        return run_many(self.client, calls)
+
+    async def arun_many(self, calls: Sequence[Call]) -> List[Union[Reply, BaseException]]:
+        return await arun_many(self.client, calls)
+
+    def read(self, args: Sequence[Any]) -> Any:
+        return io_client(self.client).execute_command(*args)
+
+    async def aread(self, args: Sequence[Any]) -> Any:
+        return await io_client(self.client).execute_command(*args)
+
+    def enlist(self, channel: str, key: str, owner: str) -> Waiter:
+        with self._hub_lock:
+            hub = self._hubs.get(channel)
+            if hub is None:
+                hub = self._hubs[channel] = Hub(io_client(self.client), channel)
+        return hub.enlist(key, owner)
+
+    async def aenlist(self, channel: str, key: str, owner: str) -> Waiter:
+        loop = asyncio.get_running_loop()
+        hubs = self._async_hubs.setdefault(loop, {})
+        hub = hubs.get(channel)
+        if hub is None:
+            hub = hubs[channel] = AsyncHub(io_client(self.client), channel)
+        return await hub.enlist(key, owner)
+
+
+_backends: "weakref.WeakKeyDictionary[Any, Server]" = weakref.WeakKeyDictionary()
+_mutex = threading.Lock()
+
+
+def backend_for(client: Any) -> Any:
+    """The backend of ``client``: a Quorum is its own; a redis-py client's is shared by
+    every primitive that uses that client object."""
+    if hasattr(client, "run") and hasattr(client, "queues"):
+        return client  # a Quorum
+    with _mutex:
+        found = _backends.get(client)
+        if found is None:
+            found = _backends[client] = Server(client)
+        return found

@@ -1,0 +1,406 @@
+"""Acquire, release and extend, written once without I/O (generators of :mod:`.steps`).
+
+Acquire: a re-entry (the owner already holds a lock, through any object) is one call
+that adds a level. A fresh acquire asks the acquire script; granted, it returns. Not
+granted, the script has queued it (the queue orders waiters: first come, first served),
+and it waits for a wake-up hint or the script's "ask again" time, whichever is first,
+and asks again; each ask renews its place. It gives up at its deadline: its place goes
+(``leave``), and if it was at the head, the next waiter is woken. A script grants only
+to the caller that sent it, so nothing is ever granted to a waiter that is gone.
+
+Every call says what it expects to find (the owner's count before it), so a call sent
+again after a lost reply is recognised: applied already (the reply says so, status 2),
+applied now, or refused. That is what lets :func:`.steps.call` send calls again after a
+broken link, a server restart or a failover, within the caller's deadline: the caller is
+not told about a failure whose outcome can be known. A release of the last level sent
+again finds nothing to release either way (released by the first send, or lost before):
+the first send is taken to have released it.
+
+A hold's lease is counted from the send of the call that granted it (the first send, if
+it was sent again), so this process never believes a lease longer than Redis keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, List, Optional, Tuple
+
+from .. import errors
+from . import metrics, wakeups
+from .clock import monotonic
+from .holds import LOST as HOLD_LOST
+from .holds import Hold
+from .renewal import renewer_for
+from .scripts import DONE, LOST, MISMATCH, OVER, UPGRADE, Reply
+from .steps import Enlist, Interrupted, Listen, Pause, Read, Run, call
+
+__all__ = ["acquire", "extend", "release", "release_permits"]
+
+Steps = Generator[Any, Any, Any]
+
+
+def _record(p: Any, owner: str, hold: Hold, reply: Reply, sent: float) -> None:
+    """A grant (``reply``) of a call sent at ``sent``: into the hold and the object's books."""
+    if hold.count <= 0 or not hold.alive:
+        hold.granted_now(sent, p._ttl, reply.b or None)
+        hold.tokens = reply.tokens or ((reply.b,) if reply.b else None)
+        hold.count = 1
+    else:
+        hold.count += 1
+        hold.ttl = max(hold.ttl, p._ttl)
+        hold.renewed(sent, p._ttl)
+    p._took(owner, hold)
+    hold.renew_call = p._spec.renew(p, owner, round(hold.ttl * 1000))
+    if p._auto_renew:
+        renewer_for(p._backend, p._aio).add(hold)
+
+
+def _acquire_call(p: Any, owner: str, expect: int, entry_ms: int) -> Any:
+    """The acquire call; on a Quorum, with what gives its grant back."""
+    c = p._spec.acquire(p, owner, expect, entry_ms)
+    if not p._backend.queues:
+        c.undo = p._spec.release(p, owner, expect + 1)
+        c.ttl_ms = p._ttl_ms
+    return c
+
+
+def _refused(p: Any, reply: Reply) -> BaseException:
+    if reply.status == UPGRADE:
+        return errors.UpgradeError(
+            f"{p._label}({p._name!r}): this thread holds the read side and asks for the write "
+            "side: an upgrade would deadlock with another reader doing the same; release the "
+            "read side first", name=p._name)
+    if reply.status == MISMATCH:
+        stored = "BoundedSemaphore" if reply.b == 1 else "Semaphore"
+        mine = "BoundedSemaphore" if p._spec.bounded else "Semaphore"
+        return ValueError(
+            f"{p._describe()}: Redis holds this name as a {stored} with initial value "
+            f"{reply.a}, but this object is a {mine} with initial value {p._spec.value}; "
+            "nothing was changed")
+    if reply.status == OVER:
+        return ValueError(f"{p._label}({p._name!r}): Semaphore released too many times")
+    return errors.RLocksError(f"{p._label}({p._name!r}): unexpected reply {reply}", name=p._name)
+
+
+def _give_back(p: Any, owner: str, hold: Hold, count: int) -> Steps:
+    """Undo a grant this caller will not keep (interrupted): the owner held ``count``
+    with it. Best effort: a failure leaves it to end with its lease."""
+    try:
+        if p._spec.kind == "sem":
+            c = p._spec.release_permits(p, owner, 1, ((owner, count, 1),))
+        else:
+            c = p._spec.release(p, owner, count)
+        reply = yield Run(p._backend, c)
+        wakeups.wake_local(p._keys.hash, reply.woken)
+    except BaseException:  # noqa: BLE001 - interrupted again, or no link: its lease ends it
+        pass
+
+
+def _settle(p: Any, owner: str, hold: Hold, reply: Optional[Reply], expect: int) -> Steps:
+    """An acquire interrupted while its call was on its way: give back what it was
+    granted (``reply``; None: not known, so read the owner's count)."""
+    if reply is not None:
+        if reply.ok:
+            yield from _give_back(p, owner, hold, expect + 1)
+        return
+    try:
+        found = yield Read(p._backend, ("HGET", p._keys.hash, p._spec.field(owner)))
+    except BaseException:  # noqa: BLE001 - no link: any grant ends with its lease
+        return
+    if found is not None and int(found) == expect + 1:
+        yield from _give_back(p, owner, hold, expect + 1)
+
+
+def acquire(p: Any, owner: str, wait: Optional[float]) -> Steps:
+    """Acquire for ``owner``; ``wait``: seconds (None: for ever, 0: just try). Returns
+    whether it was granted."""
+    hold = p._hold(owner)
+    if hold.count > 0 and hold.state == HOLD_LOST:
+        raise p._lost_error(hold, "acquired again")
+    if hold.count > 0 and p._spec.kind != "sem":
+        return (yield from _reenter(p, owner, hold))
+    return (yield from _wait_for_grant(p, owner, hold, wait))
+
+
+def _reenter(p: Any, owner: str, hold: Hold) -> Steps:
+    expect = hold.count
+    sent = monotonic()
+    try:
+        reply = yield from call(p._backend, _acquire_call(p, owner, expect, 0), hold.lease_end)
+    except Interrupted as interrupt:
+        yield from _settle(p, owner, hold, interrupt.reply, expect)
+        raise interrupt.cause from None
+    if reply.ok:
+        _record(p, owner, hold, reply, sent)
+        return True
+    if reply.status == LOST:
+        hold.lose("it was gone from Redis at re-entry")
+        raise p._lost_error(hold, "acquired again")
+    raise _refused(p, reply)
+
+
+def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> Steps:
+    start = monotonic()
+    deadline = None if wait is None else start + wait
+    backend, spec = p._backend, p._spec
+    queues = wait != 0 and backend.queues
+    entry_ms = p._entry_ms if queues else 0
+    waiter: Any = None
+    queued = granted = waited = False
+    detector: Any = None
+    pause = 0.01
+    try:
+        while True:
+            # Read afresh: another thread may give back this owner's permits (semaphores).
+            expect = hold.count
+            sent = monotonic()
+            try:
+                reply = yield from call(backend, _acquire_call(p, owner, expect, entry_ms), deadline)
+            except Interrupted as interrupt:
+                yield from _settle(p, owner, hold, interrupt.reply, expect)
+                raise interrupt.cause from None
+            if reply.ok:
+                if reply.replicas >= 0 and reply.replicas < p._replication[0]:
+                    yield from _give_back(p, owner, hold, expect + 1)
+                    raise errors.ReplicationError(
+                        f"{p._label}({p._name!r}): granted, but only {reply.replicas} of "
+                        f"{p._replication[0]} replicas acknowledged it within "
+                        f"{p._replication[1]} ms; it was given back", name=p._name,
+                        acknowledged=reply.replicas, required=p._replication[0])
+                granted = True
+                _record(p, owner, hold, reply, sent)
+                if waited:
+                    metrics.wait_over(True)
+                return True
+            if reply.status == LOST:
+                if hold.count != expect:
+                    continue  # another thread gave some of them back meanwhile: ask again
+                hold.lose("its earlier permits were gone from Redis when it asked for more")
+                raise p._lost_error(hold, "acquired again")
+            if reply.status != 0:
+                raise _refused(p, reply)
+            queued = queues
+            now = monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            if not waited:
+                waited = True
+                metrics.wait_began(p, start)
+            left = None if deadline is None else deadline - now
+            if not backend.queues:
+                pause = min(pause * 2, 0.2)
+                yield Pause(_shorter(pause, left))
+                continue
+            if waiter is None:
+                waiter = yield Enlist(backend, p._keys.wake, p._keys.hash, owner)
+                if waiter.fresh:
+                    continue  # its subscriber was not listening: a hint may be lost
+            if p._deadlock_timeout is not None and now - start >= p._deadlock_timeout:
+                if detector is None:
+                    from .deadlock import Detector
+                    detector = Detector(p, owner)
+                yield from detector.check()
+            timeout = min(reply.a / 1000.0, p._entry_ms / 3000.0)
+            if p._deadlock_timeout is not None:
+                due = detector.wait.due if detector is not None else start + p._deadlock_timeout
+                timeout = min(timeout, max(0.0, due - now))
+            yield Listen(waiter, _shorter(timeout, left))
+    finally:
+        if waiter is not None:
+            waiter.close()
+        if detector is not None:
+            yield from detector.end()
+        if queued and not granted:
+            try:
+                reply = yield Run(backend, spec.leave(p, owner))
+                wakeups.wake_local(p._keys.hash, reply.woken)
+            except BaseException:  # noqa: BLE001 - its place ends with its entry lease
+                pass
+        if waited and not granted:
+            metrics.wait_over(False)
+
+
+def _shorter(a: float, b: Optional[float]) -> float:
+    return max(0.0, a if b is None else min(a, b))
+
+
+def _drop(p: Any, owner: str, hold: Hold, n: int = 1) -> None:
+    hold.count -= n
+    p._gave(owner, n)
+
+
+def release(p: Any, owner: str) -> Steps:
+    """Give back one level the owner took through this object (RLock, RWLock side)."""
+    if p._levels(owner) == 0:
+        raise p._not_owned()
+    hold = p._hold(owner)
+    if hold.state == HOLD_LOST:
+        _drop(p, owner, hold)
+        raise p._lost_error(hold)
+    expect = hold.count
+    last = expect == 1
+    if last:
+        hold.begin_release()
+    sends: List[float] = []
+    try:
+        reply = yield from call(p._backend, p._spec.release(p, owner, expect),
+                                hold.lease_end, sends)
+    except Interrupted as interrupt:
+        reply = interrupt.reply
+        _drop(p, owner, hold)
+        if last:
+            hold.end_release(answered=reply is not None)
+        if reply is not None and reply.status == LOST:
+            hold.lose("it was gone from Redis at release")
+        raise interrupt.cause from None
+    except BaseException:
+        # No answer within the lease: the hold ends with it. Off the books either way.
+        _drop(p, owner, hold)
+        if last:
+            hold.end_release(answered=False)
+        raise
+    if reply.status == LOST and last and len(sends) > 1:
+        reply = Reply(DONE)  # sent again: the first send released it (see the docstring)
+    _drop(p, owner, hold)
+    if reply.ok:
+        if last:
+            hold.end_release(answered=True)
+            metrics.hold_ended(p, hold.granted, "released")
+        wakeups.wake_local(p._keys.hash, reply.woken)
+        return None
+    if reply.status == LOST:
+        hold.lose("it was gone from Redis at release")
+        if last:
+            hold.end_release(answered=True)
+        raise p._lost_error(hold)
+    raise _refused(p, reply)
+
+
+def release_permits(p: Any, owner: str, n: int) -> Steps:
+    """Give ``n`` permits back (a semaphore): the owner's own taken through this object
+    first, then other owners' of this process taken through it; the rest are nobody's.
+
+    Other owners' permits come off their books before the call (their own acquires read
+    their count afresh), and go back on if the release is refused."""
+    taking: List[Tuple[str, Hold, int]] = []
+    left = n
+    for who in [owner] + [o for o in list(p._mine) if o != owner]:
+        levels = p._levels(who)
+        if left <= 0 or levels <= 0:
+            continue
+        take = min(left, levels)
+        taking.append((who, p._hold(who), take))
+        left -= take
+    if taking and taking[0][0] == owner and taking[0][1].state == HOLD_LOST:
+        who, hold, take = taking[0]
+        _drop(p, who, hold, take)
+        raise p._lost_error(hold)
+    taking = [t for t in taking if t[1].state != HOLD_LOST]  # others': back in the pool
+    triples = tuple((who, hold.count, take) for who, hold, take in taking)
+    others = [t for t in taking if t[0] != owner]
+    mine = [t for t in taking if t[0] == owner]
+    for who, hold, take in others:
+        _drop(p, who, hold, take)
+    for _, hold, take in mine:
+        if hold.count == take:
+            hold.begin_release()
+    until = min([h.lease_end for _, h, _ in mine], default=None)
+    try:
+        reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples), until)
+    except BaseException as exc:
+        for who, hold, take in mine:  # no answer: off the books, its lease ends it
+            _drop(p, who, hold, take)
+            if hold.count <= 0:
+                hold.end_release(answered=False)
+        if isinstance(exc, Interrupted):
+            raise exc.cause from None
+        raise
+    if reply.ok:
+        for who, hold, take in mine:
+            _drop(p, who, hold, take)
+        for _, hold, _ in taking:
+            if hold.count <= 0:
+                hold.end_release(answered=True)
+                metrics.hold_ended(p, hold.granted, "released")
+        wakeups.wake_local(p._keys.hash, reply.woken)
+        return None
+    for who, hold, take in others:  # nothing was given back: theirs again
+        p._took(who, hold, take)
+        hold.count += take
+    if reply.status == LOST:
+        who, hold, take = taking[reply.a - 1]
+        if who == owner:
+            _drop(p, who, hold, take)
+            hold.lose("its permits were gone from Redis at release")
+            if hold.count <= 0:
+                hold.end_release(answered=True)
+            raise p._lost_error(hold)
+        # Another thread's permits ended meanwhile (back in the pool already): that
+        # thread finds out itself; this release is made again without them.
+        for _, own, _ in mine:
+            own.cancel_release()
+        _drop(p, who, hold, take)
+        return (yield from release_permits(p, owner, n))
+    for _, hold, _ in mine:
+        hold.cancel_release()  # refused: nothing was given back
+    raise _refused(p, reply)
+
+
+def extend(p: Any, owner: str, ttl_ms: int) -> Steps:
+    """Make the owner's hold last at least ``ttl_ms`` more (never shortened)."""
+    hold = p._hold(owner)
+    if hold.count <= 0 or p._levels(owner) <= 0:
+        raise p._not_owned("extend")
+    if hold.state == HOLD_LOST:
+        raise p._lost_error(hold, "extended")
+    sent = monotonic()
+    try:
+        reply = yield from call(p._backend, p._spec.renew(p, owner, ttl_ms), hold.lease_end)
+    except Interrupted as interrupt:
+        raise interrupt.cause from None
+    if reply.ok:
+        hold.renewed(sent, ttl_ms / 1000.0)
+        return None
+    if reply.status == LOST:
+        hold.lose("it was gone from Redis when extended")
+        raise p._lost_error(hold, "extended")
+    raise _refused(p, reply)
+
+
+
+def release_save(p: Any, owner: str) -> Steps:
+    """``threading``'s ``_release_save``: give back every level ``owner`` took through ``p``
+    (and through the lock ``p`` names in ``_held_with``: a writer's read side); returns
+    what :func:`acquire_restore` takes back. RuntimeError, changing nothing, when the owner
+    also holds the lock through another object of its name (only that object could give
+    its levels back)."""
+    count = p._levels(owner)
+    if count == 0:
+        raise p._not_owned()
+    inner = p._held_with()
+    for lock in (p, inner):
+        if lock is not None and lock._hold(owner).count > lock._levels(owner):
+            raise RuntimeError(
+                f"{lock._describe()}: this thread also holds the lock through another object "
+                "of its name, whose levels a Condition wait on this one cannot give back; "
+                "wait on a Condition of an object that holds every level")
+    inner_count = inner._levels(owner) if inner is not None else 0
+    for lock, levels in ((inner, inner_count), (p, count)):
+        for _ in range(levels):
+            yield from release(lock, owner)
+    return count, owner, inner_count
+
+
+def acquire_restore(p: Any, owner: str, state: Tuple[int, str, int]) -> Steps:
+    """Take back, blocking as long as it takes, what :func:`release_save` gave up: never a
+    deadlock's victim (it must return holding, as ``threading.Condition.wait`` does)."""
+    count, _, inner_count = state
+    inner = p._held_with()
+    for lock, levels in ((p, count), (inner, inner_count)):
+        if lock is None or not levels:
+            continue
+        lock._restoring.add(owner)
+        try:
+            for _ in range(levels):
+                yield from acquire(lock, owner, None)
+        finally:
+            lock._restoring.discard(owner)

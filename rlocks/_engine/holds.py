@@ -1,0 +1,187 @@
+"""What this process knows of its holds: one state machine per hold, in one place.
+
+Redis is the only record of who holds what. A :class:`Hold` is what this process learned
+from the replies of its own calls about one owner's hold of one primitive (one side of
+an RWLock): its count, its fencing token, until when its lease surely lasts, and its
+state:
+
+- ``held``: granted, and not known to be gone;
+- ``releasing``: a release of its last level is on its way: a renewal that finds the
+  hold gone meanwhile proves nothing (the release may have taken it first), so the
+  renewer's finding waits for the release's answer, which decides;
+- ``gone``: released;
+- ``lost``: gone from Redis while this process still held it. Reported once: a WARNING,
+  the ``rlocks.lost`` metric, each holding object's ``on_lost``; every later re-entry or
+  release of it raises :class:`~rlocks.errors.LockLostError`.
+
+Only :meth:`Hold.lose` decides that a hold is lost; the renewer and the dialogues report
+what they saw to it.
+
+Two objects of one name are one primitive: a hold is shared, in :func:`hold_for`'s
+registry, by every object (of this process) through which its owner took levels, and each
+object counts the levels it took (it gives back only those). The registry keeps holds
+weakly and the objects keep them strongly, so a hold whose every holding object was
+garbage-collected goes too: its renewal stops, and a WARNING says so (its lease ends in
+Redis by itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any, List, Optional, Tuple
+
+from . import metrics
+
+__all__ = ["GONE", "HELD", "LOST", "RELEASING", "Hold", "hold_for", "peek"]
+
+log = logging.getLogger("rlocks")
+
+HELD, RELEASING, GONE, LOST = "held", "releasing", "gone", "lost"
+
+_mutex = threading.Lock()
+_holds: "weakref.WeakValueDictionary[Tuple[Any, ...], Hold]" = weakref.WeakValueDictionary()
+
+
+class Hold:
+    """One owner's hold of one primitive (side), as this process knows it."""
+
+    __slots__ = ("ident", "label", "owner", "count", "token", "tokens", "ttl", "lease_end",
+                 "due", "_state", "pending", "granted", "renew_call", "objects", "reason",
+                 "alive_cell", "__weakref__")
+
+    def __init__(self, ident: Tuple[Any, ...], label: str, owner: str) -> None:
+        self.ident = ident
+        self.label = label
+        self.owner = owner
+        self.count = 0
+        self.token: Optional[int] = None
+        self.tokens: Optional[Tuple[Optional[int], ...]] = None
+        self.ttl = 0.0  # s, the longest ttl it was granted with
+        self.lease_end = 0.0  # monotonic: the lease surely lasts until then
+        self.due = 0.0  # monotonic: its next renewal
+        self._state = GONE
+        self.alive_cell = [False]  # what the finaliser reads: held when collected?
+        self.pending: Optional[str] = None  # a renewer's finding while releasing
+        self.granted = 0.0
+        self.renew_call: Any = None  # the Call that renews it (set at its grant)
+        self.objects: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.reason = ""
+
+    def __repr__(self) -> str:
+        return f"<Hold {self.label} {self.owner} x{self.count} {self.state}>"
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+        self.alive_cell[0] = value in (HELD, RELEASING)
+
+    @property
+    def alive(self) -> bool:
+        return self._state in (HELD, RELEASING)
+
+    # -- what the dialogues and the renewer report -----------------------------------------
+
+    def granted_now(self, sent: float, ttl: float, token: Optional[int]) -> None:
+        """A fresh grant (count 1), from a call sent at ``sent``."""
+        self.count, self.state, self.pending = 1, HELD, None
+        self.token = token
+        self.ttl = ttl
+        self.granted = sent
+        self.renewed(sent)
+
+    def renewed(self, sent: float, ttl: Optional[float] = None) -> None:
+        """The lease was set to at least ``ttl`` (default: the hold's) by a call sent at
+        ``sent``."""
+        ttl = self.ttl if ttl is None else max(ttl, 0.0)
+        self.lease_end = max(self.lease_end, sent + ttl)
+        self.due = sent + self.ttl / 3.0
+
+    def found_gone(self, reason: str) -> None:
+        """A renewal (or a look) found the hold gone from Redis."""
+        with _mutex:
+            if self.state == RELEASING:
+                self.pending = reason  # the release's answer decides
+                return
+            if self.state != HELD:
+                return
+        self.lose(reason)
+
+    def begin_release(self) -> None:
+        with _mutex:
+            if self.state == HELD:
+                self.state = RELEASING
+
+    def end_release(self, answered: bool) -> None:
+        """The release of the last level is over: ``answered``, it took the hold (or the
+        hold was lost, which the caller reports); else it failed and the hold is dropped
+        from the books, a loss the renewer found meanwhile reported."""
+        with _mutex:
+            pending, self.pending = self.pending, None
+            if self.state == RELEASING:
+                self.state = GONE
+        if pending is not None and not answered:
+            self._report(pending)
+
+    def cancel_release(self) -> None:
+        """A release of the last level was refused (nothing given back): held again,
+        and a loss the renewer found meanwhile is reported."""
+        with _mutex:
+            pending, self.pending = self.pending, None
+            if self.state == RELEASING:
+                self.state = HELD
+        if pending is not None:
+            self.lose(pending)
+
+    def lose(self, reason: str) -> bool:
+        """Mark the hold lost and report it, once. False if it was not alive."""
+        with _mutex:
+            if self.state not in (HELD, RELEASING):
+                return False
+            self.state = LOST
+        self._report(reason)
+        return True
+
+    def _report(self, reason: str) -> None:
+        self.reason = reason
+        log.warning("%s lost by %s: %s", self.label, self.owner, reason)
+        objects = list(self.objects)
+        if objects:
+            metrics.lost(objects[0], self.granted)
+        for obj in objects:
+            obj._hold_lost(self)
+
+    def any_object(self) -> Any:
+        """One of the objects that hold levels of it (None: none is left)."""
+        for obj in self.objects:
+            return obj
+        return None
+
+
+def hold_for(ident: Tuple[Any, ...], label: str, owner: str) -> Hold:
+    """The hold ``ident`` (backend address, key, side, owner): the live one every object of
+    that primitive shares, or a new one (not yet held)."""
+    with _mutex:
+        hold = _holds.get(ident)
+        if hold is None or hold.state in (GONE, LOST) and hold.count <= 0:
+            hold = Hold(ident, label, owner)
+            _holds[ident] = hold
+            weakref.finalize(hold, _collected, label, owner, hold.alive_cell)
+        return hold
+
+
+def peek(ident: Tuple[Any, ...]) -> Optional[Hold]:
+    """The hold ``ident`` if this process has one (no new one is made)."""
+    with _mutex:
+        return _holds.get(ident)
+
+
+def _collected(label: str, owner: str, alive: List[bool]) -> None:
+    if alive[0]:
+        log.warning("%s held by %s: every lock object that held it was garbage-collected; "
+                    "its lease is no longer renewed and ends by itself", label, owner)

@@ -1,0 +1,203 @@
+"""The steps of every I/O-free dialogue, and the blocking and awaited drivers that run them.
+
+A dialogue (acquire, release, extend, a Condition's wait, a renewal pass, the deadlock
+check) is a generator: it yields the step it needs and receives the step's result, or the
+step's exception thrown in. It never does I/O itself, so one dialogue serves both
+:func:`drive` (threads) and :func:`adrive` (asyncio), and a difference between the two is
+a difference between these two short functions only.
+
+Steps:
+
+- :class:`Run`: one script call through a backend (a Redis client, or a Quorum); its
+  :class:`~.scripts.Reply` comes back;
+- :class:`RunMany`: several script calls in one pipeline (renewals);
+- :class:`Read`: one plain read command (the deadlock walk, settling an unknown outcome);
+- :class:`Pause`: sleep; :class:`Listen`: wait for a wake-up (True) or the time (False);
+- :class:`Enlist`: register a waiter with the process's wake-up hub (a :class:`~.wakeups.Waiter`).
+
+An interrupt that is not Redis's (KeyboardInterrupt, a task's cancellation) during a
+:class:`Run` is thrown in as :class:`Interrupted`: for a cancellation the call itself
+runs to its end first (shielded), and ``reply`` is its answer (``None`` if it failed or,
+for a thread, could not be known), so the dialogue can give back what it was granted.
+
+:func:`call` is the one retry policy: every script call is safe to send again (each says
+what it expects to find, so a repeat is recognised), so a call that failed on the link is
+sent again with back-off until the dialogue's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Generator, List, NamedTuple, Optional, Sequence
+
+import redis.exceptions as rx
+
+from .clock import monotonic
+
+__all__ = [
+    "TRANSIENT", "Enlist", "Interrupted", "Listen", "Pause", "Read", "Run", "RunMany",
+    "adrive", "call", "drive", "transient",
+]
+
+
+class Run(NamedTuple):
+    backend: Any
+    call: Any
+
+
+class RunMany(NamedTuple):
+    backend: Any
+    calls: Sequence[Any]
+
+
+class Read(NamedTuple):
+    backend: Any
+    args: Sequence[Any]
+
+
+class Pause(NamedTuple):
+    seconds: float
+
+
+class Listen(NamedTuple):
+    waiter: Any
+    seconds: float
+
+
+class Enlist(NamedTuple):
+    backend: Any
+    namespace: str
+    key: str
+    owner: str
+
+
+class Interrupted(BaseException):
+    """An interrupt (``cause``) that hit a :class:`Run`; ``reply``: its answer, if known."""
+
+    def __init__(self, cause: BaseException, reply: Any) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.reply = reply
+
+
+#: Failures of the link or of a server in transition: the call may be sent again.
+TRANSIENT = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.TryAgainError,
+             rx.ClusterDownError, rx.ReadOnlyError, rx.MasterDownError)
+
+
+def transient(exc: BaseException) -> bool:
+    if isinstance(exc, rx.AuthenticationError):
+        return False
+    if isinstance(exc, TRANSIENT):
+        return True
+    return isinstance(exc, rx.ResponseError) and str(exc).startswith(
+        ("LOADING", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN"))
+
+
+def call(backend: Any, script_call: Any, until: Optional[float],
+         sends: Optional[List[float]] = None) -> Generator[Any, Any, Any]:
+    """Run ``script_call``, sending it again after a failure of the link until ``until``
+    (monotonic; ``None``: for ever). Raises the last failure after that. ``sends``, if
+    given, gets the time of each send."""
+    delay = 0.01
+    while True:
+        if sends is not None:
+            sends.append(monotonic())
+        try:
+            return (yield Run(backend, script_call))
+        except BaseException as exc:
+            if not transient(exc) or (until is not None and monotonic() + delay >= until):
+                raise
+        yield Pause(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _foreign(exc: BaseException) -> bool:
+    return not isinstance(exc, (rx.RedisError, Interrupted, StopIteration))
+
+
+def drive(dialogue: Generator[Any, Any, Any]) -> Any:
+    """Run ``dialogue`` in this thread; returns its value or raises its exception."""
+    value: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            step = dialogue.throw(error) if error is not None else dialogue.send(value)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            kind = type(step)
+            if kind is Run:
+                try:
+                    value = step.backend.run(step.call)
+                except BaseException as exc:
+                    error = Interrupted(exc, None) if _foreign(exc) else exc
+            elif kind is Listen:
+                value = step.waiter.wait(step.seconds)
+            elif kind is Pause:
+                time.sleep(step.seconds)
+            elif kind is Read:
+                value = step.backend.read(step.args)
+            elif kind is RunMany:
+                value = step.backend.run_many(step.calls)
+            elif kind is Enlist:
+                value = step.backend.enlist(step.namespace, step.key, step.owner)
+            else:
+                raise TypeError(f"not a step: {step!r}")
+        except BaseException as exc:  # noqa: BLE001 - the dialogue decides
+            error = exc
+
+
+async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
+    """Run ``dialogue`` in the running task; returns its value or raises its exception.
+
+    A cancellation while a :class:`Run` is on its way lets that call finish (shielded)
+    and throws :class:`Interrupted` with its answer; a cancellation at any other step is
+    thrown as it is. Clean-up calls the dialogue makes after either run shielded too.
+    """
+    value: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            step = dialogue.throw(error) if error is not None else dialogue.send(value)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            kind = type(step)
+            if kind is Run:
+                running = asyncio.ensure_future(step.backend.arun(step.call))
+                try:
+                    value = await asyncio.shield(running)
+                except asyncio.CancelledError as exc:
+                    error = Interrupted(exc, await _outcome(running))
+            elif kind is Listen:
+                value = await step.waiter.await_(step.seconds)
+            elif kind is Pause:
+                await asyncio.sleep(step.seconds)
+            elif kind is Read:
+                value = await step.backend.aread(step.args)
+            elif kind is RunMany:
+                value = await step.backend.arun_many(step.calls)
+            elif kind is Enlist:
+                value = await step.backend.aenlist(step.namespace, step.key, step.owner)
+            else:
+                raise TypeError(f"not a step: {step!r}")
+        except BaseException as exc:  # noqa: BLE001 - the dialogue decides
+            error = exc
+
+
+async def _outcome(running: "asyncio.Future[Any]") -> Any:
+    """The result of a call whose caller was cancelled: waited for (it runs on, shielded
+    again if the task is cancelled once more), None if it failed."""
+    while True:
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            if running.cancelled():
+                return None
+            continue
+        except BaseException:  # noqa: BLE001 - the call's own failure: outcome unknown
+            return None

@@ -1,0 +1,390 @@
+"""The public surfaces over the dialogues: ``threading``'s, and asyncio's.
+
+- :class:`LockSurface`: ``threading.RLock``'s surface (RLock, RWLock sides): acquire,
+  release, ``with``, the ``threading.Condition`` protocol, plus ``owned``, ``token``,
+  ``tokens`` and ``extend``;
+- :class:`AsyncLockSurface`: the same for asyncio (awaited I/O, the task as owner);
+- :class:`PermitSurface` / :class:`AsyncPermitSurface`: ``threading.Semaphore``'s.
+
+Each method checks its arguments (no I/O before that), then runs one dialogue of
+:mod:`.dialogues` with :func:`~.steps.drive` or :func:`~.steps.adrive`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import weakref
+from typing import Any, Dict, Optional, Tuple
+
+import redis
+
+from ..errors import LockLostError, RLocksError
+from . import checks, dialogues, identity, metrics
+from .backends import Server, address_of
+from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT
+from .holds import Hold
+from .primitive import Primitive
+from .steps import adrive, drive
+
+__all__ = ["AsyncLockSurface", "AsyncPermitSurface", "AsyncPrimitive", "LockSurface",
+           "PermitSurface", "LoopDefault"]
+
+log = logging.getLogger(__name__)
+
+
+def _reported(p: Any, exc: Optional[BaseException]) -> bool:
+    """For ``__exit__``: an inner block already raised this primitive's loss, so drop one
+    level without raising the same news again (True)."""
+    if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is p:
+        owner = p._owner()
+        if p._levels(owner) > 0:
+            hold = p._hold(owner)
+            hold.count -= 1
+            p._gave(owner)
+        return True
+    return False
+
+
+class _Views(Primitive):
+    """What an owner learns of its own hold without I/O (both surfaces)."""
+
+    __slots__ = ()
+
+    def owned(self) -> bool:
+        """Whether the owner (the calling thread; the running task in ``rlocks.asyncio``)
+        holds the lock, as far as this process knows (no I/O, not a coroutine): False
+        once the hold is known lost (``release()`` is still owed and raises
+        LockLostError)."""
+        return self._owned(self._owner())
+
+    def _current(self) -> Optional[Hold]:
+        taken = self._mine.get(self._owner())
+        if taken is not None:
+            return taken[0]
+        hold = self._hold(self._owner())
+        return hold if hold.count > 0 else None
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token of the owner's current hold, or None when it holds nothing
+        (no I/O). Every fresh grant of this lock (this side) gets a larger token than
+        every earlier grant, in any process; re-entry keeps it. Raises RLocksError on a
+        :class:`rlocks.Quorum` (its masters count independently): use :attr:`tokens`."""
+        if not self._backend.queues:
+            raise RLocksError(
+                f"{self._label}({self._name!r}): a Quorum's masters count tokens "
+                "independently, so no one token orders its grants: use .tokens",
+                name=self._name)
+        hold = self._current()
+        return None if hold is None else hold.token
+
+    @property
+    def tokens(self) -> Optional[Tuple[Optional[int], ...]]:
+        """The fencing tokens of the owner's current hold, one per master of a Quorum (None
+        for a master that did not grant it), ``(token,)`` on one server; None when it
+        holds nothing (no I/O)."""
+        hold = self._current()
+        return None if hold is None else hold.tokens
+
+    def _is_owned(self) -> bool:
+        """Whether the owner holds levels through this object (no I/O)."""
+        return self._levels(self._owner()) > 0
+
+    def _recursion_count(self) -> int:
+        """How many levels the owner holds through this object (no I/O)."""
+        return self._levels(self._owner())
+
+    def __repr__(self) -> str:
+        owners = [(o, n) for o, (_, n) in self._mine.items()]
+        if len(owners) == 1:
+            state = f"held owner={owners[0][0]!r} count={owners[0][1]}"
+        elif owners:
+            state = f"held here by {len(owners)} owners"
+        else:
+            state = "not held here"
+        return (f"<{self._label} name={self._name!r} namespace={self._namespace!r} "
+                f"{state} at {id(self):#x}>")
+
+
+class LockSurface(_Views):
+    """``threading.RLock``'s surface, for RLock and the RWLock sides."""
+
+    __slots__ = ()
+
+    @metrics.measure_acquire
+    def _acquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        return bool(drive(dialogues.acquire(self, owner, wait)))
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Acquire the lock, or re-enter it if the calling thread holds it already.
+
+        Blocks while the lock is unavailable when ``blocking`` is true, for at most
+        ``timeout`` seconds unless it is -1 (forever). Returns True once held, False if it
+        could not be had in time. Raises what ``threading.RLock.acquire`` raises for bad
+        arguments, before any I/O; LockLostError if this thread's hold was lost and is
+        not released yet; a redis-py error only when Redis stayed unreachable until the
+        deadline (the call is sent again meanwhile: it is safe to).
+        """
+        wait = checks.lock_wait(blocking, timeout, self._label, self._name)
+        return self._acquire(self._owner(), 1, wait)
+
+    __enter__ = acquire
+
+    def release(self) -> None:
+        """Release one level of the calling thread's hold; at the last, free the lock.
+
+        Raises RuntimeError (:class:`~rlocks.errors.NotOwnedError`) if the calling thread
+        holds no level through this object, without I/O; LockLostError if the hold had
+        ended in Redis (whoever holds it now is not touched); the level is dropped either
+        way.
+        """
+        drive(dialogues.release(self, self._owner()))
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        if _reported(self, exc):
+            return
+        self.release()
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Make the calling thread's hold last at least ``ttl`` seconds from now (default:
+        the lock's ``ttl``); never shortens it. One round trip. NotOwnedError if it holds
+        nothing, LockLostError if its hold is gone."""
+        ms = self._ttl_ms if ttl is None else checks.check_ttl(ttl, self._label, self._name)
+        drive(dialogues.extend(self, self._owner(), ms))
+
+    # -- threading.Condition protocol ------------------------------------------------------
+
+    def _release_save(self) -> Tuple[int, str, int]:
+        """Release every level the calling thread took through this object (and a
+        writer's read side); return what :meth:`_acquire_restore` takes back."""
+        return drive(dialogues.release_save(self, self._owner()))  # type: ignore[no-any-return]
+
+    def _acquire_restore(self, state: Tuple[int, str, int]) -> None:
+        """Take back, blocking, the levels :meth:`_release_save` gave up."""
+        drive(dialogues.acquire_restore(self, self._owner(), state))
+
+    def _held_with(self) -> Any:
+        """Another lock given up and taken back with this one by a Condition (a write
+        side names its read side)."""
+        return None
+
+
+# -- asyncio -----------------------------------------------------------------------------------
+
+_loop_clients: "weakref.WeakKeyDictionary[Any, Dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def default_async_client() -> Any:
+    """The shared ``redis.asyncio`` client for ``RLOCKS_URL`` on the running loop (its
+    connections belong to that loop)."""
+    url = os.environ.get("RLOCKS_URL") or DEFAULT_URL
+    per_loop = _loop_clients.setdefault(asyncio.get_running_loop(), {})
+    client = per_loop.get(url)
+    if client is None:
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        client = per_loop[url] = redis.asyncio.Redis.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+            retry=Retry(NoBackoff(), 0))
+    return client
+
+
+class LoopDefault:
+    """The backend of an asyncio primitive made with ``client=None``: each event loop's
+    own default client (``RLOCKS_URL``)."""
+
+    queues = True
+    aio = True
+
+    def __init__(self) -> None:
+        self.url = os.environ.get("RLOCKS_URL") or DEFAULT_URL
+        self.address = address_of(redis.asyncio.Redis.from_url(self.url))
+        self._servers: "weakref.WeakKeyDictionary[Any, Server]" = weakref.WeakKeyDictionary()
+
+    def server(self) -> Server:
+        loop = asyncio.get_running_loop()
+        found = self._servers.get(loop)
+        if found is None:
+            found = self._servers[loop] = Server(default_async_client())
+        return found
+
+    async def arun(self, call: Any) -> Any:
+        return await self.server().arun(call)
+
+    async def arun_many(self, calls: Any) -> Any:
+        return await self.server().arun_many(calls)
+
+    async def aread(self, args: Any) -> Any:
+        return await self.server().aread(args)
+
+    async def aenlist(self, channel: str, key: str, owner: str) -> Any:
+        return await self.server().aenlist(channel, key, owner)
+
+
+class AsyncPrimitive(_Views):
+    """What makes a primitive an asyncio one: the task owns; I/O is awaited."""
+
+    __slots__ = ()
+
+    _aio = True
+
+    @staticmethod
+    def _owner() -> str:
+        return identity.task_owner()
+
+    def _default_client(self) -> Any:
+        return None
+
+    def _configure(self, name: str, options: Any, kind: str, spec: Any) -> None:
+        super()._configure(name, options, kind, spec)
+        if self._client is None:
+            self._backend = LoopDefault()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            return self._backend.server().client
+        return self._client
+
+    def _hold_lost(self, hold: Hold) -> None:
+        on_lost = self._on_lost
+        if on_lost is not None and inspect.iscoroutinefunction(on_lost):
+            what = f"on_lost of {self._describe()}"
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                log.error("%s not run: no running event loop", what)
+                return
+            task = loop.create_task(on_lost(self))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
+                                   or log.error("%s raised", what, exc_info=t.exception()))
+            return
+        super()._hold_lost(hold)
+
+
+class AsyncLockSurface(AsyncPrimitive):
+    """``asyncio``'s lock surface over the same dialogues, owned by the task."""
+
+    __slots__ = ()
+
+    @metrics.measure_async_acquire
+    async def _aacquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        return bool(await adrive(dialogues.acquire(self, owner, wait)))
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Acquire (or re-enter) for the running task; ``timeout=None`` (or -1) waits for
+        ever. Same results and errors as :meth:`rlocks.RLock.acquire`; a task cancelled
+        while it acquires leaves nothing held."""
+        if timeout is None:
+            timeout = -1
+        wait = checks.lock_wait(blocking, timeout, self._label, self._name)
+        return await self._aacquire(self._owner(), 1, wait)
+
+    async def release(self) -> None:
+        """Release one level of the running task's hold (errors as
+        :meth:`rlocks.RLock.release`); the round trip runs on if the task is cancelled."""
+        await adrive(dialogues.release(self, self._owner()))
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        if _reported(self, exc):
+            return
+        await self.release()
+
+    async def extend(self, ttl: Optional[float] = None) -> None:
+        """As :meth:`rlocks.RLock.extend`, awaited."""
+        ms = self._ttl_ms if ttl is None else checks.check_ttl(ttl, self._label, self._name)
+        await adrive(dialogues.extend(self, self._owner(), ms))
+
+    async def _release_save(self) -> Tuple[int, str, int]:
+        return await adrive(dialogues.release_save(self, self._owner()))  # type: ignore[no-any-return]
+
+    async def _acquire_restore(self, state: Tuple[int, str, int]) -> None:
+        await adrive(dialogues.acquire_restore(self, self._owner(), state))
+
+    def _held_with(self) -> Any:
+        return None
+
+
+# -- semaphores --------------------------------------------------------------------------------
+
+
+def _release_count(n: object, label: str, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{label}({name!r}): n must be an int, not {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"{label}({name!r}): n must be one or more")
+    return n
+
+
+class PermitSurface(_Views):
+    """``threading.Semaphore``'s surface."""
+
+    __slots__ = ()
+
+    @metrics.measure_acquire
+    def _acquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        return bool(drive(dialogues.acquire(self, owner, wait)))
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take one permit for the calling thread, waiting while none is free (for ever
+        with ``timeout=None``, at most ``timeout`` s, not at all with ``blocking=False``).
+        Returns whether it took one. Raises what ``threading.Semaphore.acquire`` raises
+        for bad arguments; LockLostError if this thread's permits were lost and are not
+        all released (a permit this grant took is given back); ValueError if Redis holds
+        the name as a semaphore of another value or kind."""
+        wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
+        return self._acquire(self._owner(), 1, wait)
+
+    __enter__ = acquire
+
+    def release(self, n: int = 1) -> None:
+        """Give ``n`` permits back: the calling thread's taken through this object first,
+        then other threads' of this process taken through it; the rest are a release of
+        nobody's permit (a Semaphore's value grows; a BoundedSemaphore raises ValueError
+        and changes nothing). LockLostError if the thread's own permits were lost."""
+        n = _release_count(n, self._label, self._name)
+        drive(dialogues.release_permits(self, self._owner(), n))
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Make the calling thread's permits last at least ``ttl`` s (default: ``ttl``)."""
+        ms = self._ttl_ms if ttl is None else checks.check_ttl(ttl, self._label, self._name)
+        drive(dialogues.extend(self, self._owner(), ms))
+
+
+class AsyncPermitSurface(AsyncPrimitive):
+    """``asyncio.Semaphore``'s surface over the same dialogues, owned by the task."""
+
+    __slots__ = ()
+
+    @metrics.measure_async_acquire
+    async def _aacquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        return bool(await adrive(dialogues.acquire(self, owner, wait)))
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
+        return await self._aacquire(self._owner(), 1, wait)
+
+    async def release(self, n: int = 1) -> None:
+        n = _release_count(n, self._label, self._name)
+        await adrive(dialogues.release_permits(self, self._owner(), n))
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
+
+    async def extend(self, ttl: Optional[float] = None) -> None:
+        ms = self._ttl_ms if ttl is None else checks.check_ttl(ttl, self._label, self._name)
+        await adrive(dialogues.extend(self, self._owner(), ms))
+
