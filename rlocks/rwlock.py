@@ -32,6 +32,7 @@ class Side(Primitive):
 
     __slots__ = ("_other",)
 
+    _other: "Side"  # the other side of the same RWLock
     _label = "rlocks.RWLock"
 
     def _describe(self) -> str:
@@ -62,7 +63,7 @@ class ReadLock(Side, LockSurface):
 
     def locked(self) -> bool:
         """Whether anyone, anywhere, holds the read side now (one round trip)."""
-        return drive(_count(self)) > 0
+        return bool(drive(_count(self)) > 0)
 
 
 class WriteLock(Side, LockSurface):
@@ -88,7 +89,7 @@ class WriteLock(Side, LockSurface):
 
     def locked(self) -> bool:
         """Whether anyone, anywhere, holds the write side now (one round trip)."""
-        return drive(_count(self)) > 0
+        return bool(drive(_count(self)) > 0)
 
     def _held_with(self) -> Any:
         return self._other

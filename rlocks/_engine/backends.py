@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Sequence, Tuple
 
 from .clients import io_client, is_cluster
 from .scripts import Call, Reply, arun_many, run_many
@@ -68,10 +68,10 @@ class Server:
     async def arun(self, call: Call) -> Reply:
         return await call.arun(self.client)
 
-    def run_many(self, calls: Sequence[Call]) -> List[Union[Reply, BaseException]]:
+    def run_many(self, calls: Sequence[Call]) -> List[Reply | BaseException]:
         return run_many(self.client, calls)
 
-    async def arun_many(self, calls: Sequence[Call]) -> List[Union[Reply, BaseException]]:
+    async def arun_many(self, calls: Sequence[Call]) -> List[Reply | BaseException]:
         return await arun_many(self.client, calls)
 
     def read(self, args: Sequence[Any]) -> Any:

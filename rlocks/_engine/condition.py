@@ -24,7 +24,7 @@ The wait is one dialogue (:func:`wait`) for both drivers.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Generator, Optional, TypeVar
+from typing import Any, Callable, Generator, Optional, Tuple, TypeVar
 
 from ..errors import NotOwnedError
 from . import checks, wakeups
@@ -50,12 +50,15 @@ class ConditionCore:
 
     __slots__ = ("_lock", "_name", "_key", "__weakref__")
 
+    _lock: Any
+
     _label = "rlocks.Condition"
-    _accepts: tuple = ()
+    _accepts: Tuple[type, ...] = ()
     _accepted = ""
 
     def __init__(self, lock: Any, name: Optional[str] = None) -> None:
-        if not isinstance(lock, self._accepts):
+        accepted = isinstance(lock, self._accepts)  # (not narrowing lock's type: Any)
+        if not accepted:
             raise TypeError(
                 f"{self._label}: lock must be {self._accepted}, not {type(lock).__name__}")
         if not lock._backend.queues:
@@ -69,7 +72,7 @@ class ConditionCore:
             if lock._client is not None:
                 checks.check_wire_names({"name": name}, [encoding_of(lock._client)], label)
         self._lock = lock
-        self._name = name
+        self._name: Optional[str] = name
         self._key = lock._keys.condition("" if name is None else name)
 
     @property
@@ -107,7 +110,8 @@ class ConditionCore:
         try:
             count = operator.index(n)  # type: ignore[arg-type]
         except TypeError:
-            raise TypeError(f"{self._describe()}: n must be an int, not {type(n).__name__}") from None
+            raise TypeError(
+                f"{self._describe()}: n must be an int, not {type(n).__name__}") from None
         if count < 0:
             raise ValueError(f"{self._describe()}: n must be >= 0, got {count}")
         return count

@@ -10,8 +10,8 @@ An owner (a thread, or a task) that has waited ``deadlock_timeout`` seconds for 
 an RWLock side records its *wait-for edge*: the key ``<ns>:wait:{<owner>}`` holds
 ``"<seq> <side> <queue> <hash key>"``, the primitive it waits for and on which side (``x``
 an RLock, ``r``/``w`` an RWLock side) and whether its place in the queue holds it back
-(``+``; ``-`` for a ``fair=False`` primitive), with a lease (``PX``) that each later check renews, so
-a dead waiter leaves no edge for longer than that lease. ``<seq>`` numbers the *wait*: it
+(``+``; ``-`` for a ``fair=False`` primitive), with a lease (``PX``) that each later check
+renews, so a dead waiter leaves no edge for longer than that lease. ``<seq>`` numbers the *wait*: it
 is drawn once per wait (``INCR <ns>:wait-seq``) and kept while it lasts. The edge is
 deleted when the wait ends, before ``acquire`` returns or raises, so while an edge with a
 given ``seq`` exists, that owner is still inside that one blocking acquire. Nothing of

@@ -154,7 +154,8 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
             expect = hold.count
             sent = monotonic()
             try:
-                reply = yield from call(backend, _acquire_call(p, owner, expect, entry_ms), deadline)
+                attempt = _acquire_call(p, owner, expect, entry_ms)
+                reply = yield from call(backend, attempt, deadline)
             except Interrupted as interrupt:
                 yield from _settle(p, owner, hold, interrupt.reply, expect)
                 raise interrupt.cause from None
@@ -304,8 +305,10 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         if hold.count == take:
             hold.begin_release()
     until = min([h.lease_end for _, h, _ in mine], default=None)
+    sends: List[float] = []
     try:
-        reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples), until)
+        reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples),
+                                until, sends)
     except BaseException as exc:
         for who, hold, take in mine:  # no answer: off the books, its lease ends it
             _drop(p, who, hold, take)
@@ -314,6 +317,9 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         if isinstance(exc, Interrupted):
             raise exc.cause from None
         raise
+    if (reply.status == LOST and reply.a == 1 and mine and len(sends) > 1
+            and mine[0][1].count == mine[0][2]):
+        reply = Reply(DONE)  # sent again, its last permits: the first send released them
     if reply.ok:
         for who, hold, take in mine:
             _drop(p, who, hold, take)

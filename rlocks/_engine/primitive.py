@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
 
 from .. import errors
 from . import callbacks, checks, identity
@@ -175,7 +175,7 @@ class Primitive:
         checks.check_wire_names({"name": self._name, "namespace": self._namespace},
                                 [encoding_of(c) for c in masters], f"{label}({name!r})")
         self._client = client
-        self._backend = backend_for(client) if client is not None else None
+        self._backend: Any = backend_for(client) if client is not None else None
         self._replication = checks.replication(options.replicas, options.replica_wait,
                                                label, name)
         if self._replication is not None and not getattr(self._backend, "queues", True):
@@ -195,7 +195,7 @@ class Primitive:
         self._keys: PrimitiveKeys = keys_for(self._namespace, kind, self._name)
         self._spec = spec
         self._mine: Dict[str, Tuple[Hold, int]] = {}
-        self._restoring: set = set()
+        self._restoring: Set[str] = set()
 
     def _resolve_client(self, client: Any) -> Any:
         label = f"{self._label}({self._name!r})"

@@ -136,7 +136,7 @@ class Quorum:
     # -- fan-out ---------------------------------------------------------------------------
 
     def _map(self, fn: Callable[[Any], T], masters: Optional[Sequence[Any]] = None
-             ) -> List[Union[T, BaseException]]:
+             ) -> List[T | BaseException]:
         chosen = self._masters if masters is None else tuple(masters)
         pid = os.getpid()
         with self._mutex:
@@ -146,7 +146,7 @@ class Quorum:
                 self._pid = pid
             executor = self._executor
         futures = [executor.submit(fn, master) for master in chosen]
-        out: List[Union[T, BaseException]] = []
+        out: List[T | BaseException] = []
         for future in futures:
             try:
                 out.append(future.result())
@@ -161,7 +161,8 @@ class Quorum:
 
     # -- combining answers -----------------------------------------------------------------
 
-    def _combine(self, call: Call, results: Sequence[Result], since: float) -> Tuple[Reply, List[Any]]:
+    def _combine(self, call: Call, results: Sequence[Result],
+                 since: float) -> Tuple[Reply, List[Any]]:
         """The majority's answer to ``call``, and the masters whose grant must be given
         back (an acquire granted by a minority, or outside its validity window)."""
         replies = [r for r in results if isinstance(r, Reply)]
@@ -195,14 +196,15 @@ class Quorum:
     def run(self, call: Call) -> Reply:
         since = monotonic()
         reply, undo = self._combine(call, self._map(lambda m: call(m)), since)
-        if undo:
-            self._map(lambda m: call.undo(m), undo)
+        if undo and call.undo is not None:
+            give_back = call.undo
+            self._map(lambda m: give_back(m), undo)
         return reply
 
     async def arun(self, call: Call) -> Reply:
         since = monotonic()
         reply, undo = self._combine(call, await self._amap(call.arun), since)
-        if undo:
+        if undo and call.undo is not None:
             await self._amap(call.undo.arun, undo)
         return reply
 

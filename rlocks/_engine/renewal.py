@@ -187,17 +187,16 @@ _mutex = threading.Lock()
 def renewer_for(backend: Any, aio: bool = False) -> Any:
     """The renewer of ``backend`` (for asyncio: of the running loop)."""
     if aio:
-        loop = asyncio.get_running_loop()
-        per_loop = _async.setdefault(loop, {})
-        found = per_loop.get(backend)
-        if found is None:
-            found = per_loop[backend] = AsyncRenewer(backend)
-        return found
+        per_loop = _async.setdefault(asyncio.get_running_loop(), {})
+        task = per_loop.get(backend)
+        if task is None:
+            task = per_loop[backend] = AsyncRenewer(backend)
+        return task
     with _mutex:
-        found = _renewers.get(backend)
-        if found is None:
-            found = _renewers[backend] = Renewer(backend)
-        return found
+        thread = _renewers.get(backend)
+        if thread is None:
+            thread = _renewers[backend] = Renewer(backend)
+        return thread
 
 
 def _reset_after_fork() -> None:

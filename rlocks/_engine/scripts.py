@@ -75,7 +75,8 @@ def decode(raw: Any, name: str = "script") -> Reply:
         parts = [int(p) for p in line.split(" ")]
         if parts[0] not in _STATUSES or len(parts) > 3:
             raise ValueError(parts)
-        return Reply(*parts, woken=tuple(woken))
+        status, a, b = (parts + [0, 0])[:3]
+        return Reply(status, a, b, tuple(woken))
     except (AttributeError, ValueError, TypeError, IndexError):
         raise RLocksError(f"unexpected reply from {name}: {raw!r}") from None
 
@@ -158,13 +159,42 @@ class Call:
             pool = _direct_pool(sender)
             self._route = (client, sender, pool)
         if pool is None:
+            if hasattr(sender, "nodes_manager") and self.keys:
+                return self._cluster(sender)
             return self._generic(sender)
+        return self._loaded(pool)
+
+    def _loaded(self, pool: Any) -> Reply:
         try:
             return self._direct(pool)
         except NoScriptError:
-            pool_client = redis.Redis(connection_pool=pool)
-            pool_client.script_load(self.script.source)
+            redis.Redis(connection_pool=pool).script_load(self.script.source)
             return self._direct(pool)
+
+    def _cluster(self, cluster: Any) -> Reply:
+        """On a cluster client: straight to the node of the keys' slot, sent once (the
+        cluster client would re-send by itself, which the caller could not tell from a
+        first send). A moved slot or a broken link refreshes the client's map of the
+        cluster and raises, so the caller's retry goes to the new owner of the slot."""
+        try:
+            node = cluster.get_node_from_key(self.keys[0])
+            pool = node.redis_connection.connection_pool
+        except Exception:  # noqa: BLE001 - no usable node in the map: redis-py's own path
+            return self._generic(cluster)
+        try:
+            return self._loaded(pool)
+        except ResponseError as exc:
+            moved = isinstance(exc, (redis.exceptions.MovedError, redis.exceptions.AskError))
+            if not moved and not str(exc).startswith(("MOVED", "ASK")):
+                raise
+            cluster.nodes_manager.initialize()
+            raise redis.exceptions.TryAgainError(str(exc)) from None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            try:
+                cluster.nodes_manager.initialize()
+            except Exception:  # noqa: BLE001 - the map is refreshed at the next try
+                pass
+            raise
 
     def _direct(self, pool: Any) -> Reply:
         connection = pool.get_connection()
@@ -232,8 +262,8 @@ class Call:
         return decode(first, self.script.name)._replace(replicas=int(replicas))
 
 
-def _results(calls: Sequence[Call], raw: List[Any]) -> List[Union[Reply, BaseException]]:
-    out: List[Union[Reply, BaseException]] = []
+def _results(calls: Sequence[Call], raw: List[Any]) -> List[Reply | BaseException]:
+    out: List[Reply | BaseException] = []
     for call, result in zip(calls, raw):
         if isinstance(result, BaseException):
             out.append(result)
@@ -249,7 +279,7 @@ def _missing(results: Sequence[Any]) -> bool:
     return any(isinstance(r, NoScriptError) for r in results)
 
 
-def run_many(client: Any, calls: Sequence[Call]) -> List[Union[Reply, BaseException]]:
+def run_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
     """Run ``calls`` in one pipeline (a cluster client splits it by node); each result is
     a Reply or the exception of that call. A connection error of the whole pipeline is
     raised."""
@@ -269,7 +299,7 @@ def run_many(client: Any, calls: Sequence[Call]) -> List[Union[Reply, BaseExcept
     return results
 
 
-async def arun_many(client: Any, calls: Sequence[Call]) -> List[Union[Reply, BaseException]]:
+async def arun_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
     """:func:`run_many` for a ``redis.asyncio`` client."""
     client = io_client(client)
 

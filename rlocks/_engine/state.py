@@ -236,7 +236,8 @@ def _decode_rw(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
         if count is None or count <= 0 or ends_at is None or ends_at <= now:
             stale += 1
             continue
-        holders.append(Holder(name[2:], count, ends_at - now, "write" if name[0] == "w" else "read"))
+        side = "write" if name[0] == "w" else "read"
+        holders.append(Holder(name[2:], count, ends_at - now, side))
     return {"holders": tuple(holders), "stale": stale, "type": "RWLock"}
 
 

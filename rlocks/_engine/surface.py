@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 def _reported(p: Any, exc: Optional[BaseException]) -> bool:
     """For ``__exit__``: an inner block already raised this primitive's loss, so drop one
     level without raising the same news again (True)."""
-    if isinstance(exc, LockLostError) and getattr(exc, "lock", None) is p:
+    reported = isinstance(exc, LockLostError) and getattr(exc, "lock", None) is p
+    if reported:
         owner = p._owner()
         if p._levels(owner) > 0:
             hold = p._hold(owner)
@@ -260,8 +261,12 @@ class AsyncPrimitive(_Views):
                 log.error("%s not run: no running event loop", what)
                 return
             task = loop.create_task(on_lost(self))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
-                                   or log.error("%s raised", what, exc_info=t.exception()))
+
+            def done(t: "asyncio.Task[Any]") -> None:
+                if not t.cancelled() and t.exception() is not None:
+                    log.error("%s raised", what, exc_info=t.exception())
+
+            task.add_done_callback(done)
             return
         super()._hold_lost(hold)
 

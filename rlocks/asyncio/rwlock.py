@@ -21,7 +21,7 @@ class ReadLock(Side, AsyncLockSurface):
 
     async def locked(self) -> bool:
         """Whether anyone, anywhere, holds the read side now (one round trip)."""
-        return await adrive(_count(self)) > 0
+        return bool(await adrive(_count(self)) > 0)
 
 
 class WriteLock(Side, AsyncLockSurface):
@@ -39,7 +39,7 @@ class WriteLock(Side, AsyncLockSurface):
 
     async def locked(self) -> bool:
         """Whether anyone, anywhere, holds the write side now (one round trip)."""
-        return await adrive(_count(self)) > 0
+        return bool(await adrive(_count(self)) > 0)
 
     def _held_with(self) -> Any:
         return self._other

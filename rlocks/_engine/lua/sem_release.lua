@@ -37,9 +37,11 @@ for j = 8, #ARGV - 2, 3 do
         fresh = fresh + 1
     elseif now == had then
         fresh = fresh + 1
-    elseif now == had - take then
+    elseif now == had - take and now > 0 then
         applied = applied + 1
     else
+        -- (None left where its last ones were listed: released by a first send of this
+        -- very call, or lost; the caller, who knows whether it sent it twice, decides.)
         return reply('-1', #takes + 1)
     end
     takes[#takes + 1] = {o, take}
