@@ -7,6 +7,7 @@ they talk to.
 - ``run_many(calls)`` / ``arun_many(calls)``: several, in one round trip (renewals);
 - ``read(args)`` / ``aread(args)``: one plain command;
 - ``enlist(namespace, key, owner)`` / ``aenlist(...)``: a :class:`~.wakeups.Waiter`;
+- ``gate(key)``: what bounds the calls a crowd of one primitive's waiters make at once;
 - ``queues``: whether waiters queue on the server (False: they re-try);
 - ``address``: what identifies the server(s), for the process's hold registry;
 - ``aio``: whether the client is a ``redis.asyncio`` one.
@@ -23,7 +24,10 @@ from .clients import io_client, is_cluster
 from .scripts import Call, Reply, arun_many, run_many
 from .wakeups import AsyncHub, Hub, Waiter
 
-__all__ = ["Server", "address_of", "backend_for"]
+__all__ = ["GATE", "Server", "address_of", "backend_for"]
+
+#: Calls one primitive's waiters of a process may have on the way at once.
+GATE = 2
 
 
 def address_of(client: Any) -> Tuple[Any, ...]:
@@ -58,6 +62,7 @@ class Server:
         self._hub_lock = threading.Lock()
         self._async_hubs: "weakref.WeakKeyDictionary[Any, Dict[str, AsyncHub]]" = (
             weakref.WeakKeyDictionary())
+        self._gates: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
     def __repr__(self) -> str:
         return f"<Server {self.address}>"
@@ -73,6 +78,17 @@ class Server:
 
     async def arun_many(self, calls: Sequence[Call]) -> List[Reply | BaseException]:
         return await arun_many(self.client, calls)
+
+    def gate(self, key: str) -> Any:
+        """What bounds the calls one primitive's waiters of this process have on the way at
+        once (:data:`GATE`): a semaphore per key, shared by every object of the name."""
+        with self._hub_lock:
+            found = self._gates.get(key)
+            if found is None:
+                found = (asyncio.Semaphore(GATE) if self.aio
+                         else threading.BoundedSemaphore(GATE))
+                self._gates[key] = found
+            return found
 
     def read(self, args: Sequence[Any]) -> Any:
         return io_client(self.client).execute_command(*args)

@@ -395,10 +395,11 @@ class Detector:
     """The deadlock checks of one blocking acquire: :meth:`check` when due (each a few
     reads), :meth:`end` when the wait is over (drops its edge)."""
 
-    __slots__ = ("backend", "wait")
+    __slots__ = ("backend", "wait", "gate")
 
     def __init__(self, p: Any, owner: str) -> None:
         self.backend = p._backend
+        self.gate = p._backend.gate(p._keys.hash)  # its reads share the waiters' bound
         side = p._spec.side
         self.wait = _Wait(p._namespace, owner, side, p._keys.hash, p._deadlock_timeout,
                           monotonic() - p._deadlock_timeout, p._describe(), p._name,
@@ -435,6 +436,6 @@ class Detector:
                 return done.value
             value, error = None, None
             try:
-                value = yield Read(self.backend, command)
+                value = yield Read(self.backend, command, self.gate)
             except NoScriptError as exc:
                 error = exc

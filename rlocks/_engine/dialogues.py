@@ -148,6 +148,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
     queued = granted = waited = False
     detector: Any = None
     pause = 0.01
+    gate = backend.gate(p._keys.hash) if wait != 0 else None
     try:
         while True:
             # Read afresh: another thread may give back this owner's permits (semaphores).
@@ -155,6 +156,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
             sent = monotonic()
             try:
                 attempt = _acquire_call(p, owner, expect, entry_ms)
+                attempt.gate = gate
                 reply = yield from call(backend, attempt, deadline)
             except Interrupted as interrupt:
                 yield from _settle(p, owner, hold, interrupt.reply, expect)

@@ -24,19 +24,23 @@ detected (no lock service can detect it without fencing): see docs/operations.md
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from .clients import is_cluster, pool_of
 from .clock import monotonic
-from .scripts import LOST, WAIT, Call, Reply, arun_many, run_many
+from .scripts import GRANTED, LOST, WAIT, Call, Reply, arun_many, run_many
 from .steps import transient
 
 __all__ = ["DRIFT_FACTOR", "Quorum", "drift_allowance"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 DRIFT_FACTOR = 0.01  # share of the lease allowed for clock drift between the masters
 DRIFT_FIXED = 0.002  # s added to it (Redis' own expiry resolution is 1 ms)
@@ -61,6 +65,14 @@ def _is_async(client: Any) -> bool:
 
 
 Result = Union[Reply, BaseException]
+
+
+def _results(futures: Sequence[Any]) -> List[Any]:
+    out: List[Any] = []
+    for future in futures:
+        error = future.exception()
+        out.append(future.result() if error is None else error)
+    return out
 
 
 class Quorum:
@@ -135,8 +147,8 @@ class Quorum:
 
     # -- fan-out ---------------------------------------------------------------------------
 
-    def _map(self, fn: Callable[[Any], T], masters: Optional[Sequence[Any]] = None
-             ) -> List[T | BaseException]:
+    def _map(self, fn: Callable[[Any], T], masters: Optional[Sequence[Any]] = None,
+             abandoned: Optional[Callable[[List[Any]], None]] = None) -> List[T | BaseException]:
         chosen = self._masters if masters is None else tuple(masters)
         pid = os.getpid()
         with self._mutex:
@@ -146,13 +158,15 @@ class Quorum:
                 self._pid = pid
             executor = self._executor
         futures = [executor.submit(fn, master) for master in chosen]
-        out: List[T | BaseException] = []
-        for future in futures:
-            try:
-                out.append(future.result())
-            except Exception as exc:  # noqa: BLE001 - one master's failure is counted
-                out.append(exc)
-        return out
+        try:
+            wait_all(futures)
+        except BaseException:
+            # An interrupt (a signal handler's exception): it propagates, and what the
+            # calls sent already do is handed to ``abandoned`` once they are done.
+            if abandoned is not None:
+                executor.submit(lambda: (wait_all(futures), abandoned(_results(futures))))
+            raise
+        return _results(futures)
 
     async def _amap(self, fn: Callable[[Any], Any], masters: Optional[Sequence[Any]] = None
                     ) -> List[Any]:
@@ -183,9 +197,20 @@ class Quorum:
         ok = [r for r in replies if r.ok]
         if len(ok) >= self._majority:
             return ok[0], []
-        if len(replies) < self._majority:
-            self._raise(results)
-        return Reply(LOST), []
+        lost = sum(1 for r in replies if r.status == LOST)
+        if lost >= self._majority:  # more than a minority say it is gone
+            return Reply(LOST), []
+        minority = len(self._masters) - self._majority
+        unreached = len(results) - len(replies)
+        if call.script.name.split("[")[0].endswith("_release") and unreached <= minority \
+                and lost <= minority:
+            # The reachable majority is free; the unreached keep their copy until its
+            # lease ends, and nobody waits for them.
+            log.warning("%s released on %d of %d masters; %d unreachable keep it until its "
+                        "lease ends", call.keys[0], len(ok), len(results), unreached)
+            return Reply(GRANTED, 0), []
+        self._raise(results)
+        return Reply(LOST), []  # pragma: no cover - _raise raises
 
     def _raise(self, results: Sequence[Result]) -> None:
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -195,10 +220,20 @@ class Quorum:
 
     def run(self, call: Call) -> Reply:
         since = monotonic()
-        reply, undo = self._combine(call, self._map(lambda m: call(m)), since)
-        if undo and call.undo is not None:
-            give_back = call.undo
-            self._map(lambda m: give_back(m), undo)
+        give_back = call.undo
+
+        def undo_on(masters: Sequence[Any]) -> None:
+            if give_back is not None and masters:
+                self._map(lambda m: give_back(m), masters)
+
+        def abandoned(results: List[Any]) -> None:
+            # An interrupted acquire: what the masters granted goes back once they answer.
+            undo_on([m for m, r in zip(self._masters, results)
+                     if isinstance(r, Reply) and r.ok])
+
+        reply, undo = self._combine(call, self._map(lambda m: call(m), abandoned=abandoned),
+                                    since)
+        undo_on(undo)
         return reply
 
     async def arun(self, call: Call) -> Reply:
@@ -242,6 +277,9 @@ class Quorum:
             return sorted(answers, reverse=True)[self._majority - 1]
         except TypeError:
             return answers[0]
+
+    def gate(self, key: str) -> Any:
+        return None  # its calls fan out to every master at once: nothing to bound
 
     def enlist(self, channel: str, key: str, owner: str) -> Any:
         raise NotImplementedError("a Quorum queues nobody")  # pragma: no cover

@@ -31,7 +31,7 @@ from . import metrics
 from .clock import monotonic
 from .holds import Hold
 from .scripts import LOST, Reply
-from .steps import RunMany, adrive, drive
+from .steps import RunMany, adrive, drive, transient
 
 __all__ = ["BATCH", "IDLE", "renewer_for"]
 
@@ -95,11 +95,15 @@ def renew_pass(backend: Any, holds: List[Hold]) -> Generator[Any, Any, None]:
         elif isinstance(result, Reply) and result.status == LOST:
             hold.found_gone("its lease ended before it was renewed")
         else:
+            if isinstance(result, BaseException) and not transient(result):
+                # Not the link: a bug, or a server that refuses the call. Named, loudly.
+                log.error("renewal of %s failed", hold.label, exc_info=result)
+            else:
+                log.debug("renewal of %r failed: %r", hold, result)
             if now >= hold.lease_end:
                 hold.found_gone(f"it could not be renewed within its lease ({result!r})")
             else:
                 hold.due = now + min(RETRY, max(0.01, (hold.lease_end - now) / 4))
-            log.debug("renewal of %r failed: %r", hold, result)
 
 
 class Renewer:

@@ -127,7 +127,8 @@ class Call:
     trip (the reply's ``replicas`` is its answer).
     """
 
-    __slots__ = ("script", "keys", "args", "replication", "undo", "ttl_ms", "_packed", "_route")
+    __slots__ = ("script", "keys", "args", "replication", "undo", "ttl_ms", "gate", "_packed",
+                 "_route")
 
     def __init__(self, script: Script, keys: Sequence[str], args: Sequence[Arg],
                  replication: Optional[Tuple[int, int]] = None) -> None:
@@ -139,6 +140,10 @@ class Call:
         # or outside the validity window), and the lease it grants (ms).
         self.undo: Optional["Call"] = None
         self.ttl_ms = 0
+        # A waiter's call: how many of one primitive's waiters of this process may have a
+        # call on the way at once (backends.Server.gate), so a crowd of waiters does not
+        # open a connection each.
+        self.gate: Any = None
         self._packed: Any = None
         self._route: Tuple[Any, Any, Any] = (None, None, None)
 

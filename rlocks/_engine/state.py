@@ -54,6 +54,7 @@ __all__ = [
     "PrimitiveState",
     "QueueEntry",
     "afind",
+    "agreed",
     "astatistics",
     "find",
     "force_release",
@@ -363,20 +364,26 @@ def _snapshot(client: Any, namespace: str,
 def _scan(client: Any, namespace: str) -> Iterable[Tuple[str, str]]:
     # MATCH is a glob: the namespace's own glob characters must match literally.
     match = re.sub(r"([\\*?\[\]])", r"\\\1", escape(namespace)) + ":*"
-    if hasattr(client, "get_nodes"):  # a cluster: every master
-        keys: Iterable[Any] = (key for node in client.get_primaries()
-                               for key in client.scan_iter(match=match, count=1000,
-                                                           _type="hash", target_nodes=node))
-    else:
-        keys = client.scan_iter(match=match, count=1000, _type="hash")
-    for key in keys:
-        try:
-            text = key.decode("utf-8") if isinstance(key, bytes) else key
-        except UnicodeDecodeError:
-            continue  # rlocks keys are UTF-8 (names are checked at construction)
-        parsed = parse_key(text, namespace)
-        if parsed is not None:
-            yield parsed
+    # Holds hashes, and queues (a primitive may have waiters and no hash: a Semaphore(0)).
+    for kind in ("hash", "zset"):
+        if hasattr(client, "get_nodes"):  # a cluster: every master
+            keys: Iterable[Any] = (key for node in client.get_primaries()
+                                   for key in client.scan_iter(match=match, count=1000,
+                                                               _type=kind, target_nodes=node))
+        else:
+            keys = client.scan_iter(match=match, count=1000, _type=kind)
+        for key in keys:
+            try:
+                text = key.decode("utf-8") if isinstance(key, bytes) else key
+            except UnicodeDecodeError:
+                continue  # rlocks keys are UTF-8 (names are checked at construction)
+            if kind == "zset":
+                if not text.endswith(":q"):
+                    continue
+                text = text[:-2]
+            parsed = parse_key(text, namespace)
+            if parsed is not None:
+                yield parsed
 
 
 def list_primitives(client: Any, namespace: str = "rlocks", pattern: str = "*",
@@ -431,15 +438,64 @@ def _empty(p: Any) -> PrimitiveState:
                           free=p._spec.value if kind == "sem" else None)
 
 
+def _own(p: Any, found: List[PrimitiveState]) -> PrimitiveState:
+    """The state :func:`find` read for ``p`` (an empty one when Redis has none); a
+    semaphore's value, when Redis has only its waiters, is ``p``'s own."""
+    if not found:
+        return _empty(p)
+    state = found[0]
+    if p._spec.kind == "sem" and state.value is None:
+        state = replace(state, value=p._spec.value, free=p._spec.value - state.holds)
+    return state
+
+
 def statistics(p: Any) -> PrimitiveState:
-    """The state of primitive ``p`` now (one round trip); an empty one when Redis has none."""
-    found = find(p.client, p._namespace, p._name, p._spec.kind)
-    return found[0] if found else _empty(p)
+    """The state of primitive ``p`` now (one round trip; on a Quorum, what a majority of
+    its masters agree on: :func:`agreed`)."""
+    masters = getattr(p._backend, "masters", None)
+    if masters is not None:
+        results = p._backend._map(lambda m: find(m, p._namespace, p._name, p._spec.kind))
+        return agreed(p, p._backend.majority, results)
+    return _own(p, find(p.client, p._namespace, p._name, p._spec.kind))
 
 
 async def astatistics(p: Any) -> PrimitiveState:
-    found = await afind(p.client, p._namespace, p._name, p._spec.kind)
-    return found[0] if found else _empty(p)
+    masters = getattr(p._backend, "masters", None)
+    if masters is not None:
+        results = await p._backend._amap(
+            lambda m: afind(m, p._namespace, p._name, p._spec.kind))
+        return agreed(p, p._backend.majority, results)
+    return _own(p, await afind(p.client, p._namespace, p._name, p._spec.kind))
+
+
+def agreed(p: Any, need: int, results: Sequence[Any]) -> PrimitiveState:
+    """What a majority (``need``) of a Quorum's masters agree on, from each master's
+    :func:`find` result (or its error): a holder when a majority have its hold, with the
+    count and lease a majority have at least. Raises the first error when fewer than a
+    majority answered. No I/O."""
+    answered = [r for r in results if not isinstance(r, BaseException)]
+    if len(answered) < need:
+        raise next(r for r in results if isinstance(r, BaseException))
+    states = [_own(p, found) for found in answered]
+
+    def at_least(values: List[Optional[int]]) -> Optional[int]:
+        # The need-th largest: a majority have this much (None: no expiry, the largest).
+        if len(values) < need:
+            return None
+        ranked = sorted(values, key=lambda v: float("inf") if v is None else v)
+        return ranked[len(values) - need]
+
+    holds: Dict[Tuple[str, str], List[Holder]] = {}
+    for state in states:
+        for holder in state.holders:
+            holds.setdefault((holder.owner, holder.side), []).append(holder)
+    holders = tuple(
+        replace(found[0], count=min(sorted((h.count for h in found), reverse=True)[:need]),
+                lease_ms=at_least([h.lease_ms for h in found]))
+        for found in holds.values() if len(found) >= need)
+    return replace(states[0], holders=holders, stale=0, queue=None, waiting=None,
+                   lease_ms=at_least([s.lease_ms for s in states if s.holders]) if holders
+                   else None)
 
 
 class Forced(NamedTuple):

@@ -54,6 +54,7 @@ class RunMany(NamedTuple):
 class Read(NamedTuple):
     backend: Any
     args: Sequence[Any]
+    gate: Any = None  # as Call.gate
 
 
 class Pause(NamedTuple):
@@ -130,8 +131,13 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
         try:
             kind = type(step)
             if kind is Run:
+                gate = step.call.gate
                 try:
-                    value = step.backend.run(step.call)
+                    if gate is None:
+                        value = step.backend.run(step.call)
+                    else:
+                        with gate:
+                            value = step.backend.run(step.call)
                 except BaseException as exc:
                     error = Interrupted(exc, None) if _foreign(exc) else exc
             elif kind is Listen:
@@ -139,7 +145,11 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is Pause:
                 time.sleep(step.seconds)
             elif kind is Read:
-                value = step.backend.read(step.args)
+                if step.gate is None:
+                    value = step.backend.read(step.args)
+                else:
+                    with step.gate:
+                        value = step.backend.read(step.args)
             elif kind is RunMany:
                 value = step.backend.run_many(step.calls)
             elif kind is Enlist:
@@ -168,7 +178,8 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
         try:
             kind = type(step)
             if kind is Run:
-                running = asyncio.ensure_future(step.backend.arun(step.call))
+                running = asyncio.ensure_future(_gated(step.call.gate, step.backend.arun,
+                                                       step.call))
                 try:
                     value = await asyncio.shield(running)
                 except asyncio.CancelledError as exc:
@@ -178,7 +189,7 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is Pause:
                 await asyncio.sleep(step.seconds)
             elif kind is Read:
-                value = await step.backend.aread(step.args)
+                value = await _gated(step.gate, step.backend.aread, step.args)
             elif kind is RunMany:
                 value = await step.backend.arun_many(step.calls)
             elif kind is Enlist:
@@ -187,6 +198,13 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
                 raise TypeError(f"not a step: {step!r}")
         except BaseException as exc:  # noqa: BLE001 - the dialogue decides
             error = exc
+
+
+async def _gated(gate: Any, fn: Any, arg: Any) -> Any:
+    if gate is None:
+        return await fn(arg)
+    async with gate:
+        return await fn(arg)
 
 
 async def _outcome(running: "asyncio.Future[Any]") -> Any:

@@ -225,6 +225,9 @@ class LoopDefault:
     async def aenlist(self, channel: str, key: str, owner: str) -> Any:
         return await self.server().aenlist(channel, key, owner)
 
+    def gate(self, key: str) -> Any:
+        return self.server().gate(key)
+
 
 class AsyncPrimitive(_Views):
     """What makes a primitive an asyncio one: the task owns; I/O is awaited."""

@@ -166,7 +166,7 @@ class _Performer:
                 o = "ok" if got else "false"
                 tok = token_of(made, action.obj, action.side) if got else None
                 rec(a="acquire", s=action.side, h=action.hold, d=action.depth, new=action.new,
-                    inv=inv, ret=time.monotonic(), o=o, tok=tok, **base)
+                    inv=inv, ret=time.monotonic(), o=o, tok=tok, obj=action.obj, **base)
                 return o
             if isinstance(action, Release):
                 if action.end:
