@@ -24,13 +24,13 @@ import redis
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import deadlock, identity
+from rlocks._engine import deadlock, identity, scripts
 from rlocks._engine import state as ins
-from rlocks._engine.dialogue import drive
 from rlocks._engine.keys import accuse_key, keys_for, wait_key, wait_seq_key
 
 from . import _procs
 from ._servers import LocalCluster, wait_until
+from .conftest import load_scripts
 
 SPAWN = multiprocessing.get_context("spawn")
 DEADLOCK_TIMEOUT = 0.5
@@ -278,17 +278,32 @@ def test_deadlock_timeout_out_of_range_is_a_value_error(value: Any, client: Any,
     assert _no_edges(client, ns) and client.exists(wait_seq_key(ns)) == 0
 
 
+def _wait(ns: str, owner: str, side: str, key: str, name: str, entry: str = "-") -> Any:
+    """The detector's state of one wait of ``owner`` for ``key`` (``side``), its first
+    check due at once (as ``Detector`` builds it for a blocking acquire)."""
+    return deadlock._Wait(ns, owner, side, key, 1.0, -1.0, name, name, entry)
+
+
 def _checked(
-    client: Any, det: deadlock.Detector, before: Callable[[Tuple[Any, ...]], None] = lambda c: None
+    client: Any, det: Any, before: Callable[[Tuple[Any, ...]], None] = lambda c: None
 ) -> Any:
-    """Run one deadlock check of ``det`` against ``client``: the error or ``None``.
-    ``before`` sees each command just before it is sent (a test's hook to change state)."""
-
-    def perform(command: Tuple[Any, ...]) -> Any:
+    """Run one deadlock check of ``det`` (a ``deadlock._Wait``) against ``client``: the
+    error or ``None``. ``before`` sees each command just before it is sent (a test's hook
+    to change state). Redis errors are thrown into the check, as the engine's driver does."""
+    reads = deadlock.check(det)
+    value: Any = None
+    error: Any = None
+    while True:
+        try:
+            command = reads.throw(error) if error is not None else reads.send(value)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
         before(command)
-        return client.execute_command(*command)
-
-    return drive(deadlock.check(det), perform)
+        try:
+            value = client.execute_command(*command)
+        except redis.RedisError as exc:
+            error = exc
 
 
 def test_a_cycle_that_changed_before_the_confirmation_accuses_nobody(
@@ -318,12 +333,16 @@ def test_a_cycle_that_changed_before_the_confirmation_accuses_nobody(
             edge = deadlock.Edge(other[0], 0, "x", mine._keys.hash)
             client.set(wait_key(ns, other[0]), edge.value(), px=30000)
 
+            # (loaded: no NOSCRIPT answer, whose re-send would count as a second read)
+            load_scripts(client, deadlock._HOLDERS)
+
             def run(renumber: bool) -> Any:
-                det = deadlock.Detector(ns, me, "x", theirs._keys.hash, 1.0, 0.0, "me", "me")
+                det = _wait(ns, me, "x", theirs._keys.hash, "me")
                 evals = [0]
 
                 def before(command: Tuple[Any, ...]) -> None:
-                    if command[0] == "EVALSHA" and command[3] == f"{theirs._keys.hash}:leases":
+                    # (deadlock_holders.lua on theirs: the walk's read, then the confirmation's)
+                    if command[0] == "EVALSHA" and command[3] == theirs._keys.hash:
                         evals[0] += 1
                         if evals[0] == 2 and renumber:  # the confirmation begins
                             client.set(wait_key(ns, other[0]), edge._replace(seq=7).value())
@@ -413,7 +432,7 @@ def test_a_condition_wait_taking_its_lock_back_is_never_the_victim(
                 with cond:
                     waiting.set()
                     out["notified"] = cond.wait(WAIT)
-                    out["held after wait"] = lock._held(lock._owner())  # type: ignore[union-attr]
+                    out["held after wait"] = lock._levels(lock._owner())  # type: ignore[union-attr]
         except BaseException as exc:  # noqa: BLE001 - checked below
             out["waiter"] = exc
 
@@ -507,11 +526,14 @@ def test_a_cycle_of_restoring_waits_only_accuses_nobody_and_warns_once_per_wait(
         try:
             with first:
                 both.wait(WAIT)
-                with second._taking_back(second._owner()):
-                    try:
-                        out[key] = second.acquire(timeout=WAIT)
-                    except BaseException as exc:  # noqa: BLE001 - checked below
-                        out[key] = exc
+                # (the mark a Condition's acquire_restore puts around its acquires)
+                second._restoring.add(second._owner())
+                try:
+                    out[key] = second.acquire(timeout=WAIT)
+                except BaseException as exc:  # noqa: BLE001 - checked below
+                    out[key] = exc
+                finally:
+                    second._restoring.discard(second._owner())
                 if out[key] is True:
                     second.release()
         except rlocks.LockLostError:
@@ -777,7 +799,7 @@ def _behind_a_queued_writer(
             with lock:
                 a_holds.set()
                 assert b_holds.wait(30)
-                wait_until(lambda: client.zcard(f"{rw.write_lock._keys.hash}:queue") == 1, 60,
+                wait_until(lambda: client.zcard(rw.write_lock._keys.queue) == 1, 60,
                            "the writer queued")
                 a_queued.set()  # (set just before: B's wait for L may start with A's)
                 result = outcome(rw.read_lock.acquire)
@@ -837,11 +859,10 @@ def _behind_a_queued_writer(
     writer.start()
     try:
         if not cycle:
-            wait_until(lambda: client.zcard(f"{rw.write_lock._keys.hash}:queue") == 2, 60, "A queued")
-            entries = client.hvals(f"{rw.write_lock._keys.hash}:entries")
-            owners.extend(
-                json.loads(e)["o"] for e in entries if e.startswith(b"{")
-            )
+            wait_until(lambda: client.zcard(rw.write_lock._keys.queue) == 2, 60, "A queued")
+            # queue members: '<arrival>:<side>:<owner>' (lua/lib.lua)
+            owners.extend(m.decode().split(":", 2)[2]
+                          for m in client.zrange(rw.write_lock._keys.queue, 0, -1))
         ta.join(wait + 60)
         tb.join(wait + 60)
         outcomes = _outcomes(client, data, 3)
@@ -885,66 +906,45 @@ def test_a_reader_queued_behind_a_writer_outside_any_cycle_is_not_accused(
     assert _no_edges(client, ns)
 
 
-def test_deadlock_holders_names_the_live_entry_just_ahead(client: Any, name: str) -> None:
-    """The script behind the queue edge: the holds, and the owner, side and sequence
-    numbers of the entry just ahead of the given one; nothing for the head, for no
-    entry, for an entry not queued, or when the entry ahead's lease has ended."""
-    from .test_handover_scripts import _Prim
-
-    rw = _Prim(client, "rw", name)
-    # rw acquire: owner, entry, side, ttl, add, reentry, wait (now None = server TIME)
-    assert rw.call("acquire", None, "r1.a", "r1", "r", 30000, 1, 0, 1)[0] == 1
-    assert rw.call("acquire", None, "w.a", "w", "w", 30000, 1, 0, 1)[0] == 3
-    assert rw.call("acquire", None, "r2.a", "r2", "r", 30000, 1, 0, 1)[0] == 3
-
-    def holders(entry: str) -> Any:
-        raw = client.eval(
-            deadlock._HOLDERS.source, 4, *rw.keys[1:5], entry
-        )
-        holds, ahead = raw
-        return sorted(h.decode() for h in holds), [a.decode() for a in ahead]
-
-    seqs = [str(int(s)) for _m, s in client.zrange(rw.keys[2], 0, -1, withscores=True)]
-    assert holders("r2") == (["r:r1.a"], ["w.a", "w", seqs[0], seqs[1]])
-    assert holders("w") == (["r:r1.a"], [])  # the head waits for holders only
-    assert holders("") == (["r:r1.a"], [])  # fair=False: the queue is not looked at
-    assert holders("nobody") == (["r:r1.a"], [])
-    client.zadd(rw.keys[4], {"e:w": 1})  # the writer's entry lease has ended
-    assert holders("r2") == (["r:r1.a"], [])
-    client.delete(*rw.keys)
+_RW_ACQUIRE = scripts.load("rw_acquire", "rw_lib")
 
 
-def test_a_waiter_handed_the_lock_before_it_noticed_is_not_in_a_cycle(
+def _rw_ask(client: Any, keys: Any, owner: str, side: str) -> int:
+    """One fair acquire of an RWLock side by ``owner`` (a 30 s lease, a 30 s queue entry
+    when refused): the script's status."""
+    return scripts.Call(_RW_ACQUIRE, (keys.hash, keys.queue, keys.leases, keys.fence),
+                (owner, side, 30000, 0, "1", 30000, keys.wake, 100))(client).status
+
+
+def test_deadlock_holders_names_the_live_entry_just_ahead(
     client: Any, ns: str, name: str
 ) -> None:
-    """A hand-over grants the hold to a waiter still inside its acquire (its edge stays
-    until it notices: a stopped process, a slow thread), and its process's entry may
-    queue again for its next thread, behind a writer. Read naively, the waiter then holds
-    the read side the writer waits for and waits behind that writer: a cycle that is not
-    one. (The chaos test of the bug hunt saw DeadlockError this way.) A waiter that holds
-    what it waits for is not blocked by it."""
-    from .test_handover_scripts import _Prim
-
-    rw = _Prim(client, "rw", name)
-    rw.keys = list(keys_for(ns, "rw", name).queued()[:7])
-    key = rw.keys[0]
-    # rw acquire: owner, entry, side, ttl, add, reentry, wait (now None = server TIME)
-    assert rw.call("acquire", None, "h.a", "h", "w", 30000, 1, 0, 1)[0] == 1
-    assert rw.call("acquire", None, "r1.a", "r1", "r", 30000, 1, 0, 1)[0] == 3
-    client.set(wait_key(ns, "r1.a"), deadlock.Edge("r1.a", 1, "r", key, "r1").value(), px=30000)
-    assert rw.call("acquire", None, "w.a", "w", "w", 30000, 1, 0, 1)[0] == 3
-    # the holder releases: r1.a is handed the read side, and has not noticed yet
-    assert rw.call("release", None, "h.a", "w", 1)[3][0].startswith("g r1.a")
-    # its process's next thread queues with the entry, now behind the writer
-    assert rw.call("acquire", None, "r1.b", "r1", "r", 30000, 1, 0, 1)[0] == 3
-    assert rw.queue() == ["w", "r1"]
-    det = deadlock.Detector(ns, "w.a", "w", key, 1.0, 0.0, "RWLock", name, "w")
+    """The script behind the queue edge: the holds, and the owner, side and arrivals of
+    the live entry just ahead of the given owner's; nothing for the head, for no owner
+    (fair=False), for an owner not queued, or when the entry ahead's lease has ended."""
+    k = keys_for(ns, "rw", name)
     try:
-        # (test_a_reader_queued_behind_a_waiting_writer_is_part_of_a_cycle: the same
-        # shape with a reader that holds nothing is a cycle, and is found)
-        assert _checked(client, det) is None
+        assert _rw_ask(client, k, "p:r1", "r") == scripts.GRANTED
+        assert _rw_ask(client, k, "p:w", "w") == scripts.WAIT
+        assert _rw_ask(client, k, "p:r2", "r") == scripts.WAIT  # behind a queued writer: FIFO
+
+        def holders(owner: str) -> Any:
+            holds, ahead = client.eval(deadlock._HOLDERS.source, 3, k.hash, k.queue,
+                                       k.leases, "rw", owner)
+            return sorted(h.decode() for h in holds), [a.decode() for a in ahead]
+
+        # members '<arrival>:<side>:<owner>' (lua/lib.lua): in arrival order when sorted
+        members = sorted(m.decode() for m in client.zrange(k.queue, 0, -1))
+        assert [m.split(":", 2)[2] for m in members] == ["p:w", "p:r2"]
+        arrivals = [m.split(":", 1)[0] for m in members]
+        assert holders("p:r2") == (["r:p:r1"], ["p:w", "w", arrivals[0], arrivals[1]])
+        assert holders("p:w") == (["r:p:r1"], [])  # the head waits for holders only
+        assert holders("") == (["r:p:r1"], [])  # fair=False: the queue is not looked at
+        assert holders("nobody") == (["r:p:r1"], [])
+        client.zadd(k.queue, {members[0]: 1}, xx=True)  # the writer's entry lease has ended
+        assert holders("p:r2") == (["r:p:r1"], [])
     finally:
-        client.delete(wait_key(ns, "r1.a"), wait_key(ns, "w.a"), *rw.keys)
+        client.delete(k.hash, k.queue, k.leases)
 
 
 @pytest.mark.timeout(120)
@@ -1018,25 +1018,46 @@ def test_a_cycle_the_victims_walk_cannot_close_is_reported_by_another_member(
 
 
 @pytest.mark.parametrize("flavour", ["threading", "asyncio"])
-def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
-    redis_url: str, client: Any, ns: str, name: str, flavour: str
+def test_an_ended_wait_deletes_its_edge(
+    redis_url: str, client: Any, ns: str, name: str, flavour: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Deadlock checks of one hub read one at a time (``WakeHub.reads``, each waiting its
-    turn at most ``READ_TURN``); the deletion of an ended wait's edge used to wait its turn
-    like a read and be skipped. Under many waiters (a bug hunt: 300 threads) an edge was
-    left saying a thread that had moved on still waited, and a real holder's wait for that
-    thread's lock was confirmed as a cycle: a false DeadlockError. Here the turn is held
-    from the moment the wait has an edge until the wait has ended.
+    """The end of a wait deletes its edge, whatever its lease. An edge left behind says
+    that a thread that moved on still waits, and a real holder's wait for that thread's
+    lock is then confirmed as a cycle: a false DeadlockError (a bug hunt with 300 threads
+    once saw one when the deletion was skipped).
 
-    Nothing here races the clock: the wait ends when the test releases the holder (it was
-    a 0.6 s time-out, and a slow run could miss the edge's whole life), and the edge loses
-    its lease once the turn is held (no check can renew or rewrite it then), so only the
-    ended wait's own deletion can remove it."""
+    Nothing here races the clock: the wait ends when the test releases the holder, and
+    before that the edge loses its lease while no check runs (from then on the checks
+    are held back, so none can renew or rewrite it): only the ended wait's own deletion
+    can remove it."""
+    real = deadlock.check
+    gate = threading.Lock()
+    held_back = threading.Event()
+    running = [0]
+
+    def gated(det: Any) -> Any:
+        with gate:
+            if held_back.is_set():
+                det.due = time.monotonic() + det.timeout
+                return None
+            running[0] += 1
+        try:
+            return (yield from real(det))
+        finally:
+            with gate:
+                running[0] -= 1
+
+    monkeypatch.setattr(deadlock, "check", gated)
     holder = rlocks.RLock(name, client=client, namespace=ns)
     assert holder.acquire()
 
+    def hold_back_checks() -> None:
+        with gate:
+            held_back.set()
+
     def pin_the_edge() -> None:
-        # (called with the read turn held: no check of this hub is reading or writing)
+        # (called once no check runs, nor will: none can renew or rewrite the edge)
         edges = _edges(client, ns)
         assert len(edges) == 1, edges
         assert client.persist(edges[0]) == 1
@@ -1056,14 +1077,11 @@ def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
             t = threading.Thread(target=wait)
             t.start()
             wait_until(lambda: bool(_edges(client, ns)), 30, "the waiter's edge")
-            reads = waiter._hub().reads
-            assert reads.acquire(timeout=5)  # another check "reads" until the wait ended
-            try:
-                pin_the_edge()
-                t.join(30)
-                assert not t.is_alive(), "the waiter's acquire did not return"
-            finally:
-                reads.release()
+            hold_back_checks()
+            wait_until(lambda: running[0] == 0, 30, "the check in progress to end")
+            pin_the_edge()
+            t.join(30)
+            assert not t.is_alive(), "the waiter's acquire did not return"
             assert out == [True]
         else:
 
@@ -1085,13 +1103,12 @@ def test_an_ended_wait_deletes_its_edge_even_while_another_check_reads(
                     while not _edges(client, ns):
                         assert time.monotonic() < deadline, "no edge for the waiter in 30 s"
                         await asyncio.sleep(0.01)
-                    reads = awaiter._ahub().reads
-                    await asyncio.wait_for(reads.acquire(), 5)
-                    try:
-                        pin_the_edge()
-                        return await asyncio.wait_for(task, 30)
-                    finally:
-                        reads.release()
+                    hold_back_checks()
+                    while running[0]:  # (a check in progress runs in this loop)
+                        assert time.monotonic() < deadline, "the check did not end"
+                        await asyncio.sleep(0.01)
+                    pin_the_edge()
+                    return await asyncio.wait_for(task, 30)
                 finally:
                     await aclient.aclose()
 
@@ -1112,7 +1129,7 @@ def test_a_stale_accusation_accuses_nobody(client: Any, ns: str, name: str) -> N
     assert x.acquire()
     key = x._keys.hash
     try:
-        det = deadlock.Detector(ns, "w.a", "x", key, 1.0, 0.0, "RLock", name)
+        det = _wait(ns, "w.a", "x", key, name)
         assert _checked(client, det) is None  # draws the wait's number, records its edge
         holder = identity.thread_owner()
         mine = deadlock.Edge("w.a", det.seq, "x", key)
@@ -1132,9 +1149,9 @@ def test_a_stale_accusation_accuses_nobody(client: Any, ns: str, name: str) -> N
 def test_waiters_past_the_deadlock_timeout_do_not_each_take_a_connection(
     redis_url: str, name: str, flavour: str
 ) -> None:
-    """Every waiter past ``deadlock_timeout`` runs its own deadlock check. Their reads go
-    one at a time per hub, so the checks of many waiters do not each hold a connection
-    of the pool at once (a probe counted 56 connections for 64 threads waiting 2 s)."""
+    """Every waiter past ``deadlock_timeout`` runs its own deadlock check. The checks (and
+    the asks) of many waiters of one process must not each hold a connection of the pool
+    at once (a probe once counted 56 connections for 64 threads waiting 2 s)."""
     admin = redis.Redis.from_url(redis_url)
     holder = rlocks.RLock(name, client=admin, namespace="rlocks-dl-conns")
     assert holder.acquire()
@@ -1176,5 +1193,5 @@ def test_waiters_past_the_deadlock_timeout_do_not_each_take_a_connection(
     finally:
         holder.release()
         runner.join(60)
-    # the hub's subscriber, one read, the head's queueing call, the renewer, a nudge
+    # the wake-up subscriber, the renewer, and a few calls and reads in flight at once
     assert peak <= 6, peak
