@@ -218,10 +218,16 @@ def _table(rows: Sequence[Sequence[str]]) -> List[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
+def _known(value: Optional[int]) -> str:
+    # A semaphore's value and free permits are unknown while it has no holds hash (a
+    # Semaphore(0) whose waiters queued before anyone released a permit).
+    return "?" if value is None else str(value)
+
+
 def _list_lines(states: Sequence[_state.PrimitiveState]) -> List[str]:
     rows = [("TYPE", "NAME", "HOLDERS", "HOLDS", "FREE", "LEASE", "WAITING")]
     for state in states:
-        free = f"{state.free}/{state.value}" if state.kind == "sem" else "-"
+        free = f"{_known(state.free)}/{_known(state.value)}" if state.kind == "sem" else "-"
         holds = str(state.holds) if state.holders else "0"
         lease = _duration(_next_lease(state)) if state.holders else "-"
         waiting = state.waiting_total
@@ -243,7 +249,7 @@ def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
              f"  namespace  {state.namespace}",
              f"  key        {state.key}"]
     if state.kind == "sem":
-        lines.append(f"  permits    {state.free} free of {state.value} "
+        lines.append(f"  permits    {_known(state.free)} free of {_known(state.value)} "
                      f"({state.holds} held by {_plural(len(state.holders), 'owner')})")
     else:
         lines.append(f"  held       {_plural(state.holds, 'hold')} by "
@@ -256,7 +262,7 @@ def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
             rows.append((f"    {holder.owner}", holder.side or "-", str(holder.count),
                          _duration(holder.lease_ms)))
         lines += _table(rows)
-    # (a process has one entry per wake-up hub: per client, and per event loop)
+    # (one entry per waiting thread or asyncio task, head first)
     lines.append(f"  queue      {_plural(len(state.queue or ()), 'entry', 'entries')} waiting")
     if state.queue:
         queue_rows: List[Tuple[str, ...]] = [
@@ -306,8 +312,8 @@ def _not_found(name: str, settings: _Settings) -> Failure:
 def list_command(pattern: str, kind: Optional[str]) -> None:
     """List the primitives whose name matches the glob PATTERN (default: all).
 
-    WAITING counts the entries in the primitive's queue: a process has one entry per
-    client (and per asyncio event loop) however many of its threads or tasks wait.
+    WAITING counts the entries in the primitive's queue: one per waiting thread or
+    asyncio task, whatever its process.
     """
     settings = _settings()
     code = _kind_code(kind)
@@ -473,14 +479,15 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
 @_kind_option
 @_global_options
 def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> None:
-    """Force-release NAME: end every hold on it and hand it to its queue of waiters.
+    """Force-release NAME: end every hold on it and wake its queue of waiters.
 
-    Deletes the primitive's holds in one Lua script that also grants the freed primitive
-    to the head of its queue (a semaphore: to as many waiters as the permits cover; an
-    RWLock: to the next writer, or the readers before it), in queue order, as a release
-    would. Live holders are not stopped: they find their hold lost at their next renewal
-    or release (LockLostError, on_lost). Asks for confirmation unless --yes; refuses
-    without --yes when stdin is not a terminal.
+    Deletes the primitive's holds in one Lua script that also wakes every waiter in its
+    queue; each asks again with its own acquire, so the freed primitive goes in queue
+    order (the head; a semaphore: as many waiters as the permits cover; an RWLock: the
+    next writer, or the readers before it) and the others keep their places. Live holders
+    are not stopped: they find their hold lost at their next renewal or release
+    (LockLostError, on_lost). Asks for confirmation unless --yes; refuses without --yes
+    when stdin is not a terminal.
     """
     settings = _settings()
     if not force:
@@ -504,12 +511,13 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
             raise Failure("not released")
     forced = _state.force_release(client, settings.namespace, state.kind, name)
     if settings.json:
-        _emit_json({"released": forced.released, "handed_to": forced.handed,
-                    "primitive": state.to_dict()})
+        # "handed_to" is the name earlier versions gave the count: kept for scripts.
+        _emit_json({"released": forced.released, "woken": forced.handed,
+                    "handed_to": forced.handed, "primitive": state.to_dict()})
     elif forced.released:
-        handed = (f"handed to {_plural(forced.handed, 'queue entry', 'queue entries')}"
-                  if forced.handed else "nobody was waiting")
-        click.echo(f"released {summary}; {handed}")
+        woken = (f"woke {_plural(forced.handed, 'waiter')}" if forced.handed
+                 else "nobody was waiting")
+        click.echo(f"released {summary}; {woken}")
     else:
         click.echo(f"{state.type} {_quoted(name)} was already free", err=True)
 

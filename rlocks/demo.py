@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import click
 import redis
 
-from ._engine.state import list_primitives
+from ._engine.keys import keys_for
 from .rlock import RLock
 from .rwlock import RWLock
 from .semaphore import BoundedSemaphore
@@ -53,6 +53,8 @@ _LABELS = {
     "pool": "Semaphore  pool of connections",
     "rw": "RWLock     readers / writers  ",
 }
+# The demo's primitives: (key kind, role in _Keys.lock).
+PRIMITIVES = (("rlock", "counter"), ("sem", "pool"), ("rw", "table"))
 POOL_HOLD = 0.002  # s a thread keeps its "connection", so the pool fills up
 READ_HOLD = 0.001  # s between a reader's two GETs, so readers overlap and tearing would show
 WRITE_EVERY = 5  # one operation in this many is a write, in the RWLock phase
@@ -276,6 +278,11 @@ def _percentile(sorted_values: Sequence[float], p: float) -> Optional[float]:
     return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
 
 
+def _lock_keys(namespace: str, kind: str, name: str) -> Tuple[str, str, str]:
+    k = keys_for(namespace, kind, name)
+    return (k.hash, k.queue, k.leases)
+
+
 def _verify(
     client: "redis.Redis", namespace: str, keys: _Keys, options: Options,
     finished: Dict[str, bool], seconds: Dict[str, float],
@@ -291,7 +298,9 @@ def _verify(
     gaps = sorted(int(x) / 1e6 for x in client.lrange(keys("handoffs"), 0, -1))
     errors = [e.decode("utf-8", "replace") if isinstance(e, bytes) else str(e)
               for e in client.lrange(keys("errors"), 0, -1)]
-    left = list_primitives(client, namespace, f"{keys.lock_prefix}:*", waiting=False)
+    # Every key of the demo's primitives: holds hash, holder leases, queue of waiters.
+    left = [key for kind, role in PRIMITIVES
+            for key in _lock_keys(namespace, kind, keys.lock(role)) if client.exists(key)]
     pool_done = _phase_done(client, keys, "pool")
 
     def check(name: str, value: str, ok: bool) -> Dict[str, Any]:

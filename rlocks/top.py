@@ -17,11 +17,13 @@ What is known, and what is not
   A hold released and taken again by the same owner between two refreshes looks like one
   hold. The one-shot ``--json`` snapshot has seen nothing before, so its
   ``hold_age_ms`` is null.
-- **Waiters**: when the state carries a ``queue`` (the waiters in queue order, each with
-  ``waiter``, ``side``, ``wanted``, ``lease_left_ms`` and ``age_ms``), its length and its
-  oldest age are shown. A state built without its queue has only ``waiting``, the
-  number of processes queued (see :mod:`rlocks._engine.state`): shown as
-  ``N proc``, and the oldest waiter's age is unknown (``?``). OLDEST is the oldest waiter's age.
+- **Waiters**: the state's ``queue`` (see :mod:`rlocks._engine.state`): the waiting
+  threads and tasks in queue order, one entry each, with ``waiter``, ``side``,
+  ``wanted``, ``lease_left_ms`` and ``age_ms``. QUEUE is its length, OLDEST the oldest
+  waiter's age. A state built without its queue (``queue`` None: not read) has only the
+  count ``waiting``: shown as ``N proc``, as for engines that kept no queue (the
+  README's "Seeing contention"), and the oldest waiter's age is unknown (``?``).
+  :func:`rlocks._engine.state.list_primitives` always reads the queue.
 
 Order
 -----
@@ -106,7 +108,8 @@ class Row:
     # None: not known. ``hold_age_floor``: the hold was older than top's first look.
     hold_age_ms: Optional[int]
     hold_age_floor: bool
-    # The state's queue (entries in queue order) when it has one; None: not recorded.
+    # The state's queue (entries in queue order, one per waiting thread or task) when it
+    # has one; None: not read.
     queue: Optional[Tuple[Any, ...]]
 
     @property
@@ -119,7 +122,7 @@ class Row:
 
     @property
     def waiters(self) -> Optional[int]:
-        """Queue length, else processes subscribed to wake-ups; None when not read."""
+        """Queue length, else the state's count of waiters; None when neither was read."""
         if self.queue is not None:
             return len(self.queue)
         return self.state.waiting_total

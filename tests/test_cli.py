@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 
 import rlocks
 from rlocks import cli
-from rlocks._engine import identity, wakehub
+from rlocks._engine import identity
 from rlocks._engine import state as ins
 from rlocks._engine.keys import escape, keys_for
+from rlocks._engine.scripts import WAIT
 from rlocks.server import free_port
 
 TRICKY_NAMES = ["a:b:c", "{tag}", "x}{y", "with space", "100%7B", "%", "ünï {:}"]
@@ -96,8 +97,12 @@ def test_unescape_inverts_escape(part: str) -> None:
 
 
 @pytest.mark.parametrize("key", [
-    "rlocks:rlock:{a}:wake",      # a channel-like suffix, not a primitive's hash
-    "rlocks:rlock:{a}:wake:p/1",  # a wake-up list (a waiter that reads its own lines)
+    "rlocks:rlock:{a}:q",         # a primitive's queue of waiters
+    "rlocks:rw:{a}:l",            # its holders' lease ends
+    "rlocks:rlock:{a}:c:cond",    # a Condition's waiters
+    "rlocks:fence:{`abc}",        # a fencing token counter
+    "rlocks:wait:{h:1:n:1}",      # a deadlock detector's wait-for edge
+    "rlocks:wake:h:1:n",          # a wake-up channel's name
     "rlocks:rlock:{a{b}",         # a raw brace: never written by keys.escape
     "rlocks:rlock:{%41}",         # a stray % escape
     "rlocks:lock:{a}",            # unknown kind
@@ -111,42 +116,41 @@ def test_keys_other_than_a_primitive_hash_are_not_primitives(key: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(ins.KINDS))
-def test_a_hand_over_publishes_only_on_the_granted_process_channel(
-    client: "redis.Redis[bytes]", ns: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+def test_a_release_hints_only_the_head_waiter_on_its_process_channel(
+    client: "redis.Redis[bytes]", ns: str, name: str, kind: str
 ) -> None:
-    # A hand-over wakes only the process it names: one message, on the channel that
-    # process's hub listens on (keys.wake of its process token), and nothing elsewhere.
-    # (A waiter that reads its lines from its entry's list gets them there, published on
-    # no channel: test_handover. This one waits on the hub.)
-    monkeypatch.setattr(wakehub.WakeHub, "listen", lambda self, waiter: False)
+    """A release that frees the primitive for a queued waiter publishes one hint,
+    ``<hash key>\\n<waiter>``, on the channel of the waiter's process (keys.wake plus its
+    process token), and nothing on any other wake-up channel of the namespace."""
     primitive: Any = {"rlock": lambda: rlocks.RLock(name, namespace=ns),
                       "rw": lambda: rlocks.RWLock(name, namespace=ns).write_lock,
                       "sem": lambda: rlocks.Semaphore(name, 1, namespace=ns)}[kind]()
-    assert primitive._kind == kind
-    channels = [primitive._channel()]
+    keys = keys_for(ns, kind, name)
+    assert primitive._keys == keys
     pubsub = client.pubsub()
-    # Every channel that starts like the primitive's first one (a glob, its own glob
-    # characters escaped), so a channel missing from the table would show up too.
-    prefix = re.sub(r"([\\*?\[\]])", r"\\\1", keys_for(ns, kind, name).channel)
-    pubsub.psubscribe(prefix + "*")
+    # Every wake-up channel of the namespace (a glob, its own glob characters escaped).
+    pubsub.psubscribe(re.sub(r"([\\*?\[\]])", r"\\\1", keys.wake) + "*")
     wait_for(lambda: pubsub.get_message(timeout=0.1), "psubscribe")
     assert primitive.acquire()
-    # Issue 12: a release publishes only when it hands over, so a waiter is queued first.
+    waiting: List[str] = []
     handed = threading.Event()
 
     def waiter() -> None:
+        waiting.append(identity.thread_owner())
         if primitive.acquire(timeout=20):
             handed.set()
             primitive.release()
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
-    wait_for(lambda: client.zcard(keys_for(ns, kind, name).queued()[2]), "the queued waiter")
+    wait_for(lambda: client.zcard(keys.queue), "the queued waiter")
     primitive.release()
-    got = [wait_for(lambda: pubsub.get_message(timeout=0.1), "wake-up") for _ in channels]
-    assert sorted(m["channel"].decode() for m in got) == sorted(channels)
+    got = wait_for(lambda: pubsub.get_message(timeout=0.1), "the wake-up hint")
+    assert got["channel"].decode() == keys.wake + identity.process_token()
+    assert got["data"].decode() == f"{keys.hash}\n{waiting[0]}"
     thread.join(20)
     assert handed.is_set()
+    # The waiter's own release found nobody queued: it published nothing.
     assert pubsub.get_message(timeout=0.2) is None
     pubsub.close()
 
@@ -274,8 +278,8 @@ def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    # Issue 12: the waiting writer is the queue's entry (claims and writer preference
-    # are gone), shown in order with its side, what it wants and its lease.
+    # The waiting writer is the queue's entry, shown with its side, what it wants and
+    # its entry lease (2 s by default).
     data = wait_for(lambda: (lambda d: d if d["queue"] else None)(
         json.loads(run("inspect", name, "--json").stdout)), "a waiting writer's queue entry")
     assert [h["side"] for h in data["holders"]] == ["read"]
@@ -295,26 +299,26 @@ def test_inspect_an_rwlock_shows_both_sides_and_waiting_writers(
 def test_inspect_shows_the_queue_in_order_with_each_entry_s_lease(
     run: Callable[..., Result], ns: str, name: str, held: List[Any]
 ) -> None:
-    """Issue 12: ``inspect`` lists the queue head first, each entry with its lease."""
-    from rlocks._engine.scripts import run as run_script
-
+    """``inspect`` lists the queue head first, each entry with its waiter and lease."""
     sem = rlocks.Semaphore(name, 1, namespace=ns, entry_lease=5.0)
     assert sem.acquire()
     held.append(sem)
-    ghosts = [f"proc-{k}-{uuid.uuid4().hex[:6]}" for k in range(3)]
-    for k, ghost in enumerate(ghosts):
-        waiter = f"{ghost}:1"
-        args = (*sem._context(), waiter, waiter, ghost, 30000, 1, 1)
-        reply = run_script(sem.client, sem._acquire_script, sem._keys.queued(), args)
-        assert reply.queued and reply.value == k + 1, reply
+    # Three waiters of other (pretend) processes, queued by the engine's own acquire call.
+    ghosts = [f"ghost{k}:{1000 + k}:{uuid.uuid4().hex[:16]}:1" for k in range(3)]
+    for ghost in ghosts:
+        reply = sem._spec.acquire(sem, ghost, 0, sem._entry_ms)(sem.client)
+        assert reply.status == WAIT, reply
     data = json.loads(run("inspect", name, "--json").stdout)
-    assert [entry["waiter"] for entry in data["queue"]] == [f"{g}:1" for g in ghosts]
+    assert [entry["waiter"] for entry in data["queue"]] == ghosts
+    assert data["waiting"] == {"wake": 3}
     for entry in data["queue"]:
         assert 0 < entry["lease_left_ms"] <= 5000 and entry["wanted"] == 1
+        assert entry["entry"].endswith(f":p:{entry['waiter']}")
     text = run("inspect", name).stdout
-    positions = [text.index(f"{g}:1") for g in ghosts]
+    assert "queue      3 entries waiting" in text
+    positions = [text.index(ghost) for ghost in ghosts]
     assert positions == sorted(positions), text
-    sem.client.delete(*sem._keys.queued()[2:5])
+    sem.client.delete(sem._keys.queue)
 
 
 def test_inspect_a_semaphore_shows_value_free_and_holders(
@@ -330,42 +334,89 @@ def test_inspect_a_semaphore_shows_value_free_and_holders(
     assert "2 free of 4 (2 held by 1 owner)" in run("inspect", name).stdout
 
 
-def test_a_blocked_thread_shows_as_a_waiting_process(
+def test_each_blocked_thread_is_a_waiter_of_its_own(
     run: Callable[..., Result], ns: str, name: str, held: List[Any]
 ) -> None:
+    """Two threads of one process waiting for an RLock are two queue entries, each named
+    by its thread's owner id; ``list`` counts them in WAITING."""
     lock = rlocks.RLock(name, namespace=ns)
     assert lock.acquire()
     held.append(lock)
+    owners: List[str] = []
     done = threading.Event()
-    thread = threading.Thread(
-        target=lambda: rlocks.RLock(name, namespace=ns).acquire(timeout=10) and done.set(),
-        daemon=True)
-    thread.start()
-    wait_for(lambda: json.loads(run("inspect", name, "--json").stdout)["waiting"]["wake"] == 1,
-             "the waiting thread's subscription")
+
+    def wait() -> None:
+        owners.append(identity.thread_owner())
+        other = rlocks.RLock(name, namespace=ns)
+        if other.acquire(timeout=20):
+            other.release()
+            done.set()
+
+    threads = [threading.Thread(target=wait, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    data = wait_for(lambda: (lambda d: d if d["waiting"]["wake"] == 2 else None)(
+        json.loads(run("inspect", name, "--json").stdout)), "both waiting threads")
+    assert sorted(entry["waiter"] for entry in data["queue"]) == sorted(owners)
     row = run("list").stdout.splitlines()[1].split()
-    assert row[-1] == "1"
+    assert row[-1] == "2"
+    lock.release()
+    held.clear()
+    for thread in threads:
+        thread.join(20)
+    assert done.is_set()
+
+
+def server_ms(client: "redis.Redis[bytes]") -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def test_expired_holds_are_counted_stale_not_listed(
     client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str,
     held: List[Any]
 ) -> None:
-    # A semaphore in the layout of queue_lib.lua: one live and one dead holder (the hash
+    # A semaphore in the layout of sem_lib.lua: one live and one dead holder (the hash
     # holds the counts, the lease set their lease ends).
-    key, leases = keys_for(ns, "sem", name).queued()[:2]
-    now_ms = int(client.time()[0]) * 1000
-    client.hset(key, mapping={
-        "#free": 0, "#value": 3, "#bounded": 1, "#held": 3, "live:1:p": 1, "dead:2:p": 2,
-    })
-    client.zadd(leases, {"live:1:p": now_ms + 60_000, "dead:2:p": now_ms - 1_000})
-    client.pexpire(key, 60_000)
-    client.pexpire(leases, 60_000)
+    keys = keys_for(ns, "sem", name)
+    live, dead = "live:1:aaaaaaaaaaaaaaaa:1", "dead:2:bbbbbbbbbbbbbbbb:1"
+    now_ms = server_ms(client)
+    client.hset(keys.hash, mapping={"#i": 3, "#b": 1, "#v": 3, "#h": 3, live: 1, dead: 2})
+    client.zadd(keys.leases, {live: now_ms + 60_000, dead: now_ms - 1_000})
+    client.pexpire(keys.hash, 60_000)
+    client.pexpire(keys.leases, 60_000)
     data = json.loads(run("inspect", name, "--json").stdout)
-    assert [h["owner"] for h in data["holders"]] == ["live:1:p"]
+    assert [h["owner"] for h in data["holders"]] == [live]
     # The dead holder's permits count as free, as the next script will make them.
     assert (data["stale"], data["free"], data["value"]) == (1, 2, 3)
     assert "stale entries  1" in run("inspect", name).stdout
+
+
+def test_a_waiter_whose_entry_lease_ended_is_counted_stale_not_queued(
+    client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str
+) -> None:
+    """A queue entry past its lease (its waiter stopped asking) is left out of the queue
+    and of WAITING and counted stale; a fair=False patience mark is no waiter at all."""
+    keys = keys_for(ns, "rlock", name)
+    holder = "host:1:aaaaaaaaaaaaaaaa:1"
+    live, dead = "host:2:bbbbbbbbbbbbbbbb:1", "host:3:cccccccccccccccc:1"
+    now_ms = server_ms(client)
+    client.hset(keys.hash, holder, 1)
+    client.pexpire(keys.hash, 60_000)
+    live_entry = f"{(now_ms - 1_000) * 1000:016d}:x:{live}"
+    dead_entry = f"{(now_ms - 9_000) * 1000:016d}:x:{dead}"
+    client.zadd(keys.queue, {dead_entry: now_ms - 1_000, live_entry: now_ms + 60_000,
+                             f"~w:{live_entry}": now_ms + 60_000})
+    client.pexpire(keys.queue, 60_000)
+    data = json.loads(run("inspect", name, "--json").stdout)
+    [entry] = data["queue"]
+    assert (entry["waiter"], entry["side"], entry["entry"]) == (live, "", live_entry)
+    assert 1_000 <= entry["age_ms"] < 30_000 and 0 < entry["lease_left_ms"] <= 60_000
+    assert (data["waiting"], data["stale"]) == ({"wake": 1}, 1)
+    assert [h["owner"] for h in data["holders"]] == [holder]
+    assert run("list").stdout.splitlines()[1].split()[-1] == "1"
+    assert "stale entries  1" in run("inspect", name).stdout
+    client.delete(keys.hash, keys.queue)
 
 
 def test_inspect_shows_every_kind_that_uses_a_name_and_kind_picks_one(
@@ -402,50 +453,82 @@ def test_force_release_ends_the_hold_and_wakes_the_waiter_at_once(
     started = time.monotonic()
     result = run("release", "--force", "--yes", name)
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip().endswith(": 1 hold of 1 owner; handed to 1 queue entry")
-    # Handed over by the forced release, not by the holder's 60 s lease running out.
+    assert result.stdout.strip().endswith(": 1 hold of 1 owner; woke 1 waiter")
+    # Woken by the forced release, not by the holder's 60 s lease running out.
     assert woke.wait(10) and time.monotonic() - started < 10
     with pytest.raises(rlocks.LockLostError):
         holder.release()
     thread.join(5)
 
 
-@pytest.mark.parametrize("listen", [False, True], ids=["hub", "list"])
-def test_force_release_of_an_rwlock_hands_it_to_the_queue(
-    client: "redis.Redis[bytes]", ns: str, name: str, listen: bool,
-    monkeypatch: pytest.MonkeyPatch,
+def test_force_release_wakes_every_waiter_and_the_head_takes_it(
+    client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str
 ) -> None:
-    # Issue 12: a forced release ends every hold and grants the primitive to the queue's
-    # head in the same script (no "*" wake-all): the message names the granted waiter
-    # (published for a waiter on the hub; a listening waiter pops it from its list).
-    if not listen:
-        monkeypatch.setattr(wakehub.WakeHub, "listen", lambda self, waiter: False)
+    """With two threads queued for an RLock, a forced release wakes both (it says so);
+    the head takes the lock at once and the other keeps its place in the queue."""
+    holder = rlocks.RLock(name, namespace=ns, ttl=60)
+    assert holder.acquire()
+    keys = keys_for(ns, "rlock", name)
+    owners: List[str] = []
+    granted: List[str] = []
+    go = threading.Event()
+
+    def wait() -> None:
+        owners.append(identity.thread_owner())
+        lock = rlocks.RLock(name, namespace=ns)
+        if lock.acquire(timeout=30):
+            granted.append(identity.thread_owner())
+            go.wait(30)
+            lock.release()
+
+    threads = [threading.Thread(target=wait, daemon=True) for _ in range(2)]
+    for count, thread in enumerate(threads, 1):  # one after the other: a known order
+        thread.start()
+        wait_for(lambda: client.zcard(keys.queue) == count, f"waiter {count} queued")
+    result = run("release", "--force", "--yes", name)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(": 1 hold of 1 owner; woke 2 waiters")
+    assert wait_for(lambda: granted, "the head's grant") == owners[:1]
+    [entry] = ins.find(client, ns, name)[0].queue or ()
+    assert entry.waiter == owners[1]
+    go.set()
+    for thread in threads:
+        thread.join(30)
+    assert granted == owners
+    with pytest.raises(rlocks.LockLostError):
+        holder.release()
+
+
+def test_force_release_of_an_rwlock_wakes_the_queued_reader(
+    client: "redis.Redis[bytes]", ns: str, name: str
+) -> None:
+    """A forced release ends every hold and, in the same script, hints the queued waiter
+    (one message, ``<hash key>\\n<waiter>``, on its process's channel); the reader then
+    takes the read side with its own acquire, and the writer finds its hold lost."""
     rw = rlocks.RWLock(name, namespace=ns)
     assert rw.write_lock.acquire()
-    channel = rw.read_lock._channel()  # the reader's
+    keys = keys_for(ns, "rw", name)
     pubsub = client.pubsub()
-    pubsub.subscribe(channel)
+    pubsub.subscribe(keys.wake + identity.process_token())
     assert wait_for(lambda: pubsub.get_message(timeout=0.1), "subscribe")["type"] == "subscribe"
     reader: List[str] = []
+    got = threading.Event()
 
     def read() -> None:
+        reader.append(identity.thread_owner())
         other = rlocks.RWLock(name, namespace=ns)
         if other.read_lock.acquire(timeout=20):
-            reader.append(identity.thread_owner())
+            got.set()
             other.read_lock.release()
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
-    wait_for(lambda: client.zcard(keys_for(ns, "rw", name).queued()[2]), "the queued reader")
+    wait_for(lambda: client.zcard(keys.queue), "the queued reader")
     assert ins.force_release(client, ns, "rw", name) == (True, 1)
-    if listen:
-        thread.join(20)
-        assert reader and pubsub.get_message(timeout=0.3) is None
-    else:
-        message = wait_for(lambda: pubsub.get_message(timeout=0.1), "the hand-over")
-        thread.join(20)
-        # "g <waiter> <fencing token>"
-        assert reader and message["data"].decode().split(" ")[:2] == ["g", reader[0]]
+    message = wait_for(lambda: pubsub.get_message(timeout=0.1), "the wake-up hint")
+    assert message["data"].decode() == f"{keys.hash}\n{reader[0]}"
+    thread.join(20)
+    assert got.is_set()
     pubsub.close()
     with pytest.raises(rlocks.LockLostError):
         rw.write_lock.release()
@@ -459,7 +542,7 @@ def test_force_release_says_when_nobody_was_waiting(
     result = run("--json", "release", "--force", "--yes", f"{name}-1")
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
-    assert (shown["released"], shown["handed_to"]) == (True, 0)
+    assert (shown["released"], shown["woken"], shown["handed_to"]) == (True, 0, 0)
     assert shown["primitive"]["holds"] == 1
     assert run("release", "--force", "--yes", f"{name}-2").stdout.strip().endswith(
         ": 1 hold of 1 owner; nobody was waiting"

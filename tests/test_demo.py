@@ -111,3 +111,24 @@ def test_demo_with_an_unreachable_url_is_one_line() -> None:
         cli.cli, ["--url", f"redis://127.0.0.1:{free_port()}/0", "demo", *SMALL])
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1 and "cannot reach Redis" in result.stderr
+
+
+@pytest.mark.parametrize("kind, role, part", [
+    ("rlock", "counter", 0), ("sem", "pool", 2), ("rw", "table", 1),
+])
+def test_a_lock_key_left_fails_the_check(client: Any, kind: str, role: str, part: int) -> None:
+    """The "lock keys left" check counts every key of the demo's primitives: a holds
+    hash, a lease set or a queue left in Redis fails the demo."""
+    keys = demo._Keys(uuid.uuid4().hex[:8])
+    key = demo._lock_keys("rlocks-test", kind, keys.lock(role))[part]
+    if part:
+        client.zadd(key, {"left": 1})  # the queue or the lease set: sorted sets
+    else:
+        client.hset(key, "left", 1)
+    try:
+        report = demo._verify(client, "rlocks-test", keys, demo.Options(),
+                              {phase: True for phase in demo.PHASES}, {})
+    finally:
+        client.delete(key)
+    found = checks(report)["lock keys left in Redis"]
+    assert (found["value"], found["ok"], report["ok"]) == ("1", False, False)

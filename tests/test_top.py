@@ -1,9 +1,9 @@
 """``rlocks top``: the view (rlocks.top) on hand-built states, the command on a real server,
 and the live screen in a real terminal (tmux).
 
-The queue of waiters (``state.queue``) is not in every engine's states: rows built from
-states with and without one are both tested, and the real-server tests expect whichever
-the engine provides.
+The engine's states carry the queue of waiters (``state.queue``, one entry per waiting
+thread or task); top also renders a state without one (``N proc``), so rows built from
+states with and without a queue are both tested.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import redis
@@ -38,32 +37,21 @@ OWNER_B = "web2:200:bbbbbbbbbbbbbbbb:7"
 OWNER_C = "web3:300:cccccccccccccccc:p"
 
 
-class QueueEntry(NamedTuple):
+def entry(waiter: str, side: str, lease_left_ms: int, age_ms: int) -> ins.QueueEntry:
     """One waiter, as the engine's ``state.queue`` lists them."""
-
-    waiter: str
-    side: str
-    wanted: int
-    lease_left_ms: int
-    age_ms: int
-
-
-@dataclass(frozen=True)
-class QueuedState(ins.PrimitiveState):
-    """A state whose engine recorded the queue (see the module docstring)."""
-
-    queue: Tuple[QueueEntry, ...] = ()
+    member = f"{0:016d}:{side[:1] or 'x'}:{waiter}"
+    return ins.QueueEntry(waiter, side, 1, lease_left_ms, age_ms, member)
 
 
 def state(name: str, holders: Tuple[ins.Holder, ...] = (), waiting: int = 0,
           kind: str = "rlock", **more: Any) -> ins.PrimitiveState:
-    cls = QueuedState if "queue" in more else ins.PrimitiveState
-    roles = {"rlock": ("wake",), "rw": ("readers", "writers"), "sem": ("wake",)}[kind]
+    """A hand-built state; with ``queue=`` as the engine reads it, without one as a state
+    whose queue was not read (``waiting`` counts its waiters)."""
     label = {"rlock": "RLock", "rw": "RWLock", "sem": "Semaphore"}[kind]
-    return cls(
+    return ins.PrimitiveState(
         namespace="ns", kind=kind, name=name, key=f"ns:{kind}:{{{name}}}", type=label,
         holders=holders, lease_ms=30000 if holders else None,
-        waiting=((roles[0], waiting),) + tuple((role, 0) for role in roles[1:]), **more)
+        waiting=(("wake", len(more.get("queue", ())) or waiting),), **more)
 
 
 def held_by(owner: str, lease_ms: int = 20000, side: str = "") -> Tuple[ins.Holder, ...]:
@@ -111,14 +99,14 @@ def test_waiters_first_then_the_longest_holds_then_the_rest() -> None:
     clock.now += 30
     young = state("young-hold", held_by(OWNER_B))
     subscribed = state("subscribed", held_by(OWNER_A), waiting=1)
-    queued = state("queued", held_by(OWNER_C), waiting=1, queue=(
-        QueueEntry(OWNER_B, "", 1, 9000, 4500), QueueEntry(OWNER_A, "", 1, 9000, 1200)))
+    queued = state("queued", held_by(OWNER_C), queue=(
+        entry(OWNER_B, "", 9000, 4500), entry(OWNER_A, "", 9000, 1200)))
     free_sem = state("idle-pool", kind="sem", value=3, free=3)
     states = [free_sem, young, old, subscribed, queued]
     ages = hold_clock.observe(states)
     clock.now += 2
     rows = top.rows_for(states, ages)
-    # The queued one has a known oldest waiter (4.5 s); the subscriber count has none.
+    # The queued one has a known oldest waiter (4.5 s); the bare count has none.
     assert [row.state.name for row in rows] == [
         "queued", "subscribed", "old-hold", "young-hold", "idle-pool"]
 
@@ -196,11 +184,11 @@ def test_formatting_helpers() -> None:
 
 
 def test_snapshot_rows_carry_the_queue_when_the_state_has_one() -> None:
-    queued = state("q", held_by(OWNER_A), waiting=1, queue=(
-        QueueEntry(OWNER_B, "write", 1, 8000, 700),))
+    waiting = entry(OWNER_B, "write", 8000, 700)
+    queued = state("q", held_by(OWNER_A), queue=(waiting,))
     data = top.rows_for([queued])[0].to_dict()
     assert data["queue"] == [{"waiter": OWNER_B, "side": "write", "wanted": 1,
-                              "lease_left_ms": 8000, "age_ms": 700}]
+                              "lease_left_ms": 8000, "age_ms": 700, "entry": waiting.entry}]
     assert (data["queue_length"], data["queue_source"], data["oldest_wait_ms"]) == (
         1, "queue", 700)
     plain = top.rows_for([state("p", held_by(OWNER_A), waiting=3)])[0].to_dict()
@@ -291,15 +279,8 @@ def contention(ns: str) -> Iterator[Contention]:
         scene.close()
 
 
-def expected_queue(client: "redis.Redis[bytes]", ns: str, waiters: int) -> str:
-    """The QUEUE cell of ``hot`` with ``waiters`` threads of this process waiting."""
-    found = ins.find(client, ns, "hot", "rlock")[0]
-    # Issue 12: the queue holds one entry per waiting process (its threads queue locally).
-    return "1" if getattr(found, "queue", None) is not None else "1 proc"
-
-
 def test_json_prints_one_snapshot_contended_first(
-    client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, contention: Contention
+    run: Callable[..., Result], ns: str, contention: Contention
 ) -> None:
     contention.start()
     def snapshot() -> Dict[str, Any]:
@@ -309,8 +290,8 @@ def test_json_prints_one_snapshot_contended_first(
         data: Dict[str, Any] = json.loads(result.stdout)
         return data
 
-    data = wait_for(lambda: (d := snapshot())["primitives"][0]["queue_length"] and d,
-                    "the waiters to show")
+    data = wait_for(lambda: (d := snapshot())["primitives"][0]["queue_length"] == 2 and d,
+                    "both waiters to show")
     assert set(data) == {"time", "namespace", "primitives"} and data["namespace"] == ns
     assert [p["name"] for p in data["primitives"]] == ["hot", "cold"]
     hot, cold = data["primitives"]
@@ -322,13 +303,13 @@ def test_json_prints_one_snapshot_contended_first(
         assert entry["hold_age_ms"] is None  # one snapshot has seen no hold begin
         assert entry["lease_left_ms"] > 0
     assert hot["holders"][0]["owner"] == identity.thread_owner()
-    if hot["queue_source"] == "queue":
-        # One entry per waiting process (issue 12): its two threads queue locally.
-        assert hot["queue_length"] == 1 and len(hot["queue"]) == 1
-        assert hot["oldest_wait_ms"] >= 0
-    else:
-        assert (hot["queue"], hot["queue_length"], hot["oldest_wait_ms"]) == (None, 1, None)
-    assert cold["queue_length"] == 0
+    # One entry per waiting thread: the two waiters, both threads of this process.
+    assert hot["queue_source"] == "queue" and len(hot["queue"]) == 2
+    waiters = [entry["waiter"] for entry in hot["queue"]]
+    assert len(set(waiters)) == 2 and identity.thread_owner() not in waiters
+    assert all(w.startswith(identity.process_token() + ":") for w in waiters)
+    assert hot["oldest_wait_ms"] == max(entry["age_ms"] for entry in hot["queue"]) >= 0
+    assert (cold["queue"], cold["queue_length"], cold["oldest_wait_ms"]) == ([], 0, None)
 
 
 def test_without_a_terminal_each_refresh_is_printed(
@@ -490,8 +471,7 @@ class Tmux:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_top_in_a_real_terminal(
-    client: "redis.Redis[bytes]", redis_url: str, ns: str, contention: Contention,
-    tmp_path: Path,
+    redis_url: str, ns: str, contention: Contention, tmp_path: Path,
 ) -> None:
     tmux = Tmux(tmp_path, [sys.executable, "-m", "rlocks", "--url", redis_url, "--namespace", ns,
                  "top", "--interval", "0.2"])
@@ -505,10 +485,9 @@ def test_top_in_a_real_terminal(
 
         # Then 'hot', with two waiters: it comes first, though 'cold' is held for longer.
         contention.start()
-        queue_cell = expected_queue(client, ns, 2)
-        # The waiters subscribe a moment after they start: wait for them on the screen.
-        lines = tmux.wait_for(lambda lines: (row := hot_row(lines)) and row[6] == queue_cell,
-                              f"'hot' with QUEUE {queue_cell}")
+        # The waiters queue a moment after they start: wait for both on the screen.
+        lines = tmux.wait_for(lambda lines: (row := hot_row(lines)) and row[6] == "2",
+                              "'hot' with QUEUE 2")
         names = [cells[1] for cells in map(cells_of, lines) if cells[:1] == ["RLock"]]
         assert names == ["hot", "cold"], lines
         assert any("2 primitives, 1 with waiters" in line for line in lines), lines
@@ -519,19 +498,17 @@ def test_top_in_a_real_terminal(
         assert hot[2:4] == ["1", me] and cold[2:4] == ["1", me]
         # A hold that began while top watched has a measured age, not a lower bound.
         assert not hot[4].startswith(">=") and cold[4].startswith(">="), lines
-        assert hot[7] == "?" if queue_cell == "1 proc" else hot[7].endswith("s")
+        assert re.fullmatch(r"[0-9.]+s", hot[7]), lines
         assert cold[6:] == ["-", "-"]
 
-        # The holder lets go: a waiter is granted, and the row follows. (The other waiter,
-        # of the new holder's process, queues at most wakehub.DEFER_LIMIT later: a frame
-        # drawn in between shows the new holder with no queue yet.)
+        # The holder lets go: the head waiter is granted, and the row follows; the other
+        # waiter keeps its place in the queue.
         contention.hot.release()
         first = wait_for(lambda: contention.granted[:1], "a waiter's grant")[0]
-        queue_cell = expected_queue(client, ns, 1)
         lines = tmux.wait_for(
             lambda lines: (row := hot_row(lines)) and row[3] == top.short_owner(first)
-            and row[6] == queue_cell,
-            f"the new holder of 'hot', with QUEUE {queue_cell}")
+            and row[6] == "1",
+            "the new holder of 'hot', with QUEUE 1")
         hot = hot_row(lines)
         assert hot is not None and hot[2] == "1", lines
 
