@@ -81,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"refusing {args.url!r}: the benchmarks only talk to this machine "
                       "(127.0.0.1 / localhost)", file=sys.stderr)
                 return 2
-            url, server_note = args.url, f"given: {args.url}"
+            url, server_note, own = args.url, f"given: {args.url}", False
         else:
             try:
                 from rlocks.server import TemporaryRedisServer
@@ -91,13 +91,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 2
             srv = stack.enter_context(TemporaryRedisServer())
             url, server_note = srv.url, f"throwaway redis-server on port {srv.port}"
+            own = True
         client = make_client(url)
         stack.callback(client.close)
         if {"uncontended", "handoff"} & set(sections):
             _start_quorum_masters(stack)
         adapters = all_adapters()
         ctx = Context(url=url, params=params, quick=args.quick, progress=progress,
-                      client=client, adapters=adapters)
+                      client=client, adapters=adapters, own_server=own)
 
         print(f"rlocks benchmarks ({'quick' if args.quick else 'full'} run), "
               f"{time.strftime('%Y-%m-%d %H:%M:%S')}", file=out)

@@ -137,8 +137,9 @@ class RLocksAdapter(Adapter):
 
 
 class RLocksUnfairAdapter(RLocksAdapter):
-    """rlocks with ``fair=False`` (issue 12: a free lock goes to whoever asks first).  Until
-    ``rlocks.RLock`` accepts ``fair=`` it is reported as unavailable, never left out."""
+    """rlocks with ``fair=False`` (a free lock goes to whoever asks first while a woken
+    waiter's patience runs).  An ``rlocks.RLock`` without ``fair=`` is reported as
+    unavailable, never left out."""
 
     key = "rlocks (fair=False)"
     defaults = "RLock(fair=False), other options at their defaults"
@@ -151,11 +152,11 @@ class RLocksUnfairAdapter(RLocksAdapter):
         import rlocks
 
         if "fair" not in inspect.signature(rlocks.RLock).parameters:
-            raise ImportError("rlocks.RLock has no fair= (issue 12)")
+            raise ImportError("rlocks.RLock has no fair=")
 
     def unavailable_reason(self) -> Optional[str]:
         reason = super().unavailable_reason()
-        # the row reads "unavailable: rlocks.RLock has no fair= (issue 12)", no class name
+        # the row reads "unavailable: rlocks.RLock has no fair=", no class name
         return reason.split(": ", 1)[-1] if reason else None
 
     def _make(self, client: redis.Redis, name: str) -> LockHandle:

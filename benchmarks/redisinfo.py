@@ -24,6 +24,19 @@ def command_breakdown(client: redis.Redis) -> Dict[str, int]:
     return out
 
 
+def command_stats(client: redis.Redis) -> Dict[str, Dict[str, int]]:
+    """Calls and server µs per command so far (INFO commandstats), by lower-case name
+    (``evalsha``, ``hget``, ``config|resetstat``...), INFO itself included: the caller
+    takes deltas and leaves out what is not the traffic it measures."""
+    stats: Dict[str, Any] = client.info("commandstats")
+    out: Dict[str, Dict[str, int]] = {}
+    for k, v in stats.items():
+        name = k[len("cmdstat_"):] if k.startswith("cmdstat_") else k
+        if isinstance(v, dict):
+            out[name] = {"calls": int(v["calls"]), "usec": int(v["usec"])}
+    return out
+
+
 def script_usec(client: redis.Redis) -> int:
     """Server time (µs) spent in scripts so far: EVAL/EVALSHA/FCALL and their read-only
     forms (their usec covers the commands they call, which are also counted on their own)."""

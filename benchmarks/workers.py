@@ -178,19 +178,71 @@ def waiters_process(adapter_key: str, url: str, lock_name: str, n_threads: int,
                "stuck_threads": sum(t.is_alive() for t in threads)})
 
 
-def many_locks_process(adapter_key: str, url: str, prefix: str, count: int,
-                       ttl: Optional[float], window_s: float, out_q: Any) -> None:
-    """Hold ``count`` distinct locks at once in this (fresh) process and measure:
-    per-acquire and per-release time, ``used_memory`` growth, and the Redis commands and CPU
-    spent while everything is held and nothing else runs (i.e. renewal)."""
+def keys_per_lock(keys: List[str], prefix: str) -> Dict[int, int]:
+    """How many of ``keys`` belong to each lock ``<prefix>:<i>`` (by ``i``): a key belongs
+    to the lock whose name it contains (``rlocks:rlock:{<prefix>:7}:q`` to lock 7)."""
+    import re
+
+    pattern = re.compile(re.escape(prefix) + r":(\d+)(?!\d)")
+    out: Dict[int, int] = {}
+    for k in keys:
+        m = pattern.search(k)
+        if m:
+            i = int(m.group(1))
+            out[i] = out.get(i, 0) + 1
+    return out
+
+
+def _scan(client: Any, prefix: str) -> List[str]:
+    """Every key whose name contains ``<prefix>:`` (a bounded SCAN)."""
+    found: List[str] = []
+    for raw in client.scan_iter(match=f"*{prefix}:*", count=1000):
+        found.append(raw.decode() if isinstance(raw, bytes) else raw)
+        if len(found) > 1_000_000:
+            break
+    return found
+
+
+def _single(locks: List[Any]) -> List[int]:
+    """Acquire each lock (timed) and release it at once (untimed): one held at a time."""
+    out: List[int] = []
+    for lk in locks:
+        t0 = time.monotonic_ns()
+        ok = lk.acquire(timeout=5.0)
+        out.append(time.monotonic_ns() - t0)
+        if not ok:
+            raise RuntimeError("a free, uncontended lock could not be acquired")
+        lk.release()
+    return out
+
+
+def many_locks_process(adapter_key: str, url: str, prefix: str, count: int, single: int,
+                       ttl: Optional[float], window_s: float, prewarm: bool,
+                       keys_after_s: float, out_q: Any) -> None:
+    """Hold ``count`` distinct locks ``<prefix>:<i>`` at once in this (fresh) process and
+    measure: per-acquire and per-release time, ``used_memory`` growth and keys per lock
+    while all are held, the Redis commands and CPU spent while everything is held and
+    nothing else runs (i.e. renewal), and the keys left ``keys_after_s`` after the last
+    release.  Beside it, ``single`` other locks ``<prefix>-one:<i>`` are acquired one at a
+    time (each released at once) before the ``count`` are taken, while they are all held
+    and after they were released: acquire with N held against acquire of one lock.
+
+    ``prewarm``: take and release every name once first, so the state a library keeps
+    for good once a name was used (rlocks' fencing counter of each cluster slot) exists
+    before the memory is read: the growth is then that of the held locks alone."""
     from .redisinfo import breakdown_delta, command_breakdown, server_cpu_s, used_memory
 
     try:
         adapter = get_adapter(adapter_key)
         client = make_client(url)
-        probe = make_client(url)  # INFO on a separate connection, not the locks' pool
+        probe = make_client(url)  # INFO and SCAN on a separate connection
         client.ping()
         locks = [adapter.make_for_many(client, f"{prefix}:{i}", ttl) for i in range(count)]
+        ones = [adapter.make_for_many(client, f"{prefix}-one:{i}", ttl) for i in range(single)]
+        if prewarm:
+            _single(locks + ones)
+        half = single // 2
+        one_before = _single(ones[:half])
         mem0 = used_memory(probe)
         acq: List[int] = []
         for lk in locks:
@@ -200,6 +252,7 @@ def many_locks_process(adapter_key: str, url: str, prefix: str, count: int,
             if not ok:
                 raise RuntimeError("a fresh, uncontended lock could not be acquired")
         mem1 = used_memory(probe)
+        held = keys_per_lock(_scan(probe, prefix), prefix)
         calls0 = command_breakdown(probe)
         scpu0 = server_cpu_s(probe)
         pcpu0 = time.process_time()
@@ -210,16 +263,26 @@ def many_locks_process(adapter_key: str, url: str, prefix: str, count: int,
         scpu = server_cpu_s(probe) - scpu0
         per_cmd = breakdown_delta(calls0, command_breakdown(probe))
         calls = sum(per_cmd.values())
+        with_held = _single(ones)
         rel: List[int] = []
         for lk in locks:
             t0n = time.monotonic_ns()
             lk.release()
             rel.append(time.monotonic_ns() - t0n)
+        t_rel = time.monotonic()
+        time.sleep(max(0.0, t_rel + keys_after_s - time.monotonic()))
+        left = keys_per_lock(_scan(probe, prefix), prefix)
         mem2 = used_memory(probe)
+        one_after = _single(ones[half:])
         out_q.put({
             "count": count, "acquire_ns": acq, "release_ns": rel,
+            "one_lock_acquire_ns": one_before + one_after,
+            "with_held_acquire_ns": with_held,
             "mem_delta": mem1 - mem0, "mem_before": mem0, "mem_held": mem1,
             "mem_after": mem2, "window_s": elapsed,
+            "keys_held": sum(held.values()), "keys_max_per_lock": max(held.values(), default=0),
+            "locks_without_key": count - len(held),
+            "keys_left": sum(left.values()), "names_left": len(left),
             "extra_cmds": calls, "extra_by_command": per_cmd,
             "client_cpu_s": pcpu, "server_cpu_s": scpu,
         })

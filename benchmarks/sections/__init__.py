@@ -44,10 +44,10 @@ class SectionResult:
 
 
 ORDER = ["floor", "uncontended", "handoff", "contended", "many", "scaling", "rwsem",
-         "holders"]
+         "holders", "size"]
 ALIASES = {"1": "floor", "2": "uncontended", "3": "handoff", "4": "contended", "5": "many",
-           "6": "scaling", "7": "rwsem", "8": "holders", "rw": "rwsem",
-           "semaphore": "rwsem"}
+           "6": "scaling", "7": "rwsem", "8": "holders", "9": "size", "rw": "rwsem",
+           "semaphore": "rwsem", "code": "size"}
 
 
 def load(key: str) -> Any:

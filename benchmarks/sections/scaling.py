@@ -7,7 +7,7 @@
   Throughput run: everyone loops acquire / GET+SET a counter / release with no rule;
   reported: critical sections per second (and lost updates, which must be 0), and the
   longest single wait of any worker (one ``acquire``, call to return, in either run).
-  Targets (issue 12): throughput with 8 waiting processes >= 0.9x that with 1, hand-off
+  Targets (issue 38): throughput with 8 waiting processes >= 0.9x that with 1, hand-off
   p50 with 8 <= 1.2x that with 1 (both points must be in the run: ``--quick`` runs 1 and 8).
 * vs waiting threads in one process (1..64): the same with waiters+1 threads in one process
   (rlocks shares one RLock object between them, the others build one object per thread on
@@ -184,16 +184,16 @@ def run(ctx: Context) -> SectionResult:
     floor = scaling_targets(res.data["processes"].get(reference_adapters()[0].key) or [])
     res.lines.append("")
     res.lines.append("the floor's own scaling (ref: BLPOP token, no target): "
-                     + "; ".join(f"{t.what.replace(' (issue 12)', '')} {t.measured}"
+                     + "; ".join(f"{t.what.replace(' (issue 38)', '')} {t.measured}"
                                  for t in floor))
     res.lines.append("")
     return res
 
 
 def scaling_targets(pts: List[Dict[str, Any]], lo: int = 1, hi: int = 8) -> List[Target]:
-    """Issue 12, target 3, from rlocks' points vs waiting processes: throughput with ``hi``
-    waiting processes >= 0.9x that with ``lo``; hand-off p50 with ``hi`` <= 1.2x that with
-    ``lo``.  A missing point gives ``n/a``."""
+    """Issue 38, target 5 (second half), from rlocks' points vs waiting processes:
+    throughput with ``hi`` waiting processes >= 0.9x that with ``lo``; hand-off p50 with
+    ``hi`` <= 1.2x that with ``lo``.  A missing point gives ``n/a``."""
     by = {x["waiters"]: x for x in pts}
     a, b = by.get(lo), by.get(hi)
 
@@ -201,10 +201,10 @@ def scaling_targets(pts: List[Dict[str, Any]], lo: int = 1, hi: int = 8) -> List
         return x[k] if x else None
 
     return [
-        ratio_target(f"throughput, {hi} vs {lo} waiting process (issue 12)",
+        ratio_target(f"throughput, {hi} vs {lo} waiting process (issue 38)",
                      ratio(get(b, "ops_per_s"), get(a, "ops_per_s")), 0.9,
                      f"{lo} waiting", at_least=True),
-        ratio_target(f"hand-off p50, {hi} vs {lo} waiting process (issue 12)",
+        ratio_target(f"hand-off p50, {hi} vs {lo} waiting process (issue 38)",
                      ratio(get(b, "handoff_p50_ns"), get(a, "handoff_p50_ns")), 1.2,
                      f"{lo} waiting"),
     ]
