@@ -20,6 +20,7 @@ import redis.asyncio
 
 import rlocks
 import rlocks.asyncio as ra
+from rlocks._engine.identity import thread_owner
 
 from ._servers import wait_until
 from ._threads import in_thread
@@ -270,11 +271,10 @@ def test_the_renewer_does_not_cut_back_an_extended_lease(
     assert lock.acquire()
     try:
         lock.extend(60)
-        owner = next(iter(lock._holds))
-        lease = lock._holds[owner].lease
-        renewed_before = lease.expires
-        # Wait for the renewer's next pass over this hold (its local lease end moves on).
-        assert eventually(lambda: lease.expires > renewed_before)
+        hold = lock._hold(thread_owner())
+        renewed_before = hold.due
+        # Wait for the renewer's next pass over this hold (its next renewal moves on).
+        assert eventually(lambda: hold.due > renewed_before)
         assert client.pttl(key) > 50_000  # renewal with ttl=0.6 kept the longer lease
     finally:
         lock.release()

@@ -68,34 +68,40 @@ def test_a_renewal_that_crosses_the_release_of_a_hold_reports_no_false_loss(
 ) -> None:
     """The release reaches Redis first, the renewal (sent meanwhile) finds the hold gone,
     then the release's answer comes. Nothing was lost: no loss is reported (bug hunt: a
-    false ``on_lost`` after a normal release). Only when that answer never comes does the
+    false ``on_lost`` after a normal release). Only when that answer never comes (the
+    release is sent again while its lease lasts, and the link stays down) does the
     renewer's finding stand: then nothing tells the two apart, and a loss is reported."""
-    from rlocks._engine import scripts
-    from rlocks._engine.primitive import Primitive
-
-    found = threading.Event()  # the renewer applied its renewal's answer: hold gone
-    real_lost = Primitive._hold_lost
-
-    def hold_lost(self: Any, owner: str, reason: str, lease: Any = None) -> None:
-        real_lost(self, owner, reason, lease)
-        if lease is not None:
-            found.set()
+    from rlocks._engine import holds, scripts
 
     lost: List[Any] = []
     lock = rlocks.RLock(name, client=client, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append)
+    found = threading.Event()  # the renewer reported its renewal's answer: hold gone
+    real_found_gone = holds.Hold.found_gone
+
+    def found_gone(self: Any, reason: str) -> None:
+        real_found_gone(self, reason)
+        if self.ident == lock._ident(self.owner):
+            found.set()
+
     real_call = scripts.Call.__call__
+    sends: List[int] = []
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.script is not lock._spec.release_script:
+            return real_call(self, *args, **kwargs)
+        sends.append(1)
+        if len(sends) > 1:
+            # The link stays broken: every later send fails before it reaches Redis.
+            raise redis.exceptions.ConnectionError("the link is down")
         reply = real_call(self, *args, **kwargs)
-        if self.script is lock._release_script:
-            # The release ran in Redis; its answer is held back until the renewal due
-            # within ttl/3 has found the hold gone.
-            assert found.wait(10), "the renewal never came"
-            if not answered:
-                raise redis.exceptions.ConnectionError("the release's reply was lost")
+        # The release ran in Redis; its answer is held back until the renewal due
+        # within ttl/3 has found the hold gone.
+        assert found.wait(10), "the renewal never came"
+        if not answered:
+            raise redis.exceptions.ConnectionError("the release's reply was lost")
         return reply
 
-    monkeypatch.setattr(Primitive, "_hold_lost", hold_lost)
+    monkeypatch.setattr(holds.Hold, "found_gone", found_gone)
     monkeypatch.setattr(scripts.Call, "__call__", call)
     assert lock.acquire()
     if answered:
@@ -117,21 +123,22 @@ def test_a_release_interrupted_before_it_is_sent_leaves_later_losses_reported(
     before its call: the hold is still held, and a later real loss of it is reported.
     (The release once marked the hold as releasing before that point: the mark stayed,
     and the renewer's finding waited for an answer that never came. Bug hunt.)"""
-    from rlocks._engine import primitive
+    from rlocks._engine.primitive import LockSpec
 
     lost: List[Any] = []
     lock = rlocks.RLock(name, client=client, ttl=0.6, namespace=NAMESPACE, on_lost=lost.append)
-    real_serial = primitive.serial
+    real_release = LockSpec.release
     calls = []
 
-    def interrupted() -> int:
+    def interrupted(self: Any, *args: Any) -> Any:
+        # Building the release's call: the hold is marked releasing, nothing is sent.
         calls.append(1)
         if len(calls) == 1:
             raise KeyboardInterrupt
-        return real_serial()
+        return real_release(self, *args)
 
     assert lock.acquire()
-    monkeypatch.setattr(primitive, "serial", interrupted)
+    monkeypatch.setattr(LockSpec, "release", interrupted)
     with pytest.raises(KeyboardInterrupt):
         lock.release()
     assert calls, "the release took another path: the test no longer tests anything"
@@ -196,7 +203,8 @@ def test_on_lost_runs_off_the_renewer_thread_and_its_errors_are_logged(
         client.delete(lock._keys.hash)
         wait_until(lambda: seen, 10, "on_lost call")
         wait_until(
-            lambda: any("on_lost callback" in r.getMessage() for r in caplog.records),
+            lambda: any("on_lost" in r.getMessage() and r.exc_info is not None
+                        and isinstance(r.exc_info[1], ValueError) for r in caplog.records),
             10,
             "the callback's error logged",
         )

@@ -14,12 +14,12 @@ Why each test fails if rlocks read the frozen clock (``time.monotonic`` at call 
   * frozen: ``now()`` never advances, so the deadline never passes: the call waits until
     the holder lets go (30 s), the join below (10 s) times out, the test fails;
   * backward: ``now()`` drops by years, the deadline is years away: same hang;
-  * forward: after the jump, a spurious wake-up (a "w" line naming the waiter, as a
-    ``fair=False`` release sends, pushed to its entry's list and published on its
-    channel, whichever it reads) makes the waiter look at ``now()`` again; it is days
-    past the deadline, so the call returns False after a few ms instead of 0.5 s and the
-    lower bound on the real elapsed time fails. (A wake-up the waiter does not read,
-    such as a line naming nobody, would let it sleep to its own 0.5 s: no failure.)
+  * forward: after the jump, a spurious wake-up (a hint ``<key>\\n<owner>`` naming the
+    waiter, published on its process's wake-up channel as a release would) makes the
+    waiter look at ``now()`` again; it is days past the deadline, so the call returns
+    False after a few ms instead of 0.5 s and the lower bound on the real elapsed time
+    fails. (A hint the waiter does not read, such as one naming nobody, would let it
+    sleep to its own 0.5 s: no failure.)
 - renewal test: the renewer sleeps until ``lease.due`` by ``now()``. Frozen, ``now()``
   never reaches ``due``; moved backward, ``due`` is years away. Either way the 4.5 s
   lease is not renewed, the key expires, the wait for a renewal times out (or sees the
@@ -41,8 +41,9 @@ import redis
 from freezegun import freeze_time
 
 import rlocks
-from rlocks._engine.identity import thread_owner
+from rlocks._engine.identity import process_token, thread_owner
 
+from ._threads import hub_waiters
 from .conftest import NAMESPACE
 
 
@@ -94,7 +95,7 @@ def test_acquire_timeout_runs_on_real_time_whatever_the_wall_clock_does(
     client: "redis.Redis[bytes]", name: str, how: str
 ) -> None:
     lock = rlocks.RLock(name, client=client, ttl=30.0, namespace=NAMESPACE)
-    channel = lock._channel()  # the contender waits in this process
+    channel = lock._keys.wake + process_token()  # the contender waits in this process
     outcome: List[object] = []
     owners: List[str] = []
     with freeze_time(FROZEN_AT) as frozen:
@@ -112,26 +113,23 @@ def test_acquire_timeout_runs_on_real_time_whatever_the_wall_clock_does(
         contender = threading.Thread(target=contend, daemon=True)
         contender.start()
         try:
-            # The contender is in its wait loop (deadline fixed) once its entry is queued
-            # (that call also cleared the entry's list) and its process's hub has
-            # subscribed to the channel.
+            # The contender is in its wait loop (deadline fixed) once its entry is queued,
+            # it waits for hints, and its process's subscriber listens on the channel.
             wait_real(
-                lambda: client.zcard(lock._keys.queued()[2]) == 1
+                lambda: client.zcard(lock._keys.queue) == 1
+                and hub_waiters(lock) == owners
                 and dict(client.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1,
                 5,
                 "the contender to wait",
             )
             jump(frozen, how)
             # A spurious wake-up it reads (see the module docstring): look at the clock.
-            line = f"w {owners[0]}"
-            client.rpush(channel, line)
-            client.publish(channel, line)
+            assert client.publish(channel, f"{lock._keys.hash}\n{owners[0]}") >= 1
             contender.join(10)
             assert not contender.is_alive(), "acquire(timeout=0.5) did not return"
         finally:
             lock.release()  # lets a hung contender finish, whatever happened
             contender.join(10)
-            client.delete(channel)  # the line, if the waiter read the published one
     got, elapsed = outcome
     assert got is False
     # A clock that was followed costs days (no return before the holder lets go, or a

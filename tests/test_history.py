@@ -190,7 +190,7 @@ def _judge(result: Any) -> None:
 @pytest.mark.history
 @pytest.mark.parametrize("driver, persist, seed", [("thread", True, 11), ("asyncio", False, 12)])
 def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) -> None:
-    cfg = RunConfig(seed=seed, seconds=24, driver=driver, persist=persist, quiet=(1.0, 2.0),
+    cfg = RunConfig(seed=seed, seconds=22, driver=driver, persist=persist, quiet=(0.8, 1.6),
                     out=str(tmp_path))
     result = run(cfg)
     _judge(result)
@@ -202,7 +202,7 @@ def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) 
 def test_history_cluster(driver: str, seed: int, tmp_path) -> None:
     if server_version() < (7, 0):
         pytest.skip(f"the cluster needs redis-server 7.0 or newer; found {server_version()}")
-    cfg = RunConfig(seed=seed, seconds=32, driver=driver, topology="cluster", quiet=(1.0, 2.0),
+    cfg = RunConfig(seed=seed, seconds=36, driver=driver, topology="cluster", quiet=(0.8, 1.6),
                     out=str(tmp_path))
     result = run(cfg)
     _judge(result)

@@ -9,11 +9,12 @@ the Redis hash with the model exactly: ``{owner id: count}`` for the one holder,
 all when free, and a lease on the key whenever it exists.
 
 A second machine (``QueueMachine``) adds what the server-side queue brings (issue 12):
-threads that wait (queued), threads that time out (the head of the process's waiters
-included: its place passes to the next one), and dead waiting processes ("ghosts": queue
-entries no process renews). It checks that the waiting threads are served in arrival
-order, within the entry lease bound despite the ghosts, and the Redis hash and queue
-after every step.
+threads that wait (queued), threads that time out (the head of the waiters included:
+those behind it keep their places), and dead waiters ("ghosts": queue entries nobody
+renews). It checks that the waiting threads are served in arrival order, within the
+entry lease bound despite the ghosts, and the Redis hash and queue after every step:
+one entry per waiting thread (``<arrival>:x:<owner>``, ``lua/lib.lua``), in the order
+they came, and none for a thread that stopped waiting.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import rlocks
-from rlocks._engine import waiting
 from rlocks._engine.identity import thread_owner
-from rlocks._engine.scripts import run
+from rlocks._engine.scripts import WAIT
 
+from ._threads import hub_waiters
 from .conftest import NAMESPACE
 
 OWNERS = 3
@@ -213,8 +214,11 @@ def test_rlock_follows_the_threading_model(client: Any) -> None:
     runner.runTest()
 
 
-ENTRY = 0.5  # s: the entry lease of the queue machine's locks (the ghosts' delay bound)
-GHOSTS = 2  # at most per example: each may delay the next holder up to 2 * ENTRY
+# s: the entry lease of the queue machine's locks (the ghosts' delay bound). A waiter
+# renews its own entry each time it asks, at least every third of it: 1 s leaves a
+# loaded machine 0.67 s before a late waiter's entry lapses (and it queues anew, last).
+ENTRY = 1.0
+GHOSTS = 2  # at most per example: together they delay the next holder up to ENTRY
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -231,13 +235,12 @@ class QueueMachine(RuleBasedStateMachine):
                          entry_lease=ENTRY)
             for _ in self.owners
         ]
-        self.keys = self.ours[0]._keys.queued()
-        self.hub = waiting.hub_for(self.client, NAMESPACE)
+        self.keys = self.ours[0]._keys
         self.holder: Optional[int] = None
         self.count = 0
         self.local: List[int] = []  # waiting threads, in arrival order
         self.ghosts = 0
-        self.ghost_until = 0.0  # monotonic: every ghost's entry and grant are over by then
+        self.ghost_until = 0.0  # monotonic: every ghost's entry is over by then
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -245,8 +248,20 @@ class QueueMachine(RuleBasedStateMachine):
         return [i for i in range(len(self.owners)) if i != self.holder and i not in self.local]
 
     def local_waiters(self) -> int:
-        channel = self.hub._channels.get(self.ours[0]._channel())
-        return 0 if channel is None else len(channel.waiters)
+        return len(hub_waiters(self.ours[0]))
+
+    def queued(self) -> List[Tuple[bytes, str]]:
+        """The queue's live entries in arrival order: (member, owner id), ghosts too."""
+        now_ms = int(self.client.time()[0]) * 1000 + int(self.client.time()[1]) // 1000
+        members = self.client.zrangebyscore(self.keys.queue, now_ms, "+inf")
+        entries = [(m, m.decode().split(":x:", 1)[1]) for m in members if not m.startswith(b"~")]
+        return sorted(entries)  # '<16-digit arrival µs>:x:<owner>': the oldest first
+
+    def entry(self, i: int) -> Optional[bytes]:
+        """Owner ``i``'s queue entry, if it has one."""
+        mine = [m for m, owner in self.queued() if owner == self.owners[i].id]
+        assert len(mine) <= 1, mine
+        return mine[0] if mine else None
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -255,28 +270,21 @@ class QueueMachine(RuleBasedStateMachine):
             time.sleep(0.005)
 
     def ghosts_over(self) -> None:
-        """Wait until no ghost can still delay anyone, then let a script purge them."""
+        """Wait until no ghost can still delay anyone (the next script drops them)."""
         pause = self.ghost_until - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-        # a renewal of nothing: purges what ended and hands over, changes nothing else
-        run(self.client, self.ours[0]._renew_script, self.keys,
-            (*self.ours[0]._context(), 30000))
 
     def served(self) -> None:
         """The lock was freed: the first waiting thread gets it, within the bound."""
         if not self.local:
             return
         nxt = self.local.pop(0)
-        bound = 2 * ENTRY * self.ghosts + 10.0  # ghosts' delay, plus a loaded machine's
+        bound = ENTRY * self.ghosts + 10.0  # ghosts' delay, plus a loaded machine's
         assert self.owners[nxt].collect(bound) is True
         self.holder, self.count = nxt, 1
         for other in self.local:
             assert self.owners[other].busy(), f"owner {other} returned out of turn"
-        # the next one queues the process again: wait for it, so steps see a stable queue
-        if self.local:
-            self.wait_for(lambda: self.client.zscore(self.keys[2], self.hub.entry) is not None,
-                          10, "the next waiter to queue")
 
     # -- rules -------------------------------------------------------------------------------
 
@@ -286,7 +294,7 @@ class QueueMachine(RuleBasedStateMachine):
         if self.holder is None:
             self.ghosts_over()
         got = self.owners[i].run(lambda: self.ours[i].acquire(blocking=False))
-        # fair: a free lock with threads of this process queued goes to them, not a try
+        # fair: a free lock with threads queued goes to them, not a try
         expected = self.holder == i or (self.holder is None and not self.local)
         assert got is expected, (got, i, self.holder, self.local)
         if got:
@@ -299,49 +307,48 @@ class QueueMachine(RuleBasedStateMachine):
         i = data.draw(st.sampled_from(self.idle()))
         before = self.local_waiters()
         self.owners[i].start(lambda: self.ours[i].acquire(timeout=60))
-        self.wait_for(lambda: self.local_waiters() == before + 1, 10, "the waiter to register")
-        if not self.local:  # the head: it registers first, then queues the process
-            self.wait_for(lambda: self.client.zscore(self.keys[2], self.hub.entry) is not None,
-                          10, "the process to queue")
+        # refused, it is queued (by that very call), then waits for a wake-up
+        self.wait_for(lambda: self.local_waiters() == before + 1 and self.entry(i) is not None,
+                      10, "the waiter to queue and register")
         self.local.append(i)
 
     @precondition(lambda self: self.holder is not None and bool(self.idle()))
     @rule(data=st.data(), head=st.booleans())
     def time_out(self, data: st.DataObject, head: bool) -> None:
-        """A thread waits and times out; ``head`` (with no thread waiting yet): it holds
-        the process's entry, and a thread that comes after it takes its place."""
+        """A thread waits and times out; its entry goes. ``head`` (with no thread waiting
+        yet): it is the first waiter, and a thread that came after it keeps its place."""
         i = data.draw(st.sampled_from(self.idle()))
-        entry = self.hub.entry
         if head and not self.local and len(self.idle()) > 1:
             j = data.draw(st.sampled_from([k for k in self.idle() if k != i]))
             self.owners[i].start(lambda: self.ours[i].acquire(timeout=0.5))
-            self.wait_for(lambda: self.client.zscore(self.keys[2], entry) is not None, 10,
-                          "the head to queue")
+            self.wait_for(lambda: self.entry(i) is not None, 10, "the head to queue")
             self.owners[j].start(lambda: self.ours[j].acquire(timeout=60))
-            self.wait_for(lambda: self.local_waiters() == 2, 10, "the second waiter")
-            ahead = set(self.client.zrangebyscore(self.keys[2], "-inf",
-                                                  self.client.zscore(self.keys[2], entry)))
+            self.wait_for(lambda: self.entry(j) is not None, 10, "the second waiter to queue")
+            place = self.entry(j)
+            ahead = {m for m, _ in self.queued() if m < place}
             assert self.owners[i].collect(10) is False
             self.local.append(j)
-            score = self.client.zscore(self.keys[2], entry)
-            assert score is not None, "the process lost its entry with its head"
-            now_ahead = set(self.client.zrangebyscore(self.keys[2], "-inf", score))
-            assert now_ahead <= ahead, "the process lost its place with its head"
+            assert self.entry(i) is None, "the head that timed out kept its entry"
+            assert self.entry(j) == place, "the next waiter lost its place with the head"
+            now_ahead = {m for m, _ in self.queued() if m < place}
+            assert now_ahead <= ahead, "the next waiter lost its place with the head"
+            self.wait_for(lambda: self.local_waiters() == 1, 10, "the second waiter")
         else:
             self.owners[i].start(lambda: self.ours[i].acquire(timeout=0.2))
             assert self.owners[i].collect(10) is False
+            assert self.entry(i) is None, "a waiter that timed out kept its entry"
 
     @precondition(lambda self: self.holder is not None and self.ghosts < GHOSTS)
     @rule()
     def ghost(self) -> None:
-        """A waiting process that dies: its entry is queued and never renewed."""
+        """A waiter that dies: its entry is queued and never renewed."""
         self.ghosts += 1
-        gid = f"ghost-{uuid.uuid4().hex[:8]}"
-        args = (*self.ours[0]._context(), f"{gid}:1", gid, 30000, 1, 0, 1)
-        reply = run(self.client, self.ours[0]._acquire_script, self.keys, args)
-        assert reply.queued, reply
-        # its entry ends within ENTRY; a grant made to it before that, ENTRY after it
-        self.ghost_until = time.monotonic() + 2 * ENTRY + 0.05
+        gid = f"ghost-{uuid.uuid4().hex[:8]}:1"  # (host:pid:nonce:serial: one ':' will do)
+        lock = self.ours[0]
+        reply = lock._spec.acquire(lock, gid, 0, lock._entry_ms)(self.client)
+        assert reply.status == WAIT, reply
+        # its entry ends within ENTRY (it never asks again, so nothing is granted to it)
+        self.ghost_until = time.monotonic() + ENTRY + 0.05
 
     @precondition(lambda self: self.holder is not None)
     @rule(leave=st.booleans())
@@ -366,15 +373,15 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def redis_matches_the_model(self) -> None:
-        state = self.client.hgetall(self.keys[0])
+        state = self.client.hgetall(self.keys.hash)
         if self.holder is not None:
             assert state == {self.owners[self.holder].id.encode(): str(self.count).encode()}
         else:
-            # only a dead waiter's grant, until its short lease ends
-            assert all(field.startswith(b"ghost-") for field in state), state
+            assert state == {}  # nothing is ever granted to a waiter that is gone
         assert self.local_waiters() == len(self.local)
-        queued = self.client.zscore(self.keys[2], self.hub.entry) is not None
-        assert queued is bool(self.local), (queued, self.local)
+        # one entry per waiting thread, in the order they came (the ghosts aside)
+        live = [owner for _, owner in self.queued() if not owner.startswith("ghost-")]
+        assert live == [self.owners[i].id for i in self.local], (live, self.local)
 
     @invariant()
     def local_views_match_the_model(self) -> None:
@@ -393,7 +400,7 @@ class QueueMachine(RuleBasedStateMachine):
         finally:
             for owner in self.owners:
                 owner.stop()
-            self.client.delete(*self.keys[:5])
+            self.client.delete(self.keys.hash, self.keys.queue)
 
 
 @pytest.mark.timeout(120)

@@ -91,10 +91,17 @@ class Server:
             return found
 
     def read(self, args: Sequence[Any]) -> Any:
-        return io_client(self.client).execute_command(*args)
+        client = io_client(self.client)
+        if args[0] == "SCRIPT" and hasattr(client, "get_primaries"):  # keyless: every master
+            return client.execute_command(*args, target_nodes=client.get_primaries())
+        return client.execute_command(*args)
 
     async def aread(self, args: Sequence[Any]) -> Any:
-        return await io_client(self.client).execute_command(*args)
+        client = io_client(self.client)
+        if args[0] == "SCRIPT" and hasattr(client, "get_primaries"):
+            await client.initialize()
+            return await client.execute_command(*args, target_nodes=client.get_primaries())
+        return await client.execute_command(*args)
 
     def enlist(self, channel: str, key: str, owner: str) -> Waiter:
         with self._hub_lock:

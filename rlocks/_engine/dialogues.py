@@ -22,6 +22,7 @@ it was sent again), so this process never believes a lease longer than Redis kee
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Generator, List, Optional, Tuple
 
 from .. import errors
@@ -33,9 +34,14 @@ from .renewal import renewer_for
 from .scripts import DONE, LOST, MISMATCH, OVER, UPGRADE, Reply
 from .steps import Enlist, Interrupted, Listen, Pause, Read, Run, call
 
-__all__ = ["acquire", "extend", "release", "release_permits"]
+__all__ = ["RELEASE_PATIENCE", "acquire", "extend", "release", "release_permits"]
+
+log = logging.getLogger(__name__)
 
 Steps = Generator[Any, Any, Any]
+
+#: s a release sends its call again after a broken link (within the hold's lease).
+RELEASE_PATIENCE = 5.0
 
 
 def _record(p: Any, owner: str, hold: Hold, reply: Reply, sent: float) -> None:
@@ -173,6 +179,9 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
                 _record(p, owner, hold, reply, sent)
                 if waited:
                     metrics.wait_over(True)
+                    log.debug("%s: %s waited %.3f s, granted", p._describe(), owner,
+                              monotonic() - start)
+                log.debug("%s acquired by %s (count %d)", p._describe(), owner, hold.count)
                 return True
             if reply.status == LOST:
                 if hold.count != expect:
@@ -184,6 +193,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
             queued = queues
             now = monotonic()
             if deadline is not None and now >= deadline:
+                log.debug("%s: %s waited %.3f s, gave up", p._describe(), owner, now - start)
                 return False
             if not waited:
                 waited = True
@@ -232,7 +242,11 @@ def _drop(p: Any, owner: str, hold: Hold, n: int = 1) -> None:
 
 
 def release(p: Any, owner: str) -> Steps:
-    """Give back one level the owner took through this object (RLock, RWLock side)."""
+    """Give back one level the owner took through this object (RLock, RWLock side).
+
+    Sent again after a broken link for up to :data:`RELEASE_PATIENCE` (within the lease);
+    with no answer by then, the level is dropped from the books and the error raised: the
+    lease ends the hold in Redis. Interrupted before anything was sent, nothing changes."""
     if p._levels(owner) == 0:
         raise p._not_owned()
     hold = p._hold(owner)
@@ -244,38 +258,40 @@ def release(p: Any, owner: str) -> Steps:
     if last:
         hold.begin_release()
     sends: List[float] = []
+    until = min(hold.lease_end, monotonic() + RELEASE_PATIENCE)
     try:
-        reply = yield from call(p._backend, p._spec.release(p, owner, expect),
-                                hold.lease_end, sends)
-    except Interrupted as interrupt:
-        reply = interrupt.reply
-        _drop(p, owner, hold)
-        if last:
-            hold.end_release(answered=reply is not None)
+        reply = yield from call(p._backend, p._spec.release(p, owner, expect), until, sends)
+    except BaseException as exc:
+        reply = exc.reply if isinstance(exc, Interrupted) else None
+        if not sends:  # nothing sent (interrupted while the call was made): still held
+            if last:
+                hold.cancel_release()
+            raise
         if reply is not None and reply.status == LOST:
             hold.lose("it was gone from Redis at release")
-        raise interrupt.cause from None
-    except BaseException:
-        # No answer within the lease: the hold ends with it. Off the books either way.
-        _drop(p, owner, hold)
-        if last:
-            hold.end_release(answered=False)
+        elif last:
+            hold.end_release(answered=reply is not None)
+        _drop(p, owner, hold)  # (after the report: on_lost goes to its holding objects)
+        if isinstance(exc, Interrupted):
+            raise exc.cause from None
         raise
     if reply.status == LOST and last and len(sends) > 1:
         reply = Reply(DONE)  # sent again: the first send released it (see the docstring)
-    _drop(p, owner, hold)
-    if reply.ok:
-        if last:
-            hold.end_release(answered=True)
-            metrics.hold_ended(p, hold.granted, "released")
-        wakeups.wake_local(p._keys.hash, reply.woken)
-        return None
     if reply.status == LOST:
         hold.lose("it was gone from Redis at release")
-        if last:
-            hold.end_release(answered=True)
+        _drop(p, owner, hold)
         raise p._lost_error(hold)
-    raise _refused(p, reply)
+    if not reply.ok:
+        if last:
+            hold.cancel_release()
+        raise _refused(p, reply)
+    _drop(p, owner, hold)
+    if last:
+        hold.end_release(answered=True)
+        metrics.hold_ended(p, hold.granted, "released")
+        log.debug("%s released by %s (count 0)", p._describe(), owner)
+    wakeups.wake_local(p._keys.hash, reply.woken)
+    return None
 
 
 def release_permits(p: Any, owner: str, n: int) -> Steps:
@@ -306,16 +322,23 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
     for _, hold, take in mine:
         if hold.count == take:
             hold.begin_release()
-    until = min([h.lease_end for _, h, _ in mine], default=None)
+    until = min([h.lease_end for _, h, _ in mine] + [monotonic() + RELEASE_PATIENCE])
     sends: List[float] = []
     try:
         reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples),
                                 until, sends)
     except BaseException as exc:
+        if not sends:  # nothing sent: all stays as it was
+            for who, hold, take in others:
+                p._took(who, hold, take)
+                hold.count += take
+            for _, hold, _ in mine:
+                hold.cancel_release()
+            raise
         for who, hold, take in mine:  # no answer: off the books, its lease ends it
-            _drop(p, who, hold, take)
-            if hold.count <= 0:
+            if hold.count <= take:
                 hold.end_release(answered=False)
+            _drop(p, who, hold, take)
         if isinstance(exc, Interrupted):
             raise exc.cause from None
         raise
@@ -337,10 +360,8 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
     if reply.status == LOST:
         who, hold, take = taking[reply.a - 1]
         if who == owner:
-            _drop(p, who, hold, take)
             hold.lose("its permits were gone from Redis at release")
-            if hold.count <= 0:
-                hold.end_release(answered=True)
+            _drop(p, who, hold, take)
             raise p._lost_error(hold)
         # Another thread's permits ended meanwhile (back in the pool already): that
         # thread finds out itself; this release is made again without them.
@@ -367,6 +388,8 @@ def extend(p: Any, owner: str, ttl_ms: int) -> Steps:
         raise interrupt.cause from None
     if reply.ok:
         hold.renewed(sent, ttl_ms / 1000.0)
+        if p._auto_renew:
+            renewer_for(p._backend, p._aio).add(hold)  # its renewal time moved
         return None
     if reply.status == LOST:
         hold.lose("it was gone from Redis when extended")

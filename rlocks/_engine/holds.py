@@ -36,7 +36,7 @@ from . import metrics
 
 __all__ = ["GONE", "HELD", "LOST", "RELEASING", "Hold", "hold_for", "peek"]
 
-log = logging.getLogger("rlocks")
+log = logging.getLogger(__name__)
 
 HELD, RELEASING, GONE, LOST = "held", "releasing", "gone", "lost"
 

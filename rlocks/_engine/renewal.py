@@ -86,6 +86,10 @@ def renew_pass(backend: Any, holds: List[Hold]) -> Generator[Any, Any, None]:
     except Exception as exc:  # noqa: BLE001 - the link: every hold of the batch failed
         results = [exc] * len(holds)
     now = monotonic()
+    if log.isEnabledFor(logging.DEBUG):
+        names = ", ".join(h.label for h in holds[:3])
+        more = f" and {len(holds) - 3} more" if len(holds) > 3 else ""
+        log.debug("renewed %d lease(s) in one round trip: %s%s", len(holds), names, more)
     for hold, result in zip(holds, results):
         if isinstance(result, Reply) and result.ok:
             hold.renewed(sent)

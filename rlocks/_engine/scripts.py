@@ -251,11 +251,37 @@ class Call:
     async def arun(self, client: Any) -> Reply:
         """Run on a ``redis.asyncio`` client: one round trip."""
         sender = io_client(client)
+        if hasattr(sender, "nodes_manager") and self.keys:
+            return await self._acluster(sender)
         try:
             return await self._ageneric_once(sender)
         except NoScriptError:
             await sender.script_load(self.script.source)
             return await self._ageneric_once(sender)
+
+    async def _acluster(self, cluster: Any) -> Reply:
+        """:meth:`_cluster` for a ``redis.asyncio`` cluster client."""
+        await cluster.initialize()
+        node = cluster.get_node_from_key(self.keys[0])
+        try:
+            try:
+                raw = await node.execute_command(*self.command())
+            except NoScriptError:
+                await node.execute_command("SCRIPT", "LOAD", self.script.source)
+                raw = await node.execute_command(*self.command())
+            return decode(raw, self.script.name)
+        except ResponseError as exc:
+            moved = isinstance(exc, (redis.exceptions.MovedError, redis.exceptions.AskError))
+            if not moved and not str(exc).startswith(("MOVED", "ASK")):
+                raise
+            await cluster.nodes_manager.initialize()
+            raise redis.exceptions.TryAgainError(str(exc)) from None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            try:
+                await cluster.nodes_manager.initialize()
+            except Exception:  # noqa: BLE001 - the map is refreshed at the next try
+                pass
+            raise
 
     async def _ageneric_once(self, client: Any) -> Reply:
         if self.replication is None:
@@ -317,6 +343,10 @@ async def arun_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseExce
     results = await once()
     if _missing(results):
         for script in {c.script.sha: c.script for c in calls}.values():
-            await client.script_load(script.source)
+            if hasattr(client, "get_primaries"):  # a cluster: every master
+                for node in client.get_primaries():
+                    await node.execute_command("SCRIPT", "LOAD", script.source)
+            else:
+                await client.script_load(script.source)
         results = await once()
     return results

@@ -90,7 +90,7 @@ TRANSIENT = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.TryAga
 def transient(exc: BaseException) -> bool:
     if isinstance(exc, rx.AuthenticationError):
         return False
-    if isinstance(exc, TRANSIENT):
+    if isinstance(exc, (TRANSIENT, OSError)):  # (a socket error redis-py did not wrap)
         return True
     return isinstance(exc, rx.ResponseError) and str(exc).startswith(
         ("LOADING", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN"))

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--faults", help="comma-separated fault kinds (default: all)")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="per primitive and worker")
-    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--ttl", type=float, default=0.6)
     parser.add_argument("--unfair", action="store_true", help="fair=False")
     parser.add_argument("--load", type=int, default=0, help="CPU hogs beside the workers")
     parser.add_argument("--out", help="folder for the history and report")

@@ -1,7 +1,7 @@
 """The faults of a history run, chosen at random but reproducibly (a seed).
 
 Every fault kind of the run comes once per round, in an order the seed shuffles anew each
-round, each after a quiet spell; each is recorded as an event ``{"a": "fault", "k": kind,
+round (kinds not injected yet first), each after a quiet spell; each is recorded as an event ``{"a": "fault", "k": kind,
 "target": worker or None, "inv": start, "ret": end, "recover": seconds}`` in
 ``nemesis.jsonl``. ``recover`` is how long after ``ret`` the fault may still be felt by
 design (a black-holed link is only noticed at the client's socket timeout).
@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import signal
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 import redis
 
@@ -66,26 +66,34 @@ class Nemesis:
         self.resumed: Dict[str, float] = {}
         self.counts: Dict[str, int] = {}
 
-    def schedule(self) -> Iterator[str]:
-        while True:
-            round_ = list(self.kinds)
-            self.rng.shuffle(round_)
-            yield from round_
-
     def run(self, until: float) -> None:
-        """Quiet spell, fault, quiet spell, ... while a whole fault fits before ``until``."""
+        """Quiet spell, fault, quiet spell, ... while a fault fits before ``until``: each
+        round in an order the seed shuffles, kinds not injected yet first, a kind that
+        would not end in time left out."""
         if not self.kinds:
             time.sleep(max(0.0, until - time.monotonic()))
             return
-        for kind in self.schedule():
-            time.sleep(self.rng.uniform(*self.quiet))
-            if time.monotonic() + self._longest(kind) > until:
+        done: Set[str] = set()
+        while True:
+            round_ = list(self.kinds)
+            self.rng.shuffle(round_)
+            round_.sort(key=lambda k: k in done)
+            quiet = [self.rng.uniform(*self.quiet) for _ in round_]
+            injected = False
+            for kind, pause in zip(round_, quiet):
+                if time.monotonic() + pause + self._longest(kind) > until:
+                    continue
+                time.sleep(pause)
+                self.inject(kind)
+                done.add(kind)
+                injected = True
+            if not injected:
                 return
-            self.inject(kind)
 
     def _longest(self, kind: str) -> float:
-        return {"stop_worker": 1.2 * self.ttl, "kill_worker": 1.0, "kill_master": 10.0,
-                "failover": 6.0, "failover_force": 6.0}.get(kind, 1.5)
+        return {"stop_worker": 1.2 * self.ttl, "kill_worker": 0.5, "kill_master": 8.0,
+                "failover": 3.0, "failover_force": 3.0, "pause_server": 0.5,
+                "client_kill": 0.1}.get(kind, 1.5)
 
     def inject(self, kind: str) -> None:
         getattr(self, "_" + kind)()

@@ -46,8 +46,8 @@ class RunConfig:
     persist: bool = True  # single server: appendonly yes, appendfsync always
     workers: int = 3
     threads: int = 2  # per kind and worker
-    ttl: float = 1.0  # object "a"; object "b" has ttl2 (more than 3 times longer, so that a
-    ttl2: float = 3.5  # re-entry through "a" that cut "b"'s lease would lose the hold)
+    ttl: float = 0.6  # object "a"; object "b" has ttl2 (more than 3 times longer, so that a
+    ttl2: float = 2.1  # re-entry through "a" that cut "b"'s lease would lose the hold)
     entry_lease: float = 0.5
     permits: int = 2
     fair: bool = True
