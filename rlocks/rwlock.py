@@ -65,6 +65,10 @@ class ReadLock(Side, LockSurface):
         """Whether anyone, anywhere, holds the read side now (one round trip)."""
         return bool(drive(_count(self)) > 0)
 
+    def statistics(self) -> PrimitiveState:
+        """The whole RWLock's state (both sides), as :meth:`RWLock.statistics`."""
+        return statistics(self)
+
 
 class WriteLock(Side, LockSurface):
     """The write side of an :class:`RWLock` (``rwlock.write_lock``).
@@ -90,6 +94,10 @@ class WriteLock(Side, LockSurface):
     def locked(self) -> bool:
         """Whether anyone, anywhere, holds the write side now (one round trip)."""
         return bool(drive(_count(self)) > 0)
+
+    def statistics(self) -> PrimitiveState:
+        """The whole RWLock's state (both sides), as :meth:`RWLock.statistics`."""
+        return statistics(self)
 
     def _held_with(self) -> Any:
         return self._other

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 import math
 import multiprocessing
 import os
@@ -18,7 +17,7 @@ import pickle
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import redis
@@ -26,10 +25,9 @@ import redis.asyncio
 
 import rlocks
 import rlocks.asyncio as ra
-from rlocks._engine import aio
 from rlocks._engine import condition as engine
-from rlocks._engine.identity import thread_owner
-from rlocks._engine.scripts import BUSY, GRANTED, NOT_OWNER, Call, Reply
+from rlocks._engine.identity import task_owner, thread_owner
+from rlocks._engine.scripts import GRANTED, LOST, WAIT, Call, Reply
 
 from . import _cond_workers
 from ._proxy import FaultyLink
@@ -40,16 +38,75 @@ SPAWN = multiprocessing.get_context("spawn")
 
 # The refusal of a command the ACL user lacks, inside a script: Redis says "... can't run
 # this command ...", Valkey "... has no permissions to run the '<command>' command ...".
-ACL_REFUSAL = "can't run this command|has no permissions to run"
 
 
 def queue_of(cond: Any) -> str:
-    return str(cond._keys[0])
+    """``cond``'s waiters, one sorted set: ``<arrival>:c:<owner>`` -> lease end (server
+    ms), ``!`` in front once notified (``lua/cond_lib.lua``)."""
+    return str(cond._key)
 
 
 def waiting(client: Any, cond: Any) -> int:
-    """Entries waiting in ``cond``'s queue now."""
-    return int(client.zcard(queue_of(cond)))
+    """Entries of ``cond`` waiting (not yet notified) now."""
+    return sum(not m.startswith(b"!") for m in client.zrange(queue_of(cond), 0, -1))
+
+
+async def awaiting(aclient: Any, cond: Any) -> int:
+    """:func:`waiting` through a ``redis.asyncio`` client."""
+    return sum(not m.startswith(b"!") for m in await aclient.zrange(queue_of(cond), 0, -1))
+
+
+def owner_of(member: bytes) -> str:
+    """The owner id in a Condition entry's member."""
+    return member.split(b":c:", 1)[1].decode()
+
+
+def entry_of(client: Any, cond: Any, owner: str) -> Optional[Tuple[bytes, float]]:
+    """(member, lease end) of ``owner``'s entry in ``cond``, notified or not; None if it
+    has none."""
+    for member, end in client.zrange(queue_of(cond), 0, -1, withscores=True):
+        if owner_of(member) == owner:
+            return member, end
+    return None
+
+
+def notified(client: Any, cond: Any, owner: str) -> bool:
+    """Whether ``owner`` has an entry in ``cond`` that a notify marked."""
+    found = entry_of(client, cond, owner)
+    return found is not None and found[0].startswith(b"!")
+
+
+def before_runs(monkeypatch: pytest.MonkeyPatch, backend: Any,
+                before: Callable[[Call], None]) -> None:
+    """Call ``before(call)`` before each script call ``backend`` (a blocking client's,
+    used by this test only) sends: to act at a precise point of a wait (a notify, a
+    cut link, an interrupt) while every call still goes to the real server."""
+    original = backend.run
+
+    def run(call: Call) -> Reply:
+        before(call)
+        return original(call)
+
+    monkeypatch.setattr(backend, "run", run)
+
+
+def before_aruns(monkeypatch: pytest.MonkeyPatch, backend: Any,
+                 before: Callable[[Call], None]) -> None:
+    """:func:`before_runs` for a ``redis.asyncio`` client's backend."""
+    original = backend.arun
+
+    async def arun(call: Call) -> Reply:
+        before(call)
+        return await original(call)
+
+    monkeypatch.setattr(backend, "arun", arun)
+
+
+def is_final_leave(call: Call, cond: Any) -> bool:
+    """Whether ``call`` ends ``cond``'s entry of a waiter that used its notification (or
+    timed out): ``cond_leave`` that passes nothing on."""
+    return (call.script is engine._LEAVE and call.keys == (cond._key,)
+            and call.args[-1] == "0")
 
 
 class Recorder:
@@ -150,38 +207,75 @@ def test_misuse_raises_before_any_redis_call(client: "redis.Redis[bytes]", name:
             copier(cond)
 
 
-# -- the wait loop without I/O ----------------------------------------------------------------
+# -- the wait loop at its edges ----------------------------------------------------------------
 
 
-def test_wait_steps_keep_a_notification_that_raced_the_timeout() -> None:
-    # The deadline has passed: the only step is "leave", whose answer says whether a notify
-    # took the entry meanwhile; then wait() returns True and the notification is not lost.
-    for reply, expected in (
-        (Reply(GRANTED, 0), True),
-        (Reply(BUSY, 0), False),
-        (Reply(NOT_OWNER, 0), False),
-    ):
-        steps = engine._wait_steps(engine._Plan(0.0, 3000), fresh=True, subscribed=True)
-        assert next(steps) == "leave"
-        with pytest.raises(StopIteration) as done:
-            steps.send(reply)
-        assert done.value.value is expected
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("meanwhile", ["notified", "nothing", "entry gone"])
+def test_a_wait_whose_time_runs_out_keeps_a_notification_that_raced_it(
+    client: "redis.Redis[bytes]", redis_url: str, name: str,
+    monkeypatch: pytest.MonkeyPatch, meanwhile: str,
+) -> None:
+    """The deadline has passed: the waiter's last step is to leave, and the leave's answer
+    says whether a notify took the entry after its last look. Notified then, wait()
+    returns True and the notification is not lost; else (nothing, or its entry gone:
+    its lease ended) False. The notify (or the entry's end) is made just before the
+    leave is sent."""
+    via = redis.Redis.from_url(redis_url)
+    cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=5))
+    me = thread_owner()
+    left: List[Call] = []
+
+    def before(call: Call) -> None:
+        if call.script is engine._LEAVE and call.args[0] == me and not left:
+            left.append(call)
+            if meanwhile == "notified":
+                assert cond._call(engine._NOTIFY, "", 1)(client).a == 1
+            elif meanwhile == "entry gone":
+                found = entry_of(client, cond, me)
+                assert found is not None
+                client.zrem(queue_of(cond), found[0])
+
+    before_runs(monkeypatch, cond.lock._backend, before)
+    with cond:
+        result = cond.wait(0.05)
+    assert left, "the wait did not leave"
+    assert result is (meanwhile == "notified")
+    assert snapshot(client) == {}  # no entry left, the lock free
+    via.close()
 
 
-def test_wait_steps_look_once_when_the_subscription_is_new() -> None:
-    # A notify published before a new SUBSCRIBE took effect is missed as a message: the
-    # waiter looks at its entry at once instead of sleeping a whole slice first.
-    steps = engine._wait_steps(engine._Plan(None, 3000), fresh=True, subscribed=True)
-    assert next(steps) == "check"
-    with pytest.raises(StopIteration) as done:
-        steps.send(Reply(GRANTED, 1))
-    assert done.value.value is True
-    steps = engine._wait_steps(engine._Plan(None, 3000), fresh=False, subscribed=True)
-    assert next(steps) == pytest.approx(1.0)  # a third of the lease: sleep, then look
-    assert steps.send(True) == "check"
+@pytest.mark.timeout(30)
+def test_a_notify_whose_wake_up_came_before_the_waiter_listened_is_seen_at_its_first_look(
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notify whose wake-up hint is published before the waiter's subscriber listens
+    is missed as a hint: the waiter looks at its entry at once instead of sleeping a
+    whole slice (a third of the ttl, 10 s here) first. The notify is made just before
+    the waiter registers with a subscriber that is not yet listening (a new client's)."""
+    via = redis.Redis.from_url(redis_url)
+    cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=30))
+    backend = cond.lock._backend
+    original = backend.enlist
+    sent: List[float] = []
+
+    def enlist(channel: str, key: str, owner: str) -> Any:
+        if key == cond._key and not sent:
+            assert cond._call(engine._NOTIFY, "", 1)(client).a == 1
+            sent.append(time.monotonic())
+        return original(channel, key, owner)
+
+    monkeypatch.setattr(backend, "enlist", enlist)
+    with cond:
+        assert cond.wait(20) is True
+        assert sent and time.monotonic() - sent[0] < 5
+    assert snapshot(client) == {}
+    via.close()
 
 
 # -- the scripts ------------------------------------------------------------------------------
+
+A, B, C = (f"host-{i}:1:nonce:1" for i in (1, 2, 3))  # owner ids of three processes
 
 
 def _script_env(client: Any, name: str) -> Any:
@@ -189,53 +283,71 @@ def _script_env(client: Any, name: str) -> Any:
     return cond
 
 
+def _enter(cond: Any, owner: str, lease: int = 5000) -> Call:
+    return cond._call(engine._ENTER, owner, lease)
+
+
+def _look(cond: Any, owner: str, lease: int = 5000) -> Call:
+    return cond._call(engine._CHECK, owner, lease)
+
+
+def _notify(cond: Any, n: int) -> Call:
+    return cond._call(engine._NOTIFY, "", n)
+
+
+def _leave(cond: Any, owner: str, pass_on: bool) -> Call:
+    return cond._call(engine._LEAVE, owner, "1" if pass_on else "0")
+
+
 def test_scripts_enter_notify_leave_and_pass_on(client: "redis.Redis[bytes]", name: str) -> None:
     cond = _script_env(client, name)
-    a, b, c = "o1/1", "o2/2", "o3/3"
-    for i, entry in enumerate((a, b, c), 1):
-        assert cond._enter(entry)(client) == Reply(GRANTED, i)
-    assert cond._look(a)(client).busy  # waiting: lease renewed
-    assert cond._notify(1)(client) == Reply(GRANTED, 1)  # the oldest: a
-    assert waiting(client, cond) == 2
-    # a timed out just as it was notified: it keeps the notification (wait() -> True),
-    # and its entry stays NOTIFIED until it holds the lock again (cond_done)
-    assert cond._leave(a, False)(client) == Reply(GRANTED, 0)
-    assert client.zscore(cond._keys[1], a) is not None
-    assert cond._done(a)(client) == Reply(GRANTED, 0)
-    assert cond._done(a)(client).not_owner  # gone now
-    assert cond._leave(a, False)(client).not_owner
+    a, b, c = A, B, C
+    for entry in (a, b, c):
+        assert _enter(cond, entry)(client).status == GRANTED
+    assert _look(cond, a)(client).status == WAIT  # waiting: lease renewed
+    assert _notify(cond, 1)(client).a == 1  # the oldest: a
+    assert waiting(client, cond) == 2 and notified(client, cond, a)
+    # a timed out just as it was notified: its leave says so (wait() -> True), and ends
+    # the entry
+    assert _leave(cond, a, False)(client).status == GRANTED
+    assert entry_of(client, cond, a) is None
+    assert _leave(cond, a, False)(client).status == LOST  # gone now
+    assert _look(cond, a)(client).status == LOST
     # b is notified, then unwinds an error: its notification goes to c
-    assert cond._notify(1)(client) == Reply(GRANTED, 1)
-    assert cond._leave(b, True)(client) == Reply(GRANTED, 1)
-    # c looks: notified, and the look (again) keeps the entry until cond_done
-    assert cond._look(c)(client) == Reply(GRANTED, 1)
-    assert cond._look(c)(client) == Reply(GRANTED, 1)
-    assert cond._done(c)(client) == Reply(GRANTED, 0)
-    assert cond._look(c)(client).not_owner
+    assert _notify(cond, 1)(client).a == 1
+    assert _leave(cond, b, True)(client).status == GRANTED
+    # c looks: notified, and the look (again) keeps the entry until it leaves, the lock back
+    assert _look(cond, c)(client).status == GRANTED
+    assert _look(cond, c)(client).status == GRANTED
+    assert _leave(cond, c, False)(client).status == GRANTED
+    assert _look(cond, c)(client).status == LOST
     # a waiter that times out un-notified just leaves
-    cond._enter(a)(client)
-    assert cond._leave(a, False)(client) == Reply(BUSY, 0)
-    assert cond._notify(5)(client) == Reply(GRANTED, 0)
+    _enter(cond, a)(client)
+    assert _leave(cond, a, False)(client).status == WAIT
+    assert _notify(cond, 5)(client) == Reply(GRANTED, 0)
     assert snapshot(client) == {}  # nothing left behind
 
 
-def test_scripts_a_notified_entry_dead_before_cond_done_passes_its_notification_on(
+def test_scripts_a_notified_entry_dead_before_it_leaves_passes_its_notification_on(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
     # The waiter looked (notified) and died while taking the lock back: its kept entry's
     # lease ends, and the next look of a live waiter gets the notification.
     cond = _script_env(client, name)
-    dead, live = "dead/1", "live/2"
-    cond._enter(dead)(client)
-    cond._enter(live)(client)
-    assert cond._notify(1)(client) == Reply(GRANTED, 1)
-    assert cond._look(dead)(client) == Reply(GRANTED, 1)  # it saw it, and kept it ...
-    assert 4000 < client.pttl(cond._keys[1]) <= 5001  # (the look renewed the lease)
-    assert cond._look(live)(client).busy  # ... so the live one still waits
-    client.zadd(cond._keys[1], {dead: 1})  # the dead entry's lease ends
-    assert cond._look(live)(client) == Reply(GRANTED, 1)
-    assert cond._done(live)(client) == Reply(GRANTED, 0)
-    assert cond._done(dead)(client).not_owner
+    dead, live = A, B
+    _enter(cond, dead)(client)
+    _enter(cond, live)(client)
+    assert _notify(cond, 1)(client).a == 1
+    assert _look(cond, dead)(client).status == GRANTED  # it saw it, and kept it ...
+    assert 4000 < client.pttl(queue_of(cond)) <= 5000  # (the look renewed the lease)
+    found = entry_of(client, cond, dead)
+    assert found is not None and found[0].startswith(b"!")
+    assert found[1] > _server_ms(client) + 4000
+    assert _look(cond, live)(client).status == WAIT  # ... so the live one still waits
+    client.zadd(queue_of(cond), {found[0]: 1})  # the dead entry's lease ends
+    assert _look(cond, live)(client).status == GRANTED
+    assert _leave(cond, live, False)(client).status == GRANTED
+    assert _leave(cond, dead, False)(client).status == LOST
     assert snapshot(client) == {}
 
 
@@ -243,20 +355,27 @@ def test_scripts_pass_a_dead_waiters_notification_on(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
     cond = _script_env(client, name)
-    dead, live = "dead/1", "live/2"
-    cond._enter(dead)(client)
-    cond._enter(live)(client)
-    assert cond._notify(1)(client) == Reply(GRANTED, 1)  # spent on the dead one ...
-    client.zadd(cond._keys[1], {dead: 1})  # ... whose lease then ends (long ago)
-    assert cond._look(live)(client) == Reply(GRANTED, 1)  # ... and comes to the live one
-    assert cond._done(live)(client) == Reply(GRANTED, 0)
+    dead, live = A, B
+
+    def lease_ends(owner: str) -> None:
+        found = entry_of(client, cond, owner)
+        assert found is not None
+        client.zadd(queue_of(cond), {found[0]: 1})  # (long ago)
+
+    _enter(cond, dead)(client)
+    _enter(cond, live)(client)
+    assert _notify(cond, 1)(client).a == 1  # spent on the dead one ...
+    lease_ends(dead)  # ... whose lease then ends
+    assert _look(cond, live)(client).status == GRANTED  # ... and comes to the live one
+    assert _leave(cond, live, False)(client).status == GRANTED
     # a dead WAITING entry is dropped, never notified
-    cond._enter(dead)(client)
-    cond._enter(live)(client)
-    client.zadd(cond._keys[1], {dead: 1})
-    assert cond._notify(1)(client) == Reply(GRANTED, 1)
-    assert cond._look(live)(client) == Reply(GRANTED, 1)
-    assert cond._done(live)(client) == Reply(GRANTED, 0)
+    _enter(cond, dead)(client)
+    _enter(cond, live)(client)
+    lease_ends(dead)
+    assert _notify(cond, 1)(client).a == 1
+    assert _look(cond, live)(client).status == GRANTED
+    assert _leave(cond, live, False)(client).status == GRANTED
+    assert _look(cond, dead)(client).status == LOST
     assert snapshot(client) == {}
 
 
@@ -264,13 +383,14 @@ def test_condition_keys_expire_with_the_latest_lease(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
     cond = _script_env(client, name)
-    cond._enter("x/1")(client)
-    for key in cond._keys:
-        assert 0 < client.pttl(key) <= 5001  # the lease, and 1 ms
+    _enter(cond, A)(client)
+    assert 0 < client.pttl(queue_of(cond)) <= 5000  # the lease
+    _enter(cond, B, 8000)(client)
+    assert 5000 < client.pttl(queue_of(cond)) <= 8000  # the latest one
+    _enter(cond, C, 1000)(client)
+    assert 5000 < client.pttl(queue_of(cond)) <= 8000  # never shortened
     lock_key = cond.lock._keys.hash
-    assert all(
-        k.startswith(lock_key + ":cond") and "{" + name + "}" in k for k in cond._keys
-    )
+    assert queue_of(cond).startswith(lock_key + ":c:") and "{" + name + "}" in queue_of(cond)
 
 
 # -- threads of one process -------------------------------------------------------------------
@@ -313,8 +433,8 @@ def test_wait_gives_up_every_level_and_takes_them_back(
         assert cond.wait(20) is True
         assert got_in == [True]
         assert lock._recursion_count() == 3
-        # the lock back, the notified entry was ended (cond_done): none is left over
-        assert client.exists(*cond._keys) == 0
+        # the lock back, the notified entry was ended: none is left over
+        assert client.exists(queue_of(cond)) == 0
     helper.join(10)
     assert not lock.locked()
 
@@ -337,20 +457,22 @@ def test_a_wait_refuses_levels_held_through_another_object_and_changes_nothing(
         with lock, second:
             token = lock.token
             with cond:
-                with pytest.raises(RuntimeError, match="another object of the same name|"
+                with pytest.raises(RuntimeError, match="another object of (its|the same) name|"
                                    "an object of the same name on another client"):
                     cond.wait(0.1)
                 assert lock._recursion_count() == 2 and second._recursion_count() == 1
                 assert client.hget(lock._keys.hash, owner) == b"3"
                 assert lock.token == token is not None
+                assert client.exists(queue_of(cond)) == 0  # no entry left either
         assert not lock.locked()
     # The RWLock form: a writer that also reads through another object of the name.
     rw, rw2 = (rlocks.RWLock(name, client=client, namespace=NAMESPACE) for _ in range(2))
     wcond = rlocks.Condition(rw.write_lock)
     with rw.write_lock, rw2.read_lock, wcond:
-        with pytest.raises(RuntimeError, match="another object of the same name"):
+        with pytest.raises(RuntimeError, match="another object of (its|the same) name"):
             wcond.wait(0.1)
         assert rw.write_lock._recursion_count() == 2 and rw2.read_lock._recursion_count() == 1
+        assert client.exists(queue_of(wcond)) == 0
     assert not rw.write_lock.locked() and not rw.read_lock.locked()
     other.close()
 
@@ -364,9 +486,10 @@ def test_an_asyncio_wait_refuses_levels_held_through_another_object(
         b = ra.RLock(name, client=c, namespace=NAMESPACE)
         cond = ra.Condition(a)
         async with a, b, cond:
-            with pytest.raises(RuntimeError, match="another object of the same name"):
+            with pytest.raises(RuntimeError, match="another object of (its|the same) name"):
                 await cond.wait(0.1)
             assert a._recursion_count() == 2 and b._recursion_count() == 1
+            assert await c.exists(queue_of(cond)) == 0  # no entry left either
         assert not await a.locked()
         await c.aclose()
 
@@ -384,8 +507,8 @@ def test_a_lost_wake_up_message_does_not_lose_the_notification(
     rec = Recorder(waiter(cond, 20, [], "w"))
     wait_until(lambda: waiting(client, cond) == 1, 10, "waiter queued")
     sent = time.monotonic()
-    muted = Call(engine._NOTIFY, cond._keys, (1, f"{NAMESPACE}:nowhere:", "PUBLISH"))
-    assert muted(client) == Reply(GRANTED, 1)
+    muted = Call(engine._NOTIFY, (queue_of(cond),), ("", f"{NAMESPACE}:nowhere:", 1))
+    assert muted(client).a == 1
     assert rec.join(10) is True
     assert rec.ended_at is not None and rec.ended_at - sent < ttl  # one slice, plus slack
 
@@ -426,7 +549,7 @@ def test_named_conditions_of_one_lock_are_independent(
         rlocks.Condition(lock, name="not full"),
         rlocks.Condition(lock, name="not {empty}"),  # braces cannot leave the hash tag
     )
-    assert len({c._keys for c in (default, not_full, not_empty)}) == 3
+    assert len({c._key for c in (default, not_full, not_empty)}) == 3
     assert "name='not full'" in repr(not_full) and not_full.name == "not full"
     rec = Recorder(waiter(not_empty, 20, [], "w"))
     wait_until(lambda: waiting(client, not_empty) == 1, 10, "waiter queued")
@@ -458,23 +581,21 @@ def _notify_me_with_a_second_waiter(client: Any, cond: Any, later: List[str]) ->
 
 @pytest.mark.timeout(60)
 def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock_again(
-    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The main thread is notified, but its look at the entry fails (as an interrupt or a
     # broken link would): it leaves passing the notification on, so the next waiter gets
     # it, and its wait raises with the lock held again.
-    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    via = redis.Redis.from_url(redis_url)  # (its calls are watched: this test's only)
+    lock = rlocks.RLock(name, client=via, namespace=NAMESPACE)
     cond = rlocks.Condition(lock)
     me = thread_owner()
-    original = engine.ConditionCore._look
 
-    def failing_look(self: Any, entry: str) -> Any:
-        notified = client.zscore(cond._keys[0], entry) is None
-        if entry.startswith(me + "/") and notified:
+    def failing_look(call: Call) -> None:
+        if call.script is engine._CHECK and call.args[0] == me and notified(client, cond, me):
             raise KeyboardInterrupt("interrupted while looking")
-        return original(self, entry)
 
-    monkeypatch.setattr(engine.ConditionCore, "_look", failing_look)
+    before_runs(monkeypatch, lock._backend, failing_look)
     later: List[str] = []
     helper = _notify_me_with_a_second_waiter(client, cond, later)
     with cond:
@@ -483,18 +604,25 @@ def test_a_waiter_failing_after_its_notification_passes_it_on_and_holds_the_lock
         assert lock._recursion_count() == 1
     helper.join(30)
     assert later == ["second"] and waiting(client, cond) == 0
+    via.close()
 
 
-def _wait_lease_pushed(client: Any, cond: Any, entry: Any, times: int) -> None:
-    """Wait until the lease end of ``entry`` (in ``cond``'s leases) was pushed back
-    ``times`` times; AssertionError if the entry is gone meanwhile, or after 20 s."""
+def _lease_end(client: Any, cond: Any, owner: str) -> Optional[float]:
+    found = entry_of(client, cond, owner)
+    return None if found is None else found[1]
+
+
+def _wait_lease_pushed(client: Any, cond: Any, owner: str, times: int) -> None:
+    """Wait until the lease end of ``owner``'s entry in ``cond`` (notified or not) was
+    pushed back ``times`` times; AssertionError if the entry is gone meanwhile, or after
+    20 s."""
     deadline = time.monotonic() + 20
-    seen, last = 0, client.zscore(cond._keys[1], entry)
+    seen, last = 0, _lease_end(client, cond, owner)
     while seen < times:
-        assert last is not None, f"entry {entry!r} gone after {seen} of {times} pushes"
-        assert time.monotonic() < deadline, f"entry {entry!r} pushed {seen} of {times} times"
+        assert last is not None, f"{owner}'s entry gone after {seen} of {times} pushes"
+        assert time.monotonic() < deadline, f"{owner}'s entry pushed {seen} of {times} times"
         time.sleep(0.01)
-        now = client.zscore(cond._keys[1], entry)
+        now = _lease_end(client, cond, owner)
         seen += now is not None and now > last
         last = now
 
@@ -514,7 +642,7 @@ def test_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock(
     wait_until(lambda: waiting(client, cond) == 1, 10, "the first waiter's entry")
     second = Recorder(waiter(cond, 30, woken, "second"), "second")
     wait_until(lambda: waiting(client, cond) == 2, 10, "the second waiter's entry")
-    entry = client.zrange(queue_of(cond), 0, 0)[0]
+    entry = owner_of(client.zrange(queue_of(cond), 0, 0)[0])
     with cond:
         cond.notify()  # the oldest: the first waiter
         # Its look (one push) and two renewals while it waits for this lock: without
@@ -523,7 +651,7 @@ def test_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock(
         assert waiting(client, cond) == 1  # the second still waits, not notified
     assert first.join(15) is True
     assert woken == ["first"] and waiting(client, cond) == 1
-    assert client.zscore(cond._keys[1], entry) is None  # ended (cond_done), not renewed on
+    assert entry_of(client, cond, entry) is None  # ended, not renewed on
     with cond:
         cond.notify()
     assert second.join(15) is True
@@ -549,22 +677,22 @@ def test_asyncio_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock
                     return notified
 
             async def queued(n: int) -> None:
-                while await aclient.zcard(queue_of(cond)) != n:
+                while await awaiting(aclient, cond) != n:
                     await asyncio.sleep(0.005)
 
             first = asyncio.ensure_future(wait("first"))
             await asyncio.wait_for(queued(1), 10)
             second = asyncio.ensure_future(wait("second"))
             await asyncio.wait_for(queued(2), 10)
-            entry = (await aclient.zrange(queue_of(cond), 0, 0))[0]
+            entry = owner_of((await aclient.zrange(queue_of(cond), 0, 0))[0])
             async with cond:
                 await cond.notify()
                 # (polled from a thread: the loop must go on renewing meanwhile)
                 await asyncio.to_thread(_wait_lease_pushed, client, cond, entry, 3)
-                assert await aclient.zcard(queue_of(cond)) == 1
+                assert await awaiting(aclient, cond) == 1
             assert await asyncio.wait_for(first, 15) is True
-            assert woken == ["first"] and await aclient.zcard(queue_of(cond)) == 1
-            assert await aclient.zscore(cond._keys[1], entry) is None
+            assert woken == ["first"] and await awaiting(aclient, cond) == 1
+            assert await asyncio.to_thread(entry_of, client, cond, entry) is None
             async with cond:
                 await cond.notify()
             assert await asyncio.wait_for(second, 15) is True
@@ -574,14 +702,14 @@ def test_asyncio_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock
     asyncio.run(main())
 
 
-def _cut_at_cond_done(
-    monkeypatch: pytest.MonkeyPatch, link: FaultyLink, cond: Any, heal_after: float = 0.5
+def _cut_at_the_entrys_end(
+    monkeypatch: pytest.MonkeyPatch, link: FaultyLink, cond: Any, heal_after: float = 0.5,
+    aio: bool = False,
 ) -> threading.Event:
-    """Cut ``link`` (refusing connections) just before ``cond``'s first ``cond_done`` is
-    sent, and heal it ``heal_after`` s later (0: the caller heals it): Redis out of reach
-    for a moment, just as a notified waiter holding the lock again ends its entry.
-    Returns the event set once healed by the timer."""
-    original = engine.ConditionCore._done
+    """Cut ``link`` (refusing connections) just before ``cond``'s waiter, holding the lock
+    again after its notification, sends the call that ends its entry, and heal it
+    ``heal_after`` s later: Redis out of reach for a moment, just as the entry ends.
+    (``aio``: ``cond`` is an asyncio Condition.) Returns the event set once healed."""
     healed = threading.Event()
     cut = threading.Event()
 
@@ -589,27 +717,25 @@ def _cut_at_cond_done(
         link.heal()
         healed.set()
 
-    def done_after_a_cut(self: Any, entry: str) -> Call:
-        if self is cond and not cut.is_set():
+    def before(call: Call) -> None:
+        if is_final_leave(call, cond) and not cut.is_set():
             cut.set()
             link.cut()
-            if heal_after:
-                threading.Timer(heal_after, heal).start()
-        return original(self, entry)
+            threading.Timer(heal_after, heal).start()
 
-    monkeypatch.setattr(engine.ConditionCore, "_done", done_after_a_cut)
+    (before_aruns if aio else before_runs)(monkeypatch, cond.lock._backend, before)
     return healed
 
 
 @pytest.mark.timeout(60)
-def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
+def test_an_entrys_end_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
     client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A bug hunt: Redis gone for half a second just as the notified waiter, holding the
-    # lock again, ends its entry. cond_done failed, was given up, and about a ttl later
-    # the entry's lease ended and prune gave the notification to the second waiter too:
-    # notify(1) woke two (2 of 12 random runs; every time the outage hits cond_done). Now
-    # the renewer sends cond_done again until the entry's lease ends.
+    # lock again, ends its entry. The end failed, was given up, and about a ttl later
+    # the entry's lease ended and the next script gave the notification to the second
+    # waiter too: notify(1) woke two (2 of 12 random runs; every time the outage hits
+    # that call). Only an outage of a whole ttl may do that (README).
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     with FaultyLink(port) as link:
         via = redis.Redis.from_url(link.url)
@@ -617,7 +743,7 @@ def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
         other = rlocks.Condition(
             rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0)
         )
-        healed = _cut_at_cond_done(monkeypatch, link, cond)
+        healed = _cut_at_the_entrys_end(monkeypatch, link, cond)
         woken: List[str] = []
 
         def queue_then_notify() -> None:
@@ -635,7 +761,7 @@ def test_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
             assert healed.wait(5)  # (the release needs the link back)
         helper.join(30)
         assert woken == ["second"] and waiting(client, cond) == 0
-        assert client.zcard(cond._keys[1]) == 0  # the entry ended (by the renewer)
+        assert client.zcard(queue_of(cond)) == 0  # the entry ended
         via.close()
 
 
@@ -648,118 +774,11 @@ def _async_twins(name: str, via: Any, direct: Any, ttl: float) -> Any:
     )
 
 
-def _notified_with_its_cond_done_cut(
-    client: Any, name: str, link: FaultyLink, monkeypatch: pytest.MonkeyPatch
-) -> Any:
-    """(a Condition on ``link``, a started Recorder): the helper notifies the Condition
-    once the calling thread waits on it, and the waiter's ``cond_done`` then finds the
-    link cut (:func:`_cut_at_cond_done`; the caller heals it)."""
-    via = redis.Redis.from_url(link.url)
-    cond = rlocks.Condition(rlocks.RLock(name, client=via, namespace=NAMESPACE, ttl=2.0))
-    other = rlocks.Condition(rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=2.0))
-    _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
-
-    def queue_then_notify() -> None:
-        wait_until(lambda: waiting(client, cond) == 1, 10, "the waiter queued")
-        with other:
-            other.notify()
-
-    return cond, Recorder(queue_then_notify)
-
-
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_fork_child_does_not_inherit_the_parents_pending_cond_done(
+def test_asyncio_an_entrys_end_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
     client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A bug hunt: a child forked while the parent's renewer still had a cond_done to send
-    # kept that entry in _ENDING for ever (never sent: the child's renewer is new).
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with FaultyLink(port) as link:
-        cond, helper = _notified_with_its_cond_done_cut(client, name, link, monkeypatch)
-        with cond:
-            assert cond.wait(20) is True
-            assert len(engine._ENDING) == 1  # its cond_done left to the renewer
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: only reports
-                os.write(write, str(len(engine._ENDING)).encode())
-                os._exit(0)
-            os.close(write)
-            in_child = os.read(read, 16)
-            os.close(read)
-            os.waitpid(pid, 0)
-            link.heal()
-            wait_until(lambda: not engine._ENDING, 10, "the parent's cond_done sent")
-        helper.join(10)
-        assert in_child == b"0"
-        assert client.zcard(cond._keys[1]) == 0
-
-
-@pytest.mark.timeout(60)
-def test_asyncio_a_renewer_cancelled_with_a_cond_done_to_send_says_so_and_is_forgotten(
-    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # A bug hunt: an event loop whose renewer task ends (the loop is shut down) with a
-    # cond_done still to send left it in _ENDING for the life of the process, and its
-    # warning counted it as a "hold". It says what it is now, and the next entry left to
-    # a renewer drops it once its lease is over.
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with FaultyLink(port) as link:
-
-        async def first() -> None:
-            via = redis.asyncio.Redis.from_url(link.url)
-            direct = redis.asyncio.Redis.from_url(redis_url)
-            try:
-                cond, other = _async_twins(name, via, direct, ttl=1.0)
-                _cut_at_cond_done(monkeypatch, link, cond, heal_after=0)
-
-                async def wait() -> bool:
-                    async with cond:
-                        notified = bool(await cond.wait(20))
-                        assert len(engine._ENDING) == 1
-                        task = aio.loop_renewer()._runner
-                        assert task is not None
-                        task.cancel()  # as a loop's shutdown does
-                        await asyncio.wait([task], timeout=10)
-                        link.heal()
-                        return notified
-
-                waiting_task = asyncio.ensure_future(wait())
-                while await direct.zcard(queue_of(cond)) != 1:
-                    await asyncio.sleep(0.005)
-                async with other:
-                    await other.notify()
-                assert await asyncio.wait_for(waiting_task, 15) is True
-            finally:
-                await via.aclose()
-                await direct.aclose()
-
-        with caplog.at_level(logging.WARNING, logger="rlocks._engine.aio"):
-            asyncio.run(first())
-        assert any("cancelled with 1 notified Condition entry" in r.getMessage()
-                   for r in caplog.records), [r.getMessage() for r in caplog.records]
-        # (the lock, held as the renewer was cancelled, is the one hold: not the entry)
-        assert any("cancelled with 1 hold(s)" in r.getMessage() for r in caplog.records)
-        assert len(engine._ENDING) == 1  # (its loop is gone: nothing will send it)
-        time.sleep(1.2)  # past that entry's lease (ttl 1 s)
-        # The next cond_done left to a renewer (threading, here) drops the stale one.
-        monkeypatch.undo()
-        cond, helper = _notified_with_its_cond_done_cut(client, name, link, monkeypatch)
-        with cond:
-            assert cond.wait(20) is True
-            assert len(engine._ENDING) == 1  # this one only: the stale one is gone
-            link.heal()
-            wait_until(lambda: not engine._ENDING, 10, "its cond_done sent")
-        helper.join(10)
-
-
-@pytest.mark.timeout(60)
-def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobody_else(
-    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The test above, on the asyncio twin: the loop's renewer task sends cond_done again.
+    # The test above, on the asyncio twin.
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     with FaultyLink(port) as link:
 
@@ -768,7 +787,7 @@ def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobod
             direct = redis.asyncio.Redis.from_url(redis_url)
             try:
                 cond, other = _async_twins(name, via, direct, ttl=2.0)
-                healed = _cut_at_cond_done(monkeypatch, link, cond)
+                healed = _cut_at_the_entrys_end(monkeypatch, link, cond, aio=True)
 
                 async def wait(c: Any, timeout: float) -> bool:
                     async with c:
@@ -779,7 +798,7 @@ def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobod
                         return notified
 
                 async def queued(n: int) -> None:
-                    while await direct.zcard(queue_of(cond)) != n:
+                    while await awaiting(direct, cond) != n:
                         await asyncio.sleep(0.005)
 
                 first = asyncio.ensure_future(wait(cond, 20))
@@ -792,8 +811,7 @@ def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobod
                 assert await asyncio.wait_for(first, 15) is True
                 # past the entry's lease (2 s) and the second waiter's looks: not woken
                 assert await asyncio.wait_for(second, 15) is False
-                assert await direct.zcard(queue_of(cond)) == 0
-                assert await direct.zcard(cond._keys[1]) == 0  # ended (by the renewer)
+                assert await direct.zcard(queue_of(cond)) == 0  # the entry ended
             finally:
                 await via.aclose()
                 await direct.aclose()
@@ -803,22 +821,22 @@ def test_asyncio_a_cond_done_cut_by_a_short_outage_is_sent_again_and_wakes_nobod
 
 @pytest.mark.timeout(60)
 def test_a_waiter_interrupted_while_taking_the_lock_back_passes_its_notification_on(
-    client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The main thread is notified and looks (so it knows), then an interrupt ends its
     # take-back of the lock: its wait raises without the lock (as threading.Condition's
     # does), so it will not act on the notification, which must go to the next waiter.
-    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    via = redis.Redis.from_url(redis_url)  # (its calls are watched: this test's only)
+    lock = rlocks.RLock(name, client=via, namespace=NAMESPACE)
     cond = rlocks.Condition(lock)
     me = thread_owner()
-    original = type(lock)._acquire_restore
 
-    def interrupted_restore(self: Any, state: Any) -> None:
-        if thread_owner() == me:
+    def interrupted_restore(call: Call) -> None:
+        if (call.script is lock._spec.acquire_script and call.args[0] == me
+                and notified(client, cond, me)):
             raise KeyboardInterrupt("interrupted while taking the lock back")
-        original(self, state)
 
-    monkeypatch.setattr(type(lock), "_acquire_restore", interrupted_restore)
+    before_runs(monkeypatch, lock._backend, interrupted_restore)
     later: List[str] = []
     helper = _notify_me_with_a_second_waiter(client, cond, later)
     lock.acquire()
@@ -827,6 +845,7 @@ def test_a_waiter_interrupted_while_taking_the_lock_back_passes_its_notification
     assert not lock._is_owned()
     helper.join(30)
     assert later == ["second"] and waiting(client, cond) == 0
+    via.close()
 
 
 @pytest.mark.timeout(30)
@@ -858,7 +877,8 @@ def test_condition_on_a_write_lock(client: "redis.Redis[bytes]", name: str) -> N
         helper = Recorder(bump)
         assert cond.wait_for(lambda: state["n"] == 1, timeout=20)
     helper.join(10)
-    assert "cond" in queue_of(cond) and ":rw:" in queue_of(cond)
+    assert queue_of(cond).startswith(rw.write_lock._keys.hash + ":c:")
+    assert ":rw:" in queue_of(cond)
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -896,11 +916,11 @@ def _killed_waiter_scenario(client: Any, spec: Dict[str, Any], name: str, wait_l
         os.kill(child.pid or 0, signal.SIGKILL)
         child.join(10)
         if wait_lease:
-            dead = client.zrange(cond._keys[0], 0, 0)[0]
+            dead = client.zrange(queue_of(cond), 0, 0)[0]
 
             def lease_ended() -> bool:
-                # (Gone already, if the live waiter's renewal dropped it.)
-                end = client.zscore(cond._keys[1], dead)
+                # (Gone already, if the live waiter's look dropped it.)
+                end = client.zscore(queue_of(cond), dead)
                 return end is None or end < _server_ms(client)
 
             wait_until(lease_ended, 10, "the dead entry's lease to end")
@@ -948,7 +968,7 @@ def test_a_waiter_killed_while_taking_the_lock_back_leaves_its_notification(
     keys = {k: f"{NAMESPACE}:data:{name}:{k}" for k in ("entered", "woken", "errors")}
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE, ttl=ttl)
     cond = rlocks.Condition(lock)
-    lock_queue = lock._keys.queued()[2]
+    lock_queue = lock._keys.queue
     child = SPAWN.Process(
         target=_cond_workers.waiter_worker, args=({"url": redis_url}, name, NAMESPACE, ttl, keys)
     )
@@ -1036,7 +1056,7 @@ def test_condition_on_the_cluster(cluster: LocalCluster, name: str) -> None:
     try:
         lock = rlocks.RLock(name, client=cclient, namespace=NAMESPACE)
         cond = rlocks.Condition(lock)
-        slots = {cclient.keyslot(k) for k in (*cond._keys, cond._prefix + "x", lock._keys.hash)}
+        slots = {cclient.keyslot(k) for k in (cond._key, lock._keys.queue, lock._keys.hash)}
         assert len(slots) == 1
         woken: List[str] = []
         rec = Recorder(waiter(cond, 20, woken, "w"))
@@ -1045,7 +1065,7 @@ def test_condition_on_the_cluster(cluster: LocalCluster, name: str) -> None:
         with cond:
             cond.notify()
         assert rec.join(10) is True
-        # Woken by the SPUBLISHed message, well before its slice (ttl / 3 = 10 s) ends.
+        # Woken by the wake-up hint, well before its slice (ttl / 3 = 10 s) ends.
         assert rec.ended_at is not None and rec.ended_at - sent < 5
         with cond:
             assert cond.wait(0.05) is False
@@ -1074,13 +1094,13 @@ def test_asyncio_condition_notify_wait_and_timeout(redis_url: str, name: str) ->
                     return await cond.wait_for(lambda: state["ready"], timeout=20)
 
             task = asyncio.ensure_future(consumer())
-            while await aclient.zcard(queue_of(cond)) != 1:
+            while await awaiting(aclient, cond) != 1:
                 await asyncio.sleep(0.005)
             async with cond:
                 state["ready"] = True
                 await cond.notify_all()
             assert await asyncio.wait_for(task, 10) is True
-            assert await aclient.exists(*cond._keys) == 0  # the entry ended (cond_done)
+            assert await aclient.exists(queue_of(cond)) == 0  # the entry ended
             async with cond:
                 started = time.monotonic()
                 assert await cond.wait(0.2) is False
@@ -1107,7 +1127,7 @@ def test_asyncio_a_task_cancelled_after_its_notify_passes_it_on(
         aclient = redis.asyncio.Redis.from_url(redis_url)
         try:
             cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
-            lock_queue = cond.lock._keys.queued()[2]
+            lock_queue = cond.lock._keys.queue
             outcomes: Dict[int, Any] = {}
 
             async def waiter(i: int) -> None:
@@ -1119,15 +1139,15 @@ def test_asyncio_a_task_cancelled_after_its_notify_passes_it_on(
                         raise
 
             first = asyncio.ensure_future(waiter(1))
-            while await aclient.zcard(queue_of(cond)) != 1 or await cond.locked():
+            while await awaiting(aclient, cond) != 1 or await cond.locked():
                 await asyncio.sleep(0.005)
             second = asyncio.ensure_future(waiter(2))
-            while await aclient.zcard(queue_of(cond)) != 2 or await cond.locked():
+            while await awaiting(aclient, cond) != 2 or await cond.locked():
                 await asyncio.sleep(0.005)
             async with cond:
                 await cond.notify(1)
-                # The first has looked (its entry is spent) and queues for the lock.
-                while (await aclient.zcard(queue_of(cond)) != 1
+                # The first has looked (notified) and queues for the lock.
+                while (await awaiting(aclient, cond) != 1
                        or await aclient.zcard(lock_queue) != 1):
                     await asyncio.sleep(0.005)
                 first.cancel()
@@ -1142,38 +1162,59 @@ def test_asyncio_a_task_cancelled_after_its_notify_passes_it_on(
 
 
 def test_asyncio_cancelled_waiter_leaves_the_queue_and_holds_the_lock_again(
-    client: "redis.Redis[bytes]", redis_url: str, name: str
+    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Cancelled at every stage of wait(): joining the queue, letting the lock go, waiting.
     # Each time the task holds the lock again when the cancellation reaches it (as with
     # asyncio.Condition), its entry is gone, and its async with then frees the lock.
+    # Stages: after n loop steps; while the task's k-th call is on its way (1: the lock's
+    # acquire, 2: joining the queue, 3: the release, 4: the first look); once it waits.
+    stages = [*(("yields", n) for n in range(12)), *(("call", k) for k in range(1, 5)),
+              ("waiting", 0)]
+
     async def main() -> None:
         aclient = redis.asyncio.Redis.from_url(redis_url)
         try:
             cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
-            for yields in [*range(12), -1]:  # -1: once it waits (queued, lock free)
+            backend = cond.lock._backend
+            original = backend.arun
+            plan: Dict[str, Any] = {}
+
+            async def arun(call: Call) -> Reply:
+                if plan.get("at") and call.args and call.args[0] == plan.get("owner"):
+                    plan["calls"] += 1
+                    if plan["calls"] == plan["at"]:
+                        plan["task"].cancel()  # while this call is on its way
+                return await original(call)
+
+            monkeypatch.setattr(backend, "arun", arun)
+            for stage, n in stages:
                 held_after_cancel: List[bool] = []
 
                 async def victim() -> None:
+                    plan["owner"] = task_owner()
                     async with cond:
                         try:
                             await cond.wait()
                         finally:
                             held_after_cancel.append(cond.lock.owned())
 
-                task = asyncio.ensure_future(victim())
-                if yields < 0:
-                    while await aclient.zcard(queue_of(cond)) != 1 or await cond.locked():
+                plan.update(at=n if stage == "call" else 0, calls=0, owner=None)
+                task = plan["task"] = asyncio.ensure_future(victim())
+                if stage == "waiting":
+                    while await awaiting(aclient, cond) != 1 or await cond.locked():
                         await asyncio.sleep(0.005)
-                for _ in range(yields):
-                    await asyncio.sleep(0)
-                task.cancel()
+                if stage != "call":
+                    for _ in range(n):
+                        await asyncio.sleep(0)
+                    task.cancel()
                 done, _ = await asyncio.wait({task}, timeout=10)
-                assert done, f"cancelled after {yields} yields, the task did not end"
-                assert task.cancelled(), (yields, task)
-                assert held_after_cancel in ([True], []), yields  # []: cancelled at entry
-                assert await aclient.zcard(queue_of(cond)) == 0, yields
-                assert not await cond.locked(), yields
+                assert done, f"cancelled at {stage} {n}, the task did not end"
+                assert task.cancelled(), (stage, n, task)
+                # []: cancelled while it took the lock, before its wait began
+                assert held_after_cancel in ([True], []), (stage, n)
+                assert await aclient.zcard(queue_of(cond)) == 0, (stage, n)
+                assert not await cond.locked(), (stage, n)
         finally:
             await aclient.aclose()
 
@@ -1185,33 +1226,39 @@ def test_asyncio_cancelled_waiter_leaves_the_queue_and_holds_the_lock_again(
 def test_asyncio_cancel_arriving_just_as_the_lock_was_let_go_is_not_lost(
     redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The cancel lands after the join-and-release work ended but before the waiting task
-    # resumed: asyncio then raises it at the task's next step, and it must still count.
-    original = engine.ConditionCore._ajoin
+    # The cancel lands after the join-and-release work ended (the release's answer is in)
+    # but before the waiting task resumed: asyncio then raises it at the task's next
+    # step, and it must still count.
     victim_task: List["asyncio.Task[Any]"] = []
-
-    async def join_then_cancel(self: Any, entry: str, owner: str) -> Any:
-        result = await original(self, entry, owner)
-        work = asyncio.current_task()
-        assert work is not None
-        # Runs after asyncio.shield's own callback has completed the waiting task's future.
-        work.add_done_callback(lambda _: victim_task[0].cancel())
-        return result
-
-    monkeypatch.setattr(engine.ConditionCore, "_ajoin", join_then_cancel)
 
     async def main() -> None:
         aclient = redis.asyncio.Redis.from_url(redis_url)
         try:
             cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
+            backend = cond.lock._backend
+            original = backend.arun
+
+            async def release_then_cancel(call: Call) -> Reply:
+                reply = await original(call)
+                if call.script is cond.lock._spec.release_script and victim_task:
+                    work = asyncio.current_task()
+                    assert work is not None
+                    # Runs after asyncio.shield's own callback has completed the waiting
+                    # task's future.
+                    work.add_done_callback(lambda _: victim_task.pop().cancel())
+                return reply
+
+            monkeypatch.setattr(backend, "arun", release_then_cancel)
 
             async def victim() -> None:
                 async with cond:
                     await cond.wait(20)
 
-            victim_task.append(asyncio.ensure_future(victim()))
-            done, _ = await asyncio.wait(victim_task, timeout=10)
-            assert done and victim_task[0].cancelled()
+            task = asyncio.ensure_future(victim())
+            victim_task.append(task)
+            done, _ = await asyncio.wait([task], timeout=10)
+            assert done and task.cancelled()
+            assert not victim_task  # (cancelled as its release was answered)
             assert await aclient.zcard(queue_of(cond)) == 0
             assert not await cond.locked()
         finally:
@@ -1260,7 +1307,7 @@ def test_a_thread_notifies_an_asyncio_waiter_on_the_same_condition(
         aclient = redis.asyncio.Redis.from_url(redis_url)
         try:
             cond = ra.Condition(ra.RLock(name, client=aclient, namespace=NAMESPACE))
-            assert cond._keys == sync_cond._keys
+            assert cond._key == sync_cond._key
 
             def notify_when_queued() -> None:
                 wait_until(lambda: waiting(client, sync_cond) == 1, 10, "task queued")
@@ -1278,28 +1325,20 @@ def test_a_thread_notifies_an_asyncio_waiter_on_the_same_condition(
     assert asyncio.run(main()) is True
 
 
-# -- the README's ACL words for Condition -----------------------------------------------------
-
-
-def _readme_condition_acl() -> List[str]:
-    import re
-
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8")
-    found = re.findall(r"`rlocks\.Condition` also needs `([^`]*)`", readme.read())
-    assert len(found) == 1, found
-    return found[0].split()
+# -- the README's ACL line ------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
-def test_readme_acl_line_with_the_condition_words(
+def test_the_readme_library_acl_line_is_enough_for_a_condition(
     client: "redis.Redis[bytes]", redis_url: str, name: str
 ) -> None:
+    """A Condition's scripts use only commands of the README's library line: a user with
+    that line alone waits, is notified and times out."""
     from .test_api import _acl_client, _readme_acl_rules
 
     ns = f"acl-c-{name[-12:]}"
     user = f"rlocks-cond-{name[-8:]}"
-    extra = _readme_condition_acl()
-    lib = _acl_client(client, redis_url, user, _readme_acl_rules("rlocks", ns) + extra)
+    lib = _acl_client(client, redis_url, user, _readme_acl_rules("rlocks", ns))
     try:
         client.script_flush()  # the user must be able to load the scripts itself
         cond = rlocks.Condition(rlocks.RLock("c", client=lib, namespace=ns, ttl=3))
@@ -1310,13 +1349,6 @@ def test_readme_acl_line_with_the_condition_words(
         assert rec.join(10) is True
         with cond:
             assert cond.wait(0.01) is False
-        # The words are needed: without those the library line lacks, scripts are refused.
-        base = _readme_acl_rules("rlocks", ns)
-        assert [word for word in extra if word not in base], "the sentence is redundant"
-        bare = _acl_client(client, redis_url, user, base)
-        cond = rlocks.Condition(rlocks.RLock("c", client=bare, namespace=ns, ttl=3))
-        with cond, pytest.raises(redis.exceptions.ResponseError, match=ACL_REFUSAL):
-            cond.wait(0.01)  # joining the queue needs them
     finally:
         client.acl_deluser(user)
 

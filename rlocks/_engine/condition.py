@@ -30,9 +30,9 @@ from ..errors import NotOwnedError
 from . import checks, wakeups
 from .clients import encoding_of
 from .clock import monotonic
-from .dialogues import acquire_restore, release_save
+from .dialogues import RELEASE_PATIENCE, acquire_restore, check_restorable, release_save
 from .scripts import Call, load
-from .steps import Enlist, Interrupted, Listen, Run, call
+from .steps import Enlist, Interrupted, Listen, call
 
 __all__ = ["ConditionCore", "wait_for_steps"]
 
@@ -125,16 +125,45 @@ class ConditionCore:
         wakeups.wake_local(self._key, reply.woken)
         return None
 
+    def _leave(self, owner: str, mode: str) -> Steps:
+        """``cond_leave`` (``mode``: '1' pass a notification on, '0' it was used, '2' leave
+        unless notified), sent again after a broken link for a while; its reply (None: no
+        answer, the entry then ends with its lease)."""
+        lock = self._lock
+        try:
+            return (yield from call(lock._backend, self._call(_LEAVE, owner, mode),
+                                    monotonic() + RELEASE_PATIENCE))
+        except BaseException as exc:  # noqa: BLE001 - best effort
+            if isinstance(exc, Interrupted):
+                raise exc.cause from None
+            return None
+
     def _wait(self, timeout: object) -> Steps:
-        """The wait dialogue; returns whether it was notified (or its entry was gone)."""
+        """The wait dialogue; returns whether it was notified (or its entry was gone).
+
+        Every way out passes on a notification the waiter will not use and leaves the
+        lock held (as threading's wait), but for an interrupt while it takes the lock
+        back (then the notification goes on, and the lock is not held)."""
         self._check_owned("wait")
         lock = self._lock
         owner = lock._owner()
         seconds = checks.semaphore_wait(True, timeout, self._label, lock._name)
+        check_restorable(lock, owner)  # before any I/O: it changes nothing
         deadline = None if seconds is None else monotonic() + seconds
         backend, lease = lock._backend, lock._ttl_ms
-        yield from call(backend, self._call(_ENTER, owner, lease), None)
-        state = yield from release_save(lock, owner)
+        try:
+            yield from call(backend, self._call(_ENTER, owner, lease), None)
+        except Interrupted as interrupt:
+            if interrupt.reply is not None:  # it joined: it leaves
+                yield from self._leave(owner, "1")
+            raise interrupt.cause from None
+        try:
+            state = yield from release_save(lock, owner)
+        except BaseException as exc:
+            yield from self._leave(owner, "1")  # (a lost lock, or an interrupt: it goes)
+            if isinstance(exc, Interrupted):
+                raise exc.cause from None
+            raise
         notified = used = False
         waiter: Any = None
         try:
@@ -148,18 +177,17 @@ class ConditionCore:
                     break
                 now = monotonic()
                 if deadline is not None and now >= deadline:
-                    left = yield from call(backend, self._call(_LEAVE, owner, "0"), None)
-                    notified = left.status == 1  # notified as the time ran out: it takes it
+                    # Out of time: it leaves, unless a notify took its entry just now (it
+                    # then uses that notification, kept until it has the lock back).
+                    left = yield from self._leave(owner, "2")
+                    notified = used = left is not None and left.status == 1
                     break
                 pause = lease / 3000.0
                 yield Listen(waiter, pause if deadline is None else min(pause, deadline - now))
         except BaseException as exc:
             # Interrupted (or Redis unreachable past the deadline): leave, passing on a
             # notification it had, then take the lock back, as threading's wait does.
-            try:
-                yield Run(backend, self._call(_LEAVE, owner, "1"))
-            except BaseException:  # noqa: BLE001 - its entry ends with its lease
-                pass
+            yield from self._leave(owner, "1")
             yield from acquire_restore(lock, owner, state)
             if isinstance(exc, Interrupted):
                 raise exc.cause from None
@@ -167,12 +195,17 @@ class ConditionCore:
         finally:
             if waiter is not None:
                 waiter.close()
-        yield from acquire_restore(lock, owner, state)
+        # Its notified entry is renewed while it waits for the lock (a notifier may hold
+        # it longer than the entry's lease), and used only once the lock is back.
+        keep = (self._call(_CHECK, owner, lease), lease / 3000.0) if used else None
+        try:
+            yield from acquire_restore(lock, owner, state, keep)
+        except BaseException:
+            if used:
+                yield from self._leave(owner, "1")  # it will not act on it: it goes on
+            raise
         if used:
-            try:
-                yield Run(backend, self._call(_LEAVE, owner, "0"))
-            except BaseException:  # noqa: BLE001 - it ends with its lease (spurious next)
-                pass
+            yield from self._leave(owner, "0")
         return notified
 
 

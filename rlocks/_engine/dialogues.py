@@ -116,15 +116,17 @@ def _settle(p: Any, owner: str, hold: Hold, reply: Optional[Reply], expect: int)
         yield from _give_back(p, owner, hold, expect + 1)
 
 
-def acquire(p: Any, owner: str, wait: Optional[float]) -> Steps:
+def acquire(p: Any, owner: str, wait: Optional[float],
+            keepalive: Optional[Tuple[Any, float]] = None) -> Steps:
     """Acquire for ``owner``; ``wait``: seconds (None: for ever, 0: just try). Returns
-    whether it was granted."""
+    whether it was granted. ``keepalive``: (a call, a period): sent at least that often
+    while it waits (a Condition's notified entry, renewed while its lock is taken back)."""
     hold = p._hold(owner)
     if hold.count > 0 and hold.state == HOLD_LOST:
         raise p._lost_error(hold, "acquired again")
     if hold.count > 0 and p._spec.kind != "sem":
         return (yield from _reenter(p, owner, hold))
-    return (yield from _wait_for_grant(p, owner, hold, wait))
+    return (yield from _wait_for_grant(p, owner, hold, wait, keepalive))
 
 
 def _reenter(p: Any, owner: str, hold: Hold) -> Steps:
@@ -144,8 +146,9 @@ def _reenter(p: Any, owner: str, hold: Hold) -> Steps:
     raise _refused(p, reply)
 
 
-def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> Steps:
-    start = monotonic()
+def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
+                    keepalive: Optional[Tuple[Any, float]] = None) -> Steps:
+    start = kept = monotonic()
     deadline = None if wait is None else start + wait
     backend, spec = p._backend, p._spec
     queues = wait != 0 and backend.queues
@@ -160,6 +163,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
             # Read afresh: another thread may give back this owner's permits (semaphores).
             expect = hold.count
             sent = monotonic()
+            queued = queued or queues  # (set before the call: an interrupt may strike in it)
             try:
                 attempt = _acquire_call(p, owner, expect, entry_ms)
                 attempt.gate = gate
@@ -190,7 +194,6 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
                 raise p._lost_error(hold, "acquired again")
             if reply.status != 0:
                 raise _refused(p, reply)
-            queued = queues
             now = monotonic()
             if deadline is not None and now >= deadline:
                 log.debug("%s: %s waited %.3f s, gave up", p._describe(), owner, now - start)
@@ -212,6 +215,13 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float]) -> St
                     from .deadlock import Detector
                     detector = Detector(p, owner)
                 yield from detector.check()
+            if keepalive is not None and now - kept >= keepalive[1]:
+                kept = now
+                try:
+                    yield Run(backend, keepalive[0])
+                except BaseException as exc:  # noqa: BLE001 - the link: tried again next time
+                    if isinstance(exc, Interrupted):
+                        raise exc.cause from None
             timeout = min(reply.a / 1000.0, p._entry_ms / 3000.0)
             if p._deadlock_timeout is not None:
                 due = detector.wait.due if detector is not None else start + p._deadlock_timeout
@@ -403,27 +413,45 @@ def release_save(p: Any, owner: str) -> Steps:
     (and through the lock ``p`` names in ``_held_with``: a writer's read side); returns
     what :func:`acquire_restore` takes back. RuntimeError, changing nothing, when the owner
     also holds the lock through another object of its name (only that object could give
-    its levels back)."""
+    its levels back). Interrupted part way, it takes back what it gave up, then raises
+    (a loss found on the way is raised as it is: there is nothing to take back)."""
     count = p._levels(owner)
     if count == 0:
         raise p._not_owned()
     inner = p._held_with()
-    for lock in (p, inner):
+    check_restorable(p, owner)
+    inner_count = inner._levels(owner) if inner is not None else 0
+    try:
+        for lock, levels in ((inner, inner_count), (p, count)):
+            for _ in range(levels):
+                yield from release(lock, owner)
+    except errors.LockLostError:
+        raise
+    except BaseException:
+        for lock, levels in ((p, count), (inner, inner_count)):
+            if lock is not None:
+                for _ in range(levels - lock._levels(owner)):
+                    yield from acquire(lock, owner, None)
+        raise
+    return count, owner, inner_count
+
+
+def check_restorable(p: Any, owner: str) -> None:
+    """RuntimeError (no I/O) when ``owner`` holds ``p`` (or its ``_held_with`` lock) also
+    through another object of its name: a Condition wait could not give those back."""
+    for lock in (p, p._held_with()):
         if lock is not None and lock._hold(owner).count > lock._levels(owner):
             raise RuntimeError(
                 f"{lock._describe()}: this thread also holds the lock through another object "
                 "of its name, whose levels a Condition wait on this one cannot give back; "
                 "wait on a Condition of an object that holds every level")
-    inner_count = inner._levels(owner) if inner is not None else 0
-    for lock, levels in ((inner, inner_count), (p, count)):
-        for _ in range(levels):
-            yield from release(lock, owner)
-    return count, owner, inner_count
 
 
-def acquire_restore(p: Any, owner: str, state: Tuple[int, str, int]) -> Steps:
+def acquire_restore(p: Any, owner: str, state: Tuple[int, str, int],
+                    keepalive: Optional[Tuple[Any, float]] = None) -> Steps:
     """Take back, blocking as long as it takes, what :func:`release_save` gave up: never a
-    deadlock's victim (it must return holding, as ``threading.Condition.wait`` does)."""
+    deadlock's victim (it must return holding, as ``threading.Condition.wait`` does).
+    ``keepalive``: as for :func:`acquire`."""
     count, _, inner_count = state
     inner = p._held_with()
     for lock, levels in ((p, count), (inner, inner_count)):
@@ -432,6 +460,6 @@ def acquire_restore(p: Any, owner: str, state: Tuple[int, str, int]) -> Steps:
         lock._restoring.add(owner)
         try:
             for _ in range(levels):
-                yield from acquire(lock, owner, None)
+                yield from acquire(lock, owner, None, keepalive)
         finally:
             lock._restoring.discard(owner)

@@ -168,23 +168,44 @@ class AsyncRenewer:
             self._wake.set()
 
     async def _run(self) -> None:
-        while True:
-            now = monotonic()
-            due = self.schedule.next_due()
-            if due is None:
-                return
-            if due > now:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), due - now)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            batch = self.schedule.take_due(now)
-            await adrive(renew_pass(self.backend, batch))
+        batch: List[Hold] = []
+        try:
+            while True:
+                now = monotonic()
+                due = self.schedule.next_due()
+                if due is None:
+                    return
+                if due > now:
+                    self._wake.clear()
+                    try:
+                        async with asyncio.timeout(due - now):
+                            await self._wake.wait()
+                    except TimeoutError:
+                        pass
+                    continue
+                batch = self.schedule.take_due(now)
+                await adrive(renew_pass(self.backend, batch))
+                for hold in batch:
+                    if hold.alive:
+                        self.schedule.add(hold)
+                batch = []
+        except asyncio.CancelledError:
+            # Cancelled by code that cancels every task of a loop that goes on: its holds
+            # stay on the schedule, and the loop's next grant starts a new task for them.
             for hold in batch:
                 if hold.alive:
                     self.schedule.add(hold)
+            left = sum(1 for _ in self.schedule.heap)
+            if left:
+                log.warning("the rlocks lease renewer of this event loop was cancelled with %d "
+                            "hold(s) to renew: none is renewed until the loop's next acquire",
+                            left)
+            raise
+
+    def revive(self) -> None:
+        """Start a new task if this one ended (cancelled) with holds still to renew."""
+        if (self._task is None or self._task.done()) and self.schedule.next_due() is not None:
+            self._task = asyncio.ensure_future(self._run())
 
 
 _renewers: "weakref.WeakKeyDictionary[Any, Renewer]" = weakref.WeakKeyDictionary()
@@ -196,6 +217,8 @@ def renewer_for(backend: Any, aio: bool = False) -> Any:
     """The renewer of ``backend`` (for asyncio: of the running loop)."""
     if aio:
         per_loop = _async.setdefault(asyncio.get_running_loop(), {})
+        for other in per_loop.values():
+            other.revive()  # any acquire of the loop restarts a cancelled renewer
         task = per_loop.get(backend)
         if task is None:
             task = per_loop[backend] = AsyncRenewer(backend)

@@ -236,6 +236,12 @@ class AsyncPrimitive(_Views):
 
     _aio = True
 
+    def __enter__(self) -> None:
+        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+
+    def __exit__(self, *exc: Any) -> None:  # pragma: no cover - __enter__ refuses
+        raise TypeError(f"{self._label} is for asyncio: use 'async with', not 'with'")
+
     @staticmethod
     def _owner() -> str:
         return identity.task_owner()

@@ -72,10 +72,13 @@ class Waiter:
         return woken
 
     async def await_(self, seconds: float) -> bool:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for drops a cancellation that
+        # arrives in the step the event is set, and the cancelled task would wait on.
         try:
-            await asyncio.wait_for(self._event.wait(), max(0.0, seconds))
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self._event.wait()
             woken = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             woken = False
         self._event.clear()
         return woken
@@ -230,8 +233,9 @@ class AsyncHub:
             self._task = asyncio.ensure_future(self._run())
         if fresh:
             try:
-                await asyncio.wait_for(self.ready.wait(), 5.0)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(5.0):
+                    await self.ready.wait()
+            except TimeoutError:
                 pass
         waiter.fresh = fresh
         return waiter

@@ -23,6 +23,10 @@ class ReadLock(Side, AsyncLockSurface):
         """Whether anyone, anywhere, holds the read side now (one round trip)."""
         return bool(await adrive(_count(self)) > 0)
 
+    async def statistics(self) -> PrimitiveState:
+        """The whole RWLock's state (both sides), awaited."""
+        return await astatistics(self)
+
 
 class WriteLock(Side, AsyncLockSurface):
     """The write side of an :class:`RWLock`, owned by the running task."""
@@ -40,6 +44,10 @@ class WriteLock(Side, AsyncLockSurface):
     async def locked(self) -> bool:
         """Whether anyone, anywhere, holds the write side now (one round trip)."""
         return bool(await adrive(_count(self)) > 0)
+
+    async def statistics(self) -> PrimitiveState:
+        """The whole RWLock's state (both sides), awaited."""
+        return await astatistics(self)
 
     def _held_with(self) -> Any:
         return self._other
