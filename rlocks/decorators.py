@@ -17,6 +17,7 @@ import inspect
 import threading
 from typing import Any, Callable, Dict, List, Optional, TypeVar, cast
 
+from ._engine.checks import shown
 from ._engine.constructors import keyword_hint, unexpected_keyword
 from .rlock import RLock
 from .rwlock import RWLock
@@ -88,7 +89,7 @@ def _decorator(
         inspect.signature(kind).bind(name, **options)
     except TypeError as exc:
         label = getattr(kind, "_label", kind.__name__)
-        message = f"{decorator}({name!r}): {label} options: {exc}"
+        message = f"{decorator}({shown(name)}): {label} options: {exc}"
         keyword = unexpected_keyword(exc)
         # Here timeout= is the decorator's own (how long a call waits for the primitive).
         own = _DECORATOR_HINTS.get(keyword or "")
@@ -97,19 +98,19 @@ def _decorator(
             message += f"; {hint}"
         raise TypeError(message) from None
     if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
-        raise ValueError(f"{decorator}({name!r}): timeout must be None or >= 0 seconds")
+        raise ValueError(f"{decorator}({shown(name)}): timeout must be None or >= 0 seconds")
     acquire_kwargs = {} if timeout is None else {"timeout": timeout}
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise TypeError(
-                f"{decorator}({name!r}) decorates a function, not {type(func).__name__} "
+                f"{decorator}({shown(name)}) decorates a function, not {type(func).__name__} "
                 "(put @classmethod / @staticmethod above it)"
             )
         if (inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func)
                 or inspect.isasyncgenfunction(func)):
             raise TypeError(
-                f"{decorator}({name!r}) cannot wrap {func.__qualname__}: its body runs "
+                f"{decorator}({shown(name)}) cannot wrap {func.__qualname__}: its body runs "
                 "after the call returns, outside the hold"
             )
         made: List[Any] = []  # the primitive, once made
@@ -127,7 +128,7 @@ def _decorator(
             lock = get_lock()
             if not lock.acquire(**acquire_kwargs):
                 raise TimeoutError(
-                    f"{func.__qualname__}: could not acquire {kind.__name__}({name!r}) "
+                    f"{func.__qualname__}: could not acquire {kind.__name__}({shown(name)}) "
                     f"within {timeout} s"
                 )
             try:

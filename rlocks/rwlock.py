@@ -37,7 +37,7 @@ class Side(Primitive):
 
     def _describe(self) -> str:
         side = "read" if self._spec.side == "r" else "write"
-        return f"RWLock {self._name!r} ({side})"
+        return f"RWLock {self._shown} ({side})"
 
     def _check_upgrade(self, owner: str) -> None:
         """A thread that reads (and does not write) may not ask for the write side: two
@@ -45,7 +45,7 @@ class Side(Primitive):
         if self._spec.side == "w" and self._hold(owner).count == 0 \
                 and self._other._hold(owner).count > 0:
             raise UpgradeError(
-                f"{self._label}({self._name!r}): this thread holds the read side and asks "
+                f"{self._label}({self._shown}): this thread holds the read side and asks "
                 "for the write side: an upgrade would deadlock with another reader doing "
                 "the same; release the read side first", name=self._name)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional
 
+from ._engine.checks import shown
 from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, Options, PermitSpec, Primitive
 from ._engine.state import PrimitiveState, statistics
@@ -79,7 +80,7 @@ class SemaphoreCore(Primitive):
         fair: bool = True,
         entry_lease: float = ENTRY_LEASE,
     ) -> None:
-        label = f"{self._label}({name!r})"
+        label = f"{self._label}({shown(name)})"
         value = _count(value, "value", label)
         if value < 0:
             raise ValueError(f"{label}: semaphore initial value must be >= 0, got {value}")
@@ -92,7 +93,7 @@ class SemaphoreCore(Primitive):
 
     def __repr__(self) -> str:
         held = sum(n for _, n in self._mine.values())
-        return (f"<{self._label} name={self._name!r} namespace={self._namespace!r} "
+        return (f"<{self._label} name={self._shown} namespace={self._namespace!r} "
                 f"value={self.value} held here={held} at {id(self):#x}>")
 
 

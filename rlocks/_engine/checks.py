@@ -14,6 +14,7 @@ from _thread import TIMEOUT_MAX
 from typing import Iterable, Mapping, Optional, Tuple
 
 __all__ = [
+    "NAME_MAX",
     "TIMEOUT_MAX",
     "check_name",
     "check_namespace",
@@ -22,6 +23,7 @@ __all__ = [
     "lock_wait",
     "replication",
     "semaphore_wait",
+    "shown",
 ]
 
 # Redis keeps PEXPIRE in signed 64-bit milliseconds; a lease past ~292 million years would
@@ -29,8 +31,25 @@ __all__ = [
 _TTL_MAX = 2.0**62 / 1000.0
 
 
+#: The longest name (and namespace) a primitive may have, in UTF-8 bytes: a Redis key
+#: holds it, and every repr and error names it (shortened: :func:`shown`).
+NAME_MAX = 1024
+#: How much of a long name reprs and errors show.
+SHOWN_MAX = 60
+
+
+def shown(name: object) -> str:
+    """``repr(name)``, shortened to about :data:`SHOWN_MAX` characters for a long name (the
+    length is said): what reprs and error messages print of a name."""
+    text = repr(name)
+    if len(text) <= SHOWN_MAX:
+        return text
+    size = len(name) if isinstance(name, str) else len(text)
+    return f"{text[:SHOWN_MAX - 1]}…' ({size} characters)"
+
+
 def _label(kind: str, name: object) -> str:
-    return f"{kind}({name!r})"
+    return f"{kind}({shown(name)})"
 
 
 def _text(value: object, what: str, where: str) -> str:
@@ -40,9 +59,13 @@ def _text(value: object, what: str, where: str) -> str:
     if not value:
         raise ValueError(f"{where} {what} must not be empty")
     try:
-        value.encode("utf-8")
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{where} {what} {value!r} is not valid unicode: {exc.reason}") from None
+        raise ValueError(f"{where} {what} {shown(value)} is not valid unicode: "
+                         f"{exc.reason}") from None
+    if size > NAME_MAX:
+        raise ValueError(f"{where} {what} {shown(value)} is {size} bytes (UTF-8); at most "
+                         f"{NAME_MAX} are allowed")
     return value
 
 

@@ -62,12 +62,15 @@ def default_client() -> "redis.Redis":
         with _mutex:
             client = _clients.get(url)
             if client is None:
-                client = redis.Redis.from_url(
-                    url,
-                    socket_timeout=SOCKET_TIMEOUT,
-                    socket_connect_timeout=CONNECT_TIMEOUT,
-                    retry=Retry(NoBackoff(), 0),
-                )
+                try:
+                    client = redis.Redis.from_url(
+                        url,
+                        socket_timeout=SOCKET_TIMEOUT,
+                        socket_connect_timeout=CONNECT_TIMEOUT,
+                        retry=Retry(NoBackoff(), 0),
+                    )
+                except ValueError as exc:
+                    raise ValueError(f"RLOCKS_URL={url!r} is not a Redis URL: {exc}") from None
                 _clients[url] = client
     return client
 

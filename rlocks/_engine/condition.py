@@ -67,7 +67,7 @@ class ConditionCore:
                 "Condition keeps its waiters on one server (a quorum of queues is not "
                 "built): use a lock on a single server or a Redis Cluster")
         if name is not None:
-            label = f"{self._label}({lock._name!r})"
+            label = f"{self._label}({lock._shown})"
             name = checks.check_name(name, label)
             if lock._client is not None:
                 checks.check_wire_names({"name": name}, [encoding_of(lock._client)], label)
@@ -86,7 +86,7 @@ class ConditionCore:
         return self._name
 
     def __repr__(self) -> str:
-        named = "" if self._name is None else f" name={self._name!r}"
+        named = "" if self._name is None else f" name={checks.shown(self._name)}"
         return f"<{self._label}{named} of {self._lock!r}>"
 
     def __reduce_ex__(self, protocol: Any) -> Any:

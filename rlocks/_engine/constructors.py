@@ -20,7 +20,9 @@ import functools
 import inspect
 from typing import Any, Callable, Dict, Optional, TypeVar, cast
 
-__all__ = ["keyword_hint", "public_init", "unexpected_keyword"]
+from .checks import shown
+
+__all__ = ["keyword_hint", "public_init", "public_method", "unexpected_keyword"]
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -62,7 +64,7 @@ def _explain(label: str, name: object, error: TypeError) -> str:
     text = str(error)
     # inspect's binding errors read "got an unexpected keyword argument 'timeout'",
     # "missing a required argument: 'name'", "too many positional arguments".
-    where = f"{label}({name!r})" if isinstance(name, str) else f"{label}()"
+    where = f"{label}({shown(name)})" if isinstance(name, str) else f"{label}()"
     message = f"{where}: {text}"
     keyword = unexpected_keyword(error)
     if keyword is not None:
@@ -90,3 +92,37 @@ def public_init(init: F) -> F:
             raise
 
     return cast(F, wrapper)
+
+
+#: What the peers' acquire keywords are called in rlocks (a method's own hints).
+_METHOD_HINTS: Dict[str, str] = {
+    "blocking_timeout": "how long to wait is timeout=",
+    "timeout_ms": "timeout= is in seconds",
+    "ttl": "the lease is set when the primitive is made: ttl= of its constructor",
+}
+
+
+M = TypeVar("M", bound=Callable[..., Any])
+
+
+def public_method(method: M) -> M:
+    """Wrap a public method (``acquire``) so that an argument it does not take raises a
+    TypeError naming the public class and the rlocks argument to use, not an engine
+    class; the signature is unchanged, and a call that binds pays one try block."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except TypeError:
+            try:
+                signature.bind(self, *args, **kwargs)
+            except TypeError as binding:
+                text = f"{_label(self)}({shown(self._name)}).{method.__name__}(): {binding}"
+                keyword = unexpected_keyword(binding)
+                hint = _METHOD_HINTS.get(keyword or "")
+                raise TypeError(text + (f"; {hint}" if hint else "")) from None
+            raise
+
+    return cast(M, wrapper)

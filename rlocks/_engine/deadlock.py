@@ -80,6 +80,7 @@ from typing import Any, Dict, Generator, List, NamedTuple, Optional, Sequence, T
 from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import DeadlockError
+from .checks import shown
 from .clock import monotonic
 from .keys import accuse_key, wait_key, wait_seq_key
 from .scripts import load
@@ -365,8 +366,8 @@ def _name(namespace: str, key: str, side: str) -> str:
     parsed = parse_key(key, namespace)
     kind, name = parsed if parsed is not None else ("?", key)
     if side == "x":
-        return f"{'RLock' if kind == 'rlock' else kind} {name!r}"
-    return f"RWLock {name!r} ({'read' if side == 'r' else 'write'})"
+        return f"{'RLock' if kind == 'rlock' else kind} {shown(name)}"
+    return f"RWLock {shown(name)} ({'read' if side == 'r' else 'write'})"
 
 
 def _describe(

@@ -72,7 +72,7 @@ def _acquire_call(p: Any, owner: str, expect: int, entry_ms: int) -> Any:
 def _refused(p: Any, reply: Reply) -> BaseException:
     if reply.status == UPGRADE:
         return errors.UpgradeError(
-            f"{p._label}({p._name!r}): this thread holds the read side and asks for the write "
+            f"{p._label}({p._shown}): this thread holds the read side and asks for the write "
             "side: an upgrade would deadlock with another reader doing the same; release the "
             "read side first", name=p._name)
     if reply.status == MISMATCH:
@@ -83,8 +83,8 @@ def _refused(p: Any, reply: Reply) -> BaseException:
             f"{reply.a}, but this object is a {mine} with initial value {p._spec.value}; "
             "nothing was changed")
     if reply.status == OVER:
-        return ValueError(f"{p._label}({p._name!r}): Semaphore released too many times")
-    return errors.RLocksError(f"{p._label}({p._name!r}): unexpected reply {reply}", name=p._name)
+        return ValueError(f"{p._label}({p._shown}): Semaphore released too many times")
+    return errors.RLocksError(f"{p._label}({p._shown}): unexpected reply {reply}", name=p._name)
 
 
 def _give_back(p: Any, owner: str, hold: Hold, count: int) -> Steps:
@@ -175,7 +175,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 if reply.replicas >= 0 and reply.replicas < p._replication[0]:
                     yield from _give_back(p, owner, hold, expect + 1)
                     raise errors.ReplicationError(
-                        f"{p._label}({p._name!r}): granted, but only {reply.replicas} of "
+                        f"{p._label}({p._shown}): granted, but only {reply.replicas} of "
                         f"{p._replication[0]} replicas acknowledged it within "
                         f"{p._replication[1]} ms; it was given back", name=p._name,
                         acknowledged=reply.replicas, required=p._replication[0])

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 import weakref
 from typing import Any, List, Optional, Tuple
 
 from . import metrics
 
-__all__ = ["GONE", "HELD", "LOST", "RELEASING", "Hold", "hold_for", "peek"]
+__all__ = ["GONE", "HELD", "LOST", "RELEASING", "Hold", "hold_for", "live", "peek"]
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,12 @@ def hold_for(ident: Tuple[Any, ...], label: str, owner: str) -> Hold:
         return hold
 
 
+def live() -> List[Hold]:
+    """Every hold of this process that is held (no I/O)."""
+    with _mutex:
+        return [h for h in _holds.values() if h.alive and h.count > 0]
+
+
 def peek(ident: Tuple[Any, ...]) -> Optional[Hold]:
     """The hold ``ident`` if this process has one (no new one is made)."""
     with _mutex:
@@ -183,5 +190,7 @@ def peek(ident: Tuple[Any, ...]) -> Optional[Hold]:
 
 def _collected(label: str, owner: str, alive: List[bool]) -> None:
     if alive[0]:
-        log.warning("%s held by %s: every lock object that held it was garbage-collected; "
-                    "its lease is no longer renewed and ends by itself", label, owner)
+        message = (f"{label} held by {owner}: every lock object that held it was "
+                   "garbage-collected; its lease is no longer renewed and ends by itself")
+        log.warning("%s", message)
+        warnings.warn(message, ResourceWarning, stacklevel=2)

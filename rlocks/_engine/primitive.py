@@ -159,34 +159,35 @@ class Primitive:
         TypeError/ValueError naming the public class."""
         label = self._label
         self._name = checks.check_name(name, label)
+        where = f"{label}({checks.shown(name)})"
         self._namespace = checks.check_namespace(options.namespace, label, name)
         self._ttl_ms = checks.check_ttl(options.ttl, label, name)
         self._ttl = self._ttl_ms / 1000.0
         on_lost = options.on_lost
         if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"{label}({name!r}): on_lost must be callable, "
+            raise TypeError(f"{where}: on_lost must be callable, "
                             f"not {type(on_lost).__name__}")
         if inspect.iscoroutinefunction(on_lost) and not self._aio:
             raise TypeError(
-                f"{label}({name!r}): on_lost is a coroutine function, which a threading "
+                f"{where}: on_lost is a coroutine function, which a threading "
                 "primitive cannot await; pass a plain function, or use rlocks.asyncio")
         client = self._resolve_client(options.client)
         masters = getattr(client, "masters", (client,))
         checks.check_wire_names({"name": self._name, "namespace": self._namespace},
-                                [encoding_of(c) for c in masters], f"{label}({name!r})")
+                                [encoding_of(c) for c in masters], where)
         self._client = client
         self._backend: Any = backend_for(client) if client is not None else None
         self._replication = checks.replication(options.replicas, options.replica_wait,
                                                label, name)
         if self._replication is not None and not getattr(self._backend, "queues", True):
-            raise ValueError(f"{label}({name!r}): replicas= is not supported with a Quorum: "
+            raise ValueError(f"{where}: replicas= is not supported with a Quorum: "
                              "the masters are meant to be independent (no replicas to wait for)")
         if self._replication is not None and is_cluster(client):
-            raise ValueError(f"{label}({name!r}): replicas= is not supported on Redis Cluster "
+            raise ValueError(f"{where}: replicas= is not supported on Redis Cluster "
                              "clients (WAIT has no key to be routed by); see docs/operations.md")
         self._auto_renew = bool(options.auto_renew)
         if not isinstance(options.fair, bool):
-            raise TypeError(f"{label}({name!r}): fair must be a bool, "
+            raise TypeError(f"{where}: fair must be a bool, "
                             f"not {type(options.fair).__name__}")
         self._fair = options.fair
         self._deadlock_timeout = checks.deadlock_timeout(options.deadlock_timeout, label, name)
@@ -198,7 +199,7 @@ class Primitive:
         self._restoring: Set[str] = set()
 
     def _resolve_client(self, client: Any) -> Any:
-        label = f"{self._label}({self._name!r})"
+        label = f"{self._label}({self._shown})"
         if client is None:
             return self._default_client()
         if hasattr(client, "masters") and hasattr(client, "queues"):
@@ -246,11 +247,16 @@ class Primitive:
         return self._client
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(f"cannot pickle or copy {self._label}({self._name!r}): it stands for "
+        raise TypeError(f"cannot pickle or copy {self._label}({self._shown}): it stands for "
                         "this process's holds")
 
+    @property
+    def _shown(self) -> str:
+        """The name as reprs and errors print it (a long one shortened)."""
+        return checks.shown(self._name)
+
     def _describe(self) -> str:
-        return f"{self._label.rsplit('.', 1)[-1]} {self._name!r}"
+        return f"{self._label.rsplit('.', 1)[-1]} {self._shown}"
 
     # -- owners and books -------------------------------------------------------------------
 
@@ -304,7 +310,7 @@ class Primitive:
 
     def _not_owned(self, what: str = "release") -> errors.NotOwnedError:
         return errors.NotOwnedError(
-            f"cannot {what} un-acquired lock {self._label}({self._name!r})", name=self._name)
+            f"cannot {what} un-acquired lock {self._label}({self._shown})", name=self._name)
 
     def _owned(self, owner: str) -> bool:
         """Whether ``owner`` holds this primitive (through any object), as far as this

@@ -13,6 +13,7 @@ Each method checks its arguments (no I/O before that), then runs one dialogue of
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import logging
 import os
@@ -22,9 +23,10 @@ from typing import Any, Dict, Optional, Tuple
 import redis
 
 from ..errors import LockLostError, RLocksError
-from . import checks, dialogues, identity, metrics
+from . import checks, dialogues, holds, identity, metrics
 from .backends import Server, address_of
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT
+from .constructors import public_method
 from .holds import Hold
 from .primitive import Primitive
 from .steps import adrive, drive
@@ -76,7 +78,7 @@ class _Views(Primitive):
         :class:`rlocks.Quorum` (its masters count independently): use :attr:`tokens`."""
         if not self._backend.queues:
             raise RLocksError(
-                f"{self._label}({self._name!r}): a Quorum's masters count tokens "
+                f"{self._label}({self._shown}): a Quorum's masters count tokens "
                 "independently, so no one token orders its grants: use .tokens",
                 name=self._name)
         hold = self._current()
@@ -106,7 +108,7 @@ class _Views(Primitive):
             state = f"held here by {len(owners)} owners"
         else:
             state = "not held here"
-        return (f"<{self._label} name={self._name!r} namespace={self._namespace!r} "
+        return (f"<{self._label} name={self._shown} namespace={self._namespace!r} "
                 f"{state} at {id(self):#x}>")
 
 
@@ -132,7 +134,13 @@ class LockSurface(_Views):
         wait = checks.lock_wait(blocking, timeout, self._label, self._name)
         return self._acquire(self._owner(), 1, wait)
 
+    acquire = public_method(acquire)
     __enter__ = acquire
+
+    def timeout(self, seconds: float) -> "Timed":
+        """``with lock.timeout(5):``: acquire waiting at most ``seconds``, or raise
+        TimeoutError (naming the lock); the ``with`` releases as usual."""
+        return Timed(self, seconds)
 
     def release(self) -> None:
         """Release one level of the calling thread's hold; at the last, free the lock.
@@ -188,9 +196,12 @@ def default_async_client() -> Any:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        client = per_loop[url] = redis.asyncio.Redis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
-            retry=Retry(NoBackoff(), 0))
+        try:
+            client = per_loop[url] = redis.asyncio.Redis.from_url(
+                url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+                retry=Retry(NoBackoff(), 0))
+        except ValueError as exc:
+            raise ValueError(f"RLOCKS_URL={url!r} is not a Redis URL: {exc}") from None
     return client
 
 
@@ -298,6 +309,12 @@ class AsyncLockSurface(AsyncPrimitive):
         wait = checks.lock_wait(blocking, timeout, self._label, self._name)
         return await self._aacquire(self._owner(), 1, wait)
 
+    acquire = public_method(acquire)
+
+    def timeout(self, seconds: float) -> "Timed":
+        """``async with lock.timeout(5):``: as :meth:`rlocks.RLock.timeout`, awaited."""
+        return Timed(self, seconds)
+
     async def release(self) -> None:
         """Release one level of the running task's hold (errors as
         :meth:`rlocks.RLock.release`); the round trip runs on if the task is cancelled."""
@@ -331,9 +348,9 @@ class AsyncLockSurface(AsyncPrimitive):
 
 def _release_count(n: object, label: str, name: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{label}({name!r}): n must be an int, not {type(n).__name__}")
+        raise TypeError(f"{label}({checks.shown(name)}): n must be an int, not {type(n).__name__}")
     if n < 1:
-        raise ValueError(f"{label}({name!r}): n must be one or more")
+        raise ValueError(f"{label}({checks.shown(name)}): n must be one or more")
     return n
 
 
@@ -356,7 +373,13 @@ class PermitSurface(_Views):
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         return self._acquire(self._owner(), 1, wait)
 
+    acquire = public_method(acquire)
     __enter__ = acquire
+
+    def timeout(self, seconds: float) -> "Timed":
+        """``with sem.timeout(5):``: take a permit waiting at most ``seconds``, or raise
+        TimeoutError (naming the semaphore); the ``with`` gives it back as usual."""
+        return Timed(self, seconds)
 
     def release(self, n: int = 1) -> None:
         """Give ``n`` permits back: the calling thread's taken through this object first,
@@ -385,8 +408,15 @@ class AsyncPermitSurface(AsyncPrimitive):
         return bool(await adrive(dialogues.acquire(self, owner, wait)))
 
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """As :meth:`rlocks.Semaphore.acquire`, awaited."""
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         return await self._aacquire(self._owner(), 1, wait)
+
+    acquire = public_method(acquire)
+
+    def timeout(self, seconds: float) -> "Timed":
+        """``async with sem.timeout(5):``: as :meth:`rlocks.Semaphore.timeout`, awaited."""
+        return Timed(self, seconds)
 
     async def release(self, n: int = 1) -> None:
         n = _release_count(n, self._label, self._name)
@@ -402,3 +432,67 @@ class AsyncPermitSurface(AsyncPrimitive):
         ms = self._ttl_ms if ttl is None else checks.check_ttl(ttl, self._label, self._name)
         await adrive(dialogues.extend(self, self._owner(), ms))
 
+
+
+class Timed:
+    """What ``lock.timeout(seconds)`` returns: a ``with`` (``async with`` for the asyncio
+    twins) that acquires waiting at most ``seconds`` or raises TimeoutError.
+
+    Why this shape: ``threading`` has no timed ``with``, and ``with lock:`` must keep
+    waiting as threading's does; a method of the primitive reads as what it is (its
+    ``timeout`` is how long acquire waits, as everywhere in rlocks) and works the same
+    for every primitive, either surface."""
+
+    __slots__ = ("_prim", "_seconds")
+
+    def __init__(self, prim: Any, seconds: float) -> None:
+        checks.lock_wait(True, seconds, prim._label, prim._name)  # TypeError / ValueError now
+        self._prim, self._seconds = prim, seconds
+
+    def _expired(self) -> TimeoutError:
+        return TimeoutError(f"{self._prim._describe()} was not acquired within "
+                            f"{self._seconds} s")
+
+    def __enter__(self) -> Any:
+        if not self._prim.acquire(timeout=self._seconds):
+            raise self._expired()
+        return self._prim
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        self._prim.__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> Any:
+        if not await self._prim.acquire(timeout=self._seconds):
+            raise self._expired()
+        return self._prim
+
+    async def __aexit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        await self._prim.__aexit__(exc_type, exc, tb)
+
+
+def _release_at_exit() -> None:
+    """A process that exits normally gives back what its threads hold, so the next run
+    of the program does not wait out a lease. Not for ``os._exit``, a killing signal, a
+    fork child (it gives back only its own) or asyncio holds (their loop is gone): those
+    end with their leases. Each release is sent once (no waiting for a server that does
+    not answer: its lease ends the hold)."""
+    dialogues.RELEASE_PATIENCE = 0.0
+    mine = identity.process_token() + ":"
+    for hold in holds.live():
+        if not hold.owner.startswith(mine):
+            continue
+        for obj in list(hold.objects):
+            if obj._aio:
+                continue
+            levels = obj._levels(hold.owner)
+            try:
+                if obj._spec.kind == "sem":
+                    drive(dialogues.release_permits(obj, hold.owner, levels))
+                else:
+                    for _ in range(levels):
+                        drive(dialogues.release(obj, hold.owner))
+            except Exception:  # noqa: BLE001 - at exit: its lease ends it
+                pass
+
+
+atexit.register(_release_at_exit)
