@@ -35,7 +35,7 @@ _TTL_MAX = 2.0**62 / 1000.0
 #: holds it, and every repr and error names it (shortened: :func:`shown`).
 NAME_MAX = 1024
 #: How much of a long name reprs and errors show.
-SHOWN_MAX = 60
+SHOWN_MAX = 200
 
 
 def shown(name: object) -> str:
