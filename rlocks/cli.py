@@ -87,8 +87,24 @@ class _Settings:
             except ValueError as exc:
                 url = redact(self.effective_url)
                 raise UsageFailure(f"invalid Redis URL {url!r}: {exc}") from None
+            self._client = _cluster_if_one(self._client, self.effective_url)
         client: "redis.Redis" = self._client
         return client
+
+
+def _cluster_if_one(client: Any, url: str) -> Any:
+    """A cluster client when the URL's server is a node of a Redis Cluster (its masters are
+    then all scanned), else ``client`` itself. An error asking is left to the command."""
+    try:
+        enabled = int(client.info("cluster").get("cluster_enabled", 0))
+    except redis.RedisError:
+        return client
+    if not enabled:
+        return client
+    from redis.cluster import RedisCluster
+
+    client.close()
+    return RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=3)
 
 
 def redact(url: str) -> str:

@@ -519,9 +519,13 @@ def test_a_renewal_bug_in_one_group_leaves_the_loops_other_holds_renewed(
 
 
 def test_many_waiting_tasks_share_one_subscriber(url: str, name: str) -> None:
+    # A namespace of its own: the wake channel is one per process and namespace, and hubs
+    # of earlier tests' clients in this process may still listen on the suite's.
+    namespace = f"{NAMESPACE}-{name}"
+
     async def main_with_handoff() -> None:
         c = aclient(url)
-        lock = ra.RLock(name, client=c, namespace=NAMESPACE)
+        lock = ra.RLock(name, client=c, namespace=namespace)
         await lock.acquire()
 
         async def worker() -> bool:

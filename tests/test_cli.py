@@ -672,3 +672,46 @@ def test_python_dash_m_prints_one_line_and_no_traceback() -> None:
 def test_main_returns_the_exit_status(name: str) -> None:
     assert cli.main(["--namespace", f"cli-{uuid.uuid4().hex}", "inspect", name]) == 1
     assert cli.main(["--version"]) == 0
+
+
+def test_on_a_cluster_list_inspect_and_release_reach_every_master(
+    cluster: Any, ns: str
+) -> None:
+    """Given one node's URL of a Redis Cluster, the CLI scans every master and reads each
+    primitive on the node of its slot (a pipeline of TIME and reads could not span nodes).
+    """
+    from redis.cluster import ClusterNode, RedisCluster
+
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
+    names = [f"spread-{i}" for i in range(12)]  # 12 hash tags: every master gets some
+    assert len({client.keyslot(keys_for(ns, "rlock", n).hash) // 5462 for n in names}) == 3
+    locks = [rlocks.RLock(n, namespace=ns, client=client, ttl=60) for n in names]
+    for lock in locks:
+        assert lock.acquire()
+    sem = rlocks.Semaphore("pool", 3, namespace=ns, client=client)
+    assert sem.acquire()
+    try:
+        runner = CliRunner()
+
+        def invoke(*args: str) -> Result:
+            return runner.invoke(cli.cli, ["--url", cluster.url, "--namespace", ns, *args],
+                                 catch_exceptions=False)
+
+        listed = invoke("--json", "list")
+        assert listed.exit_code == 0, listed.output
+        rows = json.loads(listed.stdout)
+        assert sorted(r["name"] for r in rows) == sorted(names + ["pool"])
+        assert all(r["holds"] == 1 for r in rows)
+        shown = invoke("inspect", "pool")
+        assert shown.exit_code == 0, shown.output
+        assert "permits    2 free of 3 (1 held by 1 owner)" in shown.stdout, shown.stdout
+        gone = invoke("release", "--force", "--yes", "--kind", "rlock", names[0])
+        assert gone.exit_code == 0, gone.output
+        assert ins.find(client, ns, names[0]) == []
+        with pytest.raises(rlocks.LockLostError):
+            locks[0].release()
+    finally:
+        for lock in locks[1:]:
+            lock.release()
+        sem.release()
+        client.close()

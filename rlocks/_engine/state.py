@@ -64,7 +64,7 @@ __all__ = [
     "unescape",
 ]
 
-_BATCH = 200  # primitives per MULTI/EXEC snapshot
+_BATCH = 200  # primitives read per pipeline
 
 
 class Kind(NamedTuple):
@@ -211,11 +211,16 @@ def _int(value: Any) -> Optional[int]:
         return None
 
 
-def _scores(raw: Any) -> List[Tuple[str, float]]:
-    """A ``ZRANGE ... WITHSCORES`` reply as (member, score) pairs."""
-    if isinstance(raw, Exception) or not raw:
+def _pairs(raw: Any) -> List[Tuple[Any, Any]]:
+    """A flat ``a1, b1, a2, b2, ...`` script reply as pairs (none for a missing key)."""
+    if not raw:
         return []
-    return [(_text(member), float(score)) for member, score in raw]
+    return list(zip(raw[0::2], raw[1::2]))
+
+
+def _scores(raw: Any) -> List[Tuple[str, float]]:
+    """A flat ``ZRANGE ... WITHSCORES`` script reply as (member, score) pairs."""
+    return [(_text(member), float(score)) for member, score in _pairs(raw)]
 
 
 def _decode_rlock(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
@@ -285,15 +290,14 @@ def _decode_queue(queue: Any, now: int) -> Tuple[Tuple[QueueEntry, ...], int]:
 _DECODERS = {"rlock": _decode_rlock, "rw": _decode_rw, "sem": _decode_sem}
 
 
-def _decode(namespace: str, kind: str, name: str, replies: Sequence[Any],
-            now: int) -> Optional[PrimitiveState]:
-    raw, pttl, leases, queue = replies
-    hash_gone = isinstance(raw, Exception) or not raw
-    queue_gone = isinstance(queue, Exception) or not queue
-    if hash_gone and queue_gone:  # gone since SCAN, or not a hash
+def _decode(namespace: str, kind: str, name: str, reply: Any) -> Optional[PrimitiveState]:
+    """The state in a ``lua/state_read.lua`` reply (None: no such primitive)."""
+    seconds, micros, raw, pttl, leases, queue = reply
+    now = int(seconds) * 1000 + int(micros) // 1000
+    if not raw and not queue:  # gone since SCAN, or not a hash
         return None
-    flat = {} if hash_gone else {_text(k): _text(v) for k, v in raw.items()}
-    lease = None if isinstance(pttl, Exception) or int(pttl) < 0 else int(pttl)
+    flat = {_text(k): _text(v) for k, v in _pairs(raw)}
+    lease = None if int(pttl) < 0 else int(pttl)
     ends = {member: int(score) for member, score in _scores(leases)}
     parts = _DECODERS[kind](flat, lease, ends, now)
     waiting_in, stale = _decode_queue(queue, now)
@@ -306,36 +310,23 @@ def _decode(namespace: str, kind: str, name: str, replies: Sequence[Any],
 # -- I/O ----------------------------------------------------------------------------------
 
 
-def _server_ms(reply: Any) -> int:
-    seconds, micros = reply
-    return int(seconds) * 1000 + int(micros) // 1000
+_READ = load("state_read")
 
 
-def _read_batch(pipe: Any, namespace: str, batch: Sequence[Tuple[str, str]]) -> None:
-    """Queue on ``pipe`` (a MULTI pipeline, sync or asyncio) the reads of ``batch``."""
-    pipe.time()
-    for kind, name in batch:
-        k = keys_for(namespace, kind, name)
-        pipe.hgetall(k.hash)
-        pipe.pttl(k.hash)
-        pipe.zrange(k.leases, 0, -1, withscores=True)
-        pipe.zrange(k.queue, 0, -1, withscores=True)
+def _read_command(namespace: str, kind: str, name: str) -> Tuple[Any, ...]:
+    # EVAL, not EVALSHA: a read for a person or a monitor, rare enough to send the text
+    # (no NOSCRIPT round trip after a restart); a cluster client routes it by its keys.
+    k = keys_for(namespace, kind, name)
+    return ("EVAL", _READ.source, 3, k.hash, k.queue, k.leases)
 
 
-_PER = 4  # replies per primitive in a batch
-
-
-def _decode_batch(namespace: str, batch: Sequence[Tuple[str, str]],
-                  replies: Sequence[Any]) -> List[PrimitiveState]:
-    """The states of ``batch`` from the replies of :func:`_read_batch`'s pipeline (read
-    with ``raise_on_error=False``: a key of another type under our name must not hide the
-    others). Raises the error of TIME, the batch's first command."""
-    if isinstance(replies[0], Exception):
-        raise replies[0]
-    now = _server_ms(replies[0])
-    states: List[PrimitiveState] = []
-    for i, (kind, name) in enumerate(batch):
-        state = _decode(namespace, kind, name, replies[1 + _PER * i:1 + _PER * (i + 1)], now)
+def _states(namespace: str, entries: Sequence[Tuple[str, str]],
+            replies: Sequence[Any]) -> List[PrimitiveState]:
+    states = []
+    for (kind, name), reply in zip(entries, replies):
+        if isinstance(reply, Exception):
+            raise reply
+        state = _decode(namespace, kind, name, reply)
         if state is not None:
             states.append(state)
     return states
@@ -348,16 +339,18 @@ def _batches(entries: Sequence[Tuple[str, str]]) -> Iterable[Sequence[Tuple[str,
 
 def _snapshot(client: Any, namespace: str,
               entries: Sequence[Tuple[str, str]]) -> List[PrimitiveState]:
-    """Read ``entries`` ((kind, name) pairs) at one server time per batch (blocking I/O).
-    On a cluster, each primitive is read by itself (its keys share a slot; a batch may
-    not)."""
+    """Read ``entries`` ((kind, name) pairs), each at one server time (blocking I/O): a
+    pipeline per batch; on a cluster, each by itself on its slot's node."""
+    if hasattr(client, "get_nodes"):
+        return _states(namespace, entries, [
+            client.execute_command(*_read_command(namespace, kind, name))
+            for kind, name in entries])
     states: List[PrimitiveState] = []
-    groups = ([[e] for e in entries] if hasattr(client, "get_nodes")
-              else list(_batches(entries)))
-    for batch in groups:
-        pipe = client.pipeline(transaction=True)
-        _read_batch(pipe, namespace, batch)
-        states += _decode_batch(namespace, batch, pipe.execute(raise_on_error=False))
+    for batch in _batches(entries):
+        pipe = client.pipeline(transaction=False)
+        for kind, name in batch:
+            pipe.execute_command(*_read_command(namespace, kind, name))
+        states += _states(namespace, batch, pipe.execute(raise_on_error=False))
     return states
 
 
@@ -420,11 +413,10 @@ def find(client: Any, namespace: str, name: str, kind: Optional[str] = None,
 async def afind(client: Any, namespace: str, name: str, kind: Optional[str] = None,
                 waiting: bool = True) -> List[PrimitiveState]:
     """:func:`find` for a ``redis.asyncio`` client."""
-    states: List[PrimitiveState] = []
-    for entry in _named(name, kind):
-        pipe = client.pipeline(transaction=True)
-        _read_batch(pipe, namespace, [entry])
-        states += _decode_batch(namespace, [entry], await pipe.execute(raise_on_error=False))
+    entries = _named(name, kind)
+    states = _states(namespace, entries, [
+        await client.execute_command(*_read_command(namespace, code, name))
+        for code, name in entries])
     return states if waiting else [replace(s, waiting=None) for s in states]
 
 
