@@ -17,7 +17,6 @@ once; exclusive only against writers), ``sem`` (Semaphore(1)), ``bsem``
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 import traceback
@@ -327,32 +326,6 @@ def pingpong_worker(
             thread.join()
         if failed:
             raise failed[0]
-    except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
-        report_error(client, f"{data}:errors")
-        os._exit(EXIT_FAILED)
-    os._exit(EXIT_OK)
-
-
-def stop_after_grant_worker(
-    spec: Dict[str, Any], kind: str, name: str, namespace: str, data: str, entry_lease: float
-) -> None:
-    """Queue on the lock ``(kind, name)``; the moment ``acquire`` returns True, stop this
-    process (SIGSTOP to itself, before its renewer can adopt a hand-over grant). Once
-    continued, release: ``rpush {data}:lost <pid>`` if that raised LockLostError (the
-    grant's short lease ended meanwhile), ``{data}:kept <pid>`` if it did not."""
-    client = make_client(spec)
-    try:
-        prim, acquire, release, _nesting = make_mutex(
-            kind, name, client, namespace, ttl=30.0, entry_lease=entry_lease
-        )
-        assert acquire(timeout=60)
-        os.kill(os.getpid(), signal.SIGSTOP)
-        try:
-            release()
-        except rlocks.LockLostError:
-            client.rpush(f"{data}:lost", os.getpid())
-        else:
-            client.rpush(f"{data}:kept", os.getpid())
     except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
         report_error(client, f"{data}:errors")
         os._exit(EXIT_FAILED)

@@ -1,11 +1,12 @@
 """rlocks on a real Redis Cluster (3 masters on loopback), through ``RedisCluster``.
 
 Proves: each primitive's keys sit in one slot, so every script runs on one node; the
-primitives spread over the nodes; wake-ups travel by sharded pub/sub (SPUBLISH to the
-shard, SSUBSCRIBE by the hub on that shard's node), so a waiter is woken by a release and
-not by its lease-bounded re-check; renewal (a cluster pipeline of EVALSHA) keeps short
-leases alive on every node; and the cross-process mutual-exclusion suite holds through
-the cluster client for every primitive.
+primitives spread over the nodes; wake-ups travel by pub/sub (a script PUBLISHes on the
+waiter's process channel, which the cluster carries to every node; the process has one
+subscription, on one node), so a waiter is woken by a release and not by its own re-check;
+renewal (a cluster pipeline of EVALSHA) keeps short leases alive on every node; and the
+cross-process mutual-exclusion suite holds through the cluster client for every
+primitive.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 import rlocks
-from rlocks._engine import waiting
-from rlocks._engine.sharded import ShardedWakeHub
+from rlocks._engine import identity
 
 from . import _procs
 from ._servers import RENEWED_TTL, LocalCluster, server_version, wait_all_renewed, wait_until
+from ._threads import hub_waiters
 from .conftest import without_counters
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -30,7 +31,7 @@ NAMESPACE = "rlocks-cluster-test"
 
 pytestmark = pytest.mark.skipif(
     server_version() < (7, 0),
-    reason="sharded pub/sub (SSUBSCRIBE/SPUBLISH) needs redis-server 7.0 or newer; "
+    reason="the local cluster (its cluster-port setting) needs redis-server 7.0 or newer; "
     f"found {server_version() or 'none'}",
 )
 
@@ -60,9 +61,34 @@ def names_on_every_node(client: Any, prefix: str, count: int) -> List[str]:
     raise AssertionError(f"no {count} names covering every node")
 
 
+def slow_recheck(kind: str) -> Dict[str, Any]:
+    """Keywords that put a waiter's own re-check long after the wake-up bounds below: a
+    30 s entry lease (it asks again after a third of it, 10 s) and, for the locks, no
+    deadlock check (which would make it ask again every ``deadlock_timeout``)."""
+    if kind in ("sem", "bsem"):
+        return {"entry_lease": 30.0}
+    return {"entry_lease": 30.0, "deadlock_timeout": None}
+
+
 def channel_of(prim: Any) -> str:
-    """The wake-up channel ``prim``'s waiters listen on."""
-    return str(prim._channel())
+    """The wake-up channel of this process for ``prim``'s namespace."""
+    return str(prim._keys.wake + identity.process_token())
+
+
+def subscriptions(client: Any, channel: str) -> int:
+    """Subscribers of ``channel`` on every node of the cluster, summed (PUBSUB NUMSUB
+    answers for its own node only)."""
+    total = 0
+    for node in client.get_nodes():
+        total += sum(n for _, n in node.redis_connection.pubsub_numsub(channel))
+    return total
+
+
+def listening(prim: Any) -> bool:
+    """Whether this process's wake-up subscriber for ``prim``'s client and namespace has
+    its subscription confirmed by the server (no I/O)."""
+    hub = prim._backend._hubs.get(prim._keys.wake)
+    return hub is not None and hub.ready.is_set()
 
 
 def cluster_keys(client: Any) -> List[bytes]:
@@ -90,8 +116,8 @@ def test_each_primitive_lives_in_one_slot_and_they_spread_over_nodes(cclient: An
         assert sem.acquire(blocking=False)
         for prim in (lock, rw.read_lock, rw.write_lock, sem):
             keys = prim._keys
-            slots = {cclient.keyslot(keys.hash), cclient.keyslot(keys.channel)}
-            slots.add(cclient.keyslot(prim._keys.channel + ":writers"))
+            slots = {cclient.keyslot(k) for k in
+                     (keys.hash, keys.queue, keys.leases, keys.fence, keys.condition("c"))}
             assert len(slots) == 1, (prim, slots)
         owner = node_of(cclient, lock._keys.hash)
         nodes.add(owner)
@@ -123,18 +149,20 @@ def _holder_thread(acquire, release, held: threading.Event, go: threading.Event,
 
 @pytest.mark.parametrize("kind", ["rlock", "write", "read-waits-for-write", "sem", "bsem"])
 @pytest.mark.timeout(30)
-def test_release_wakes_a_waiter_through_sharded_pubsub(cclient: Any, kind: str) -> None:
-    """The waiter's only way in before the 30 s lease ends is the sharded wake-up."""
+def test_release_wakes_a_waiter_through_pubsub(cclient: Any, kind: str) -> None:
+    """The waiter's only way in within 3 s is the wake-up: its own re-check comes after
+    10 s, the holder's lease (30 s, renewed) later still."""
     name = f"wake-{kind}-{time.monotonic_ns()}"
     if kind == "read-waits-for-write":
-        rw = rlocks.RWLock(name, client=cclient, ttl=30, namespace=NAMESPACE)
+        rw = rlocks.RWLock(name, client=cclient, ttl=30, namespace=NAMESPACE,
+                           **slow_recheck("read"))
         h_acq, h_rel = rw.write_lock.acquire, rw.write_lock.release
         w_acq, w_rel = rw.read_lock.acquire, rw.read_lock.release
-        channel = channel_of(rw.read_lock)
+        prim = rw.read_lock
     else:
         prim, h_acq, h_rel, _n = _procs.make_mutex(kind, name, cclient, NAMESPACE, ttl=30)
-        other, w_acq, w_rel, _n = _procs.make_mutex(kind, name, cclient, NAMESPACE, ttl=30)
-        channel = channel_of(prim)
+        _other, w_acq, w_rel, _n = _procs.make_mutex(kind, name, cclient, NAMESPACE, ttl=30,
+                                                     **slow_recheck(kind))
     held, go, errors = threading.Event(), threading.Event(), []
     holder = _holder_thread(h_acq, h_rel, held, go, errors)
     assert held.wait(10) and not errors, errors
@@ -149,38 +177,34 @@ def test_release_wakes_a_waiter_through_sharded_pubsub(cclient: Any, kind: str) 
 
     waiter = threading.Thread(target=wait_for_it, daemon=True)
     waiter.start()
-    hub = waiting.hub_for(cclient, NAMESPACE)
-    assert isinstance(hub, ShardedWakeHub)
-
-    def subscribed() -> bool:
-        ch = hub._channels.get(channel)
-        return ch is not None and bool(ch.waiters) and ch.confirmed.is_set()
-
-    wait_until(subscribed, 10, "the hub to SSUBSCRIBE the waiter's channel")
-    assert hub._channels[channel].node == node_of(cclient, channel)
+    wait_until(lambda: hub_waiters(prim) and listening(prim), 10,
+               "the waiter to wait, its subscriber listening")
+    assert subscriptions(cclient, channel_of(prim)) == 1  # one subscription, on one node
     released = time.monotonic()
     go.set()
     waiter.join(15)
     holder.join(15)
     assert not errors, errors
     assert result.get("ok") is True, result
-    # Woken by the release, not by a re-check at the end of the 30 s lease.
+    # Woken by the release, not by its own re-check 10 s on.
     assert time.monotonic() - released < 3.0
     wait_until(lambda: cluster_keys(cclient) == [], 5, "the primitive's keys to go")
 
 
 @pytest.mark.timeout(30)
 def test_waiters_on_every_node_are_woken(cclient: Any) -> None:
-    """One hub serves channels on all three shards at once."""
+    """One subscription (one channel, on one node) hears the wake-ups published on all
+    three nodes."""
     names = names_on_every_node(cclient, "multi", 12)
     locks = [rlocks.RLock(n, client=cclient, ttl=30, namespace=NAMESPACE) for n in names]
-    assert len({node_of(cclient, l._keys.hash) for l in locks}) == 3
-    for l in locks:
-        assert l.acquire()
+    assert len({node_of(cclient, lk._keys.hash) for lk in locks}) == 3
+    for lk in locks:
+        assert lk.acquire()
     results: List[Any] = [None] * len(names)
 
     def wait_one(i: int) -> None:
-        other = rlocks.RLock(names[i], client=cclient, ttl=30, namespace=NAMESPACE)
+        other = rlocks.RLock(names[i], client=cclient, ttl=30, namespace=NAMESPACE,
+                             **slow_recheck("rlock"))
         results[i] = other.acquire(timeout=20)
         if results[i]:
             other.release()
@@ -188,23 +212,19 @@ def test_waiters_on_every_node_are_woken(cclient: Any) -> None:
     threads = [threading.Thread(target=wait_one, args=(i,), daemon=True) for i in range(len(names))]
     for t in threads:
         t.start()
-    hub = waiting.hub_for(cclient, NAMESPACE)
     wait_until(
-        lambda: all(
-            (ch := hub._channels.get(channel_of(l))) is not None
-            and ch.confirmed.is_set() and ch.waiters
-            for l in locks
-        ),
+        lambda: all(len(hub_waiters(lk)) == 1 for lk in locks) and listening(locks[0]),
         10,
-        "every channel to be subscribed",
+        "every waiter to wait, the subscriber listening",
     )
-    assert len({ch.node for ch in hub._channels.values() if ch.waiters}) == 3
+    assert subscriptions(cclient, channel_of(locks[0])) == 1
     began = time.monotonic()
-    for l in locks:
-        l.release()
+    for lk in locks:
+        lk.release()
     for t in threads:
         t.join(15)
     assert results == [True] * len(names)
+    # (a waiter not woken asks again after 10 s)
     assert time.monotonic() - began < 5.0
     wait_until(lambda: cluster_keys(cclient) == [], 5, "all keys to go")
 
@@ -245,7 +265,7 @@ def test_scripts_reload_after_script_flush_on_all_nodes(cclient: Any) -> None:
     # Wait for the renewer to meet NOSCRIPT and load the script again on the lock's node
     # (state, not a sleep), then for the renewal it redid to be applied.
     home = cclient.nodes_manager.get_node_from_slot(cclient.keyslot(lock._keys.hash))
-    renew = type(lock)._renew_script.sha
+    renew = lock._spec.renew_script.sha
     deadline = time.monotonic() + 10
     while not home.redis_connection.script_exists(renew)[0]:
         assert time.monotonic() < deadline, "the renewer never reloaded its script"

@@ -37,6 +37,7 @@ from rlocks.server import TemporaryRedisServer
 from . import _procs
 from ._proxy import FaultyLink
 from ._servers import wait_renewed, wait_until
+from ._threads import hub_waiters
 from .conftest import NAMESPACE, snapshot, without_counters
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -107,7 +108,9 @@ def test_sigkilled_holder_is_replaced_when_its_lease_ends(
         holders = {k: v for k, v in state.items() if not k.startswith(b"#")}
         if kind in ("sem", "bsem"):
             assert holders == {me: b"1"}, state
-            assert state[b"#free"] == b"0", state
+            # one permit held (the dead holder's was taken off), none free
+            assert (state[b"#h"], state[b"#v"]) == (b"1", b"1"), state
+            assert client.zrange(f"{key_of(waiter)}:l", 0, -1) == [me]  # its lease only
         elif kind == "rlock":
             assert holders == {me: b"1"}, state
         else:
@@ -240,17 +243,16 @@ def test_server_restart_holders_learn_waiters_recover() -> None:
         h = threading.Thread(target=holders, daemon=True)
         h.start()
         assert started.wait(10)
-        # No semaphore waiter here: permits belong to the process, so a waiting thread of
-        # this process would be the same owner as the holder (the SIGKILL test covers
-        # semaphore waiters in another process).
+        # No semaphore waiter here (the SIGKILL test covers semaphore waiters, in another
+        # process).
         ws = [threading.Thread(target=waiter, args=(i,), daemon=True) for i in range(2)]
         for w in ws:
             w.start()
-        from rlocks._engine import waiting
-
-        hub = waiting.hub_for(c, NAMESPACE)
+        # (objects of the waiters' names, only to name what they wait for)
+        waited = [rlocks.RLock(names[0], client=c, namespace=NAMESPACE),
+                  rlocks.RWLock(names[1], client=c, namespace=NAMESPACE).write_lock]
         wait_until(
-            lambda: sum(len(ch.waiters) for ch in list(hub._channels.values())) == 2,
+            lambda: sum(len(hub_waiters(p)) for p in waited) == 2,
             10,
             "two waiters to be registered",
         )
@@ -332,7 +334,7 @@ def test_blocked_acquire_is_bounded_and_never_claims_a_hold_it_lacks(
     assert outcome["took"] <= t + socket_timeout + 3.0, outcome
     result = outcome["result"]
     assert result is not True, "reported a hold while another owner held it"
-    assert not prim._is_owned() if kind == "rlock" else not prim._local_owners()
+    assert not prim._mine, prim._mine  # no owner of this process took a level through it
     link.heal()
     # The real holder was never disturbed.
     h_rel()

@@ -21,15 +21,16 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, List, Set, Tuple
+from typing import Any, Callable, List, Tuple
 
 import pytest
 import redis
 
 import rlocks
-from rlocks._engine import renewal
+from rlocks._engine import identity, renewal
 from rlocks._engine.identity import thread_owner
 
+from ._threads import engine_threads
 from .conftest import NAMESPACE
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -37,6 +38,13 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 def hash_key(name: str) -> str:
     return f"{NAMESPACE}:rlock:{{{name}}}"
+
+
+def renewing(prim: Any) -> int:
+    """How many live holds of ``prim`` this process's renewer renews (no I/O)."""
+    schedule = renewal.renewer_for(prim._backend).schedule
+    return len({id(h) for h in (ref() for _, _, ref in list(schedule.heap))
+                if h is not None and h.alive and h.ident[1] == prim._keys.hash})
 
 
 class Pipe:
@@ -130,7 +138,7 @@ def test_fork_child_owns_nothing_of_its_parents_hold(
         report: dict = {"owner": thread_owner()}
         report["is_owned"] = lock._is_owned()
         report["count"] = lock._recursion_count()
-        report["renewing"] = renewal.lease_count()
+        report["renewing"] = renewing(lock)
         try:
             lock.release()
             report["release"] = "returned"
@@ -148,6 +156,7 @@ def test_fork_child_owns_nothing_of_its_parents_hold(
         after["exists"] = client.exists(key)
         pipe.send(after)
 
+    assert renewing(lock) == 1  # (so the child's 0 below is the fork's doing)
     pid, pipe = fork(child)
     try:
         report = checked(pipe.recv(20))
@@ -214,14 +223,15 @@ def test_fork_childs_semaphore_release_never_gives_back_its_parents_permits(
         assert report["owned"] is False
         # The parent's permit is still held, under the parent's owner, either way.
         assert report["hash"].get(parent_owner) == "1", report
+        assert report["hash"]["#h"] == "1", report  # permits held: the parent's one
         if bounded:
             # one permit in circulation already: a release of nobody's is refused
             assert report["release"] == "ValueError"
-            assert report["hash"]["#free"] == "0"
+            assert report["hash"]["#v"] == "1"
         else:
             # counted as threading counts it: the value grows past the initial one
             assert report["release"] == "returned"
-            assert report["hash"]["#free"] == "1"
+            assert report["hash"]["#v"] == "2"
         assert reap(pid) == 0
         pid = 0
         assert sem.owned()
@@ -232,7 +242,7 @@ def test_fork_childs_semaphore_release_never_gives_back_its_parents_permits(
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         pipe.close()
-        client.delete(key, f"{key}:leases")
+        client.delete(key, f"{key}:l", f"{key}:q")
 
 
 @pytest.mark.timeout(30)
@@ -267,15 +277,15 @@ def test_fork_children_of_one_parent_get_distinct_owner_ids(
 def test_fork_child_waiting_on_its_parent_is_woken_by_the_release(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
-    # The parent has a running wake-up hub (a contended acquire below starts it) and a
-    # renewer when it forks. The child must build its own hub, not use the parent's
-    # subscriber connection, and must be woken by the release, long before the lease ends.
-    # A child never woken looks again when the hold's lease would end (20-30 s left of
-    # the renewed 30 s one; neither the 30 s entry lease nor a deadlock check, off here,
-    # cuts that pause short: with the defaults it found the lock free within 1 s anyway).
-    # The bound on the wake-up, a third of that, leaves seconds of slack under load.
+    # The parent has a running wake-up subscriber (a contended acquire below starts it)
+    # and a renewer when it forks. The child must start its own, on its own process's
+    # channel, not count on the parent's thread or connection, and must be woken by the
+    # release, long before it would ask again by itself: a waiter never woken asks again
+    # after a third of its entry lease (20 s here) or when the hold's lease would end
+    # (later still: a 60 s lease, renewed), and no deadlock check (off) cuts that short.
+    # The bound on the wake-up, half of that, leaves seconds of slack under load.
     key = hash_key(name)
-    ttl = 30.0
+    ttl = 60.0
     woken_within = 10.0
     lock = rlocks.RLock(name, client=client, ttl=ttl, entry_lease=ttl, deadlock_timeout=None,
                         namespace=NAMESPACE)
@@ -283,30 +293,28 @@ def test_fork_child_waiting_on_its_parent_is_woken_by_the_release(
     contender = threading.Thread(target=lambda: lock.acquire(timeout=0.05) and lock.release())
     contender.start()
     contender.join()
-    # Each process hears its wake-ups on its own channel (named after its hub's entry).
-    channels = f"{key}:wake:*"
+    assert "rlocks-wakeups" in engine_threads(), "the parent's subscriber is not running"
 
     def child(pipe: Pipe) -> None:
+        # Each process hears its wake-ups on its own channel.
+        pipe.send({"channel": lock._keys.wake + identity.process_token()})
         began = time.monotonic()
-        acquired = lock.acquire(timeout=20)
+        acquired = lock.acquire(timeout=30)
         waited = time.monotonic() - began
         if acquired:
             lock.release()
         pipe.send({"acquired": acquired, "waited": waited, "owner": thread_owner()})
 
-    def others() -> Set[bytes]:
-        # (the parent's own channel may still be there or not: its hub lingers a while
-        # after its waiter left; so compare names, not counts)
-        return set(client.pubsub_channels(channels)) - {lock._channel().encode()}
-
-    queue = lock._keys.queued()[2]
-    assert not others()
+    queue = lock._keys.queue
     pid, pipe = fork(child)
     try:
-        # Subscribed on a channel of its own, and queued: the release must hand it over
-        # (before it queued, the release would leave it free for the child's first ask).
+        channel = checked(pipe.recv(20))["channel"]
+        assert channel != lock._keys.wake + identity.process_token()
+        # Subscribed on its own channel, and queued: the release must wake it (before it
+        # queued, the release would leave the lock free for the child's first ask).
         deadline = time.monotonic() + 20
-        while not (others() and client.zcard(queue) == 1):
+        while not (dict(client.pubsub_numsub(channel)).get(channel.encode())
+                   and client.zcard(queue) == 1):
             assert time.monotonic() < deadline, "the child never subscribed and queued"
             time.sleep(0.005)
         released = time.monotonic()
@@ -432,7 +440,7 @@ def test_logging_handler_with_an_rlock_survives_fork(
     parent_owner = thread_owner()
 
     def child(pipe: Pipe) -> None:
-        report: dict = {"repr": repr(lock), "holds": len(lock._holds)}
+        report: dict = {"repr": repr(lock), "holds": len(lock._mine)}
         t = threading.Thread(target=lambda: logging.getLogger(f"{name}-child"), daemon=True)
         t.start()
         t.join(5)

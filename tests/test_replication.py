@@ -100,11 +100,12 @@ def test_asyncio_twin_waits_for_replicas_too(pair: Any, name: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["rlock", "sem"])
-def test_a_hand_over_grant_short_of_replicas_is_given_back_too(
+def test_a_queued_waiters_grant_short_of_replicas_is_given_back_too(
     pair: Any, name: str, kind: str
 ) -> None:
-    """A waiter granted by hand-over (in the releaser's script, which WAITs for nobody)
-    gets the same WAIT as a direct grant: short of replicas, it is given back and raises."""
+    """A waiter that queued and is granted once the holder releases (woken by the
+    release, which WAITs for nobody) gets the same WAIT as an uncontended grant: short of
+    replicas, it is given back and raises."""
     master, _ = pair
     client = redis.Redis(port=master.port)
 
@@ -115,7 +116,7 @@ def test_a_hand_over_grant_short_of_replicas_is_given_back_too(
 
     holder = make()
     strict = make(replicas=2, replica_wait=0.1)
-    queue = strict._keys.queued()[2]
+    queue = strict._keys.queue
     assert holder.acquire()
     errors: List[BaseException] = []
     results: List[bool] = []

@@ -30,11 +30,11 @@ from hypothesis import strategies as st
 
 import rlocks
 from rlocks._engine import clients
-from rlocks._engine.primitive import ENTRY_LEASE
 from rlocks.server import TemporaryRedisServer, free_port
 
 from ._servers import RENEWED_TTL, make_tls_files, server_version, wait_renewed, wait_until
-from .conftest import NAMESPACE, has_functions, without_counters
+from ._threads import hub_waiters
+from .conftest import NAMESPACE, without_counters
 
 # -- hostile names -------------------------------------------------------------------------
 
@@ -46,6 +46,13 @@ NASTY = st.lists(
     min_size=1,
     max_size=12,
 ).map("".join)
+
+
+def listening(prim: Any) -> bool:
+    """Whether this process's wake-up subscriber for ``prim``'s client and namespace has
+    its subscription confirmed by the server (no I/O)."""
+    hub = prim._backend._hubs.get(prim._keys.wake)
+    return hub is not None and hub.ready.is_set()
 
 
 def expected_key(namespace: str, kind: str, name: str) -> bytes:
@@ -79,12 +86,13 @@ def test_hostile_names_and_namespaces_are_inert(client: Any, name: str, namespac
     assert lock.acquire(blocking=False) and lock.acquire(blocking=False)
     assert rw.read_lock.acquire(blocking=False)
     assert sem.acquire(blocking=False)
-    # Each primitive's hash and, beside it under the same tag, its holders' lease ends.
+    # Each primitive's hash and, beside it under the same tag, its holders' lease ends
+    # (an RLock's one lease is its hash's own expiry).
     assert fuzz_keys() - before == {
-        key + suffix
-        for key in (expected_key(namespace, "rlock", name), expected_key(namespace, "rw", name),
-                    expected_key(namespace, "sem", name))
-        for suffix in (b"", b":leases")
+        expected_key(namespace, "rlock", name),
+        *(key + suffix
+          for key in (expected_key(namespace, "rw", name), expected_key(namespace, "sem", name))
+          for suffix in (b"", b":l")),
     }
     assert client.hgetall(expected_key(namespace, "rlock", name)) == {
         rlocks._engine.identity.thread_owner().encode(): b"2"
@@ -112,50 +120,31 @@ def test_hostile_names_and_namespaces_are_inert(client: Any, name: str, namespac
 ACL_NAMESPACE = "rlocks-acl"
 
 #: Everything rlocks sends on a standalone server, and the commands its Lua scripts call
-#: (ACL checks those too): documented in docs/operations.md.
+#: (ACL checks those too).
 ACL_RULES = [
     "on",
     "resetkeys", f"~{ACL_NAMESPACE}:*",
     "resetchannels", f"&{ACL_NAMESPACE}:*",
     "-@all",
-    # sent by rlocks itself
-    "+evalsha", "+script|load", "+publish", "+subscribe", "+unsubscribe", "+exists",
-    # called by its scripts
-    "+hget", "+hset", "+hdel", "+hincrby", "+hexists", "+hgetall", "+del", "+pexpire",
-    "+persist", "+pttl", "+time",
-    # and, since the queue and hand-over (issue 12), by the queue scripts
-    "+hmget", "+hlen", "+zadd", "+zrem", "+zscore", "+zrank", "+zrange", "+zrangebyscore",
-    "+zcard",
-    # and by the deadlock detector (issue 14): wait-for edges and the wait counter
-    "+get", "+set", "+incr",
-    # and the wake-up lists: pushed by the queue scripts, popped by a listening waiter
-    "+rpush", "+blpop",
+    # sent by rlocks itself: the scripts, the wake-up subscriber, and the plain reads and
+    # writes of the deadlock detector (wait-for edges, the wait counter) and of a settled
+    # interrupted acquire
+    "+evalsha", "+script|load", "+subscribe", "+unsubscribe",
+    "+get", "+set", "+incr", "+del", "+hget",
+    # called by its scripts (lua/*.lua)
+    "+exists", "+type", "+time", "+publish", "+pexpire", "+persist", "+pttl",
+    "+hset", "+hsetnx", "+hdel", "+hincrby", "+hexists", "+hkeys", "+hlen",
+    "+zadd", "+zrem", "+zscore", "+zrange", "+zrangebyscore", "+zremrangebyscore",
 ]
 
 
-#: What the user needs beyond ACL_RULES for the queue scripts to run as functions (one
-#: compile per server); without them rlocks sends EVALSHA (docs/operations.md).
-ACL_FUNCTIONS = ["+fcall", "+function|load"]
-
-
-@pytest.fixture(params=["evalsha", "functions"])
-def acl_user(client: Any, request: pytest.FixtureRequest) -> Iterator[Dict[str, str]]:
-    rules = list(ACL_RULES)
-    if request.param == "functions":
-        if not has_functions(client):
-            pytest.skip("this server has no Redis Functions (6.2): ACL_RULES alone apply")
-        rules += ACL_FUNCTIONS
+@pytest.fixture
+def acl_user(client: Any) -> Iterator[Dict[str, str]]:
     user, password = f"rlocks-{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
     client.acl_setuser(user, reset=True)
-    client.execute_command("ACL", "SETUSER", user, f">{password}", *rules)
-    yield {"username": user, "password": password, "via": request.param}
+    client.execute_command("ACL", "SETUSER", user, f">{password}", *ACL_RULES)
+    yield {"username": user, "password": password}
     client.acl_deluser(user)
-
-
-def _fcalls(client: Any) -> int:
-    """FCALLs the server ran (refused and failed ones are not counted)."""
-    stats = client.info("commandstats").get("cmdstat_fcall", {})
-    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
 
 
 @pytest.mark.timeout(60)
@@ -163,16 +152,11 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     client: Any, redis_url: str, acl_user: Dict[str, str]
 ) -> None:
     host_port = redis_url.split("//", 1)[1]
-    via = acl_user.pop("via")
     limited = redis.Redis.from_url(
         f"redis://{host_port}", socket_timeout=10, **acl_user
     )
-    # Scripts must be loaded by this user (NOSCRIPT recovery) on a fresh script cache, and
-    # the queue library too where the user may (its first FCALL finds no function).
+    # Scripts must be loaded by this user (NOSCRIPT recovery) on a fresh script cache.
     client.script_flush()
-    if has_functions(client):
-        client.execute_command("FUNCTION", "FLUSH")
-    fcalls = _fcalls(client)
     lost: List[Any] = []
     prims = {
         "rlock": rlocks.RLock("r", client=limited, namespace=ACL_NAMESPACE, ttl=RENEWED_TTL, on_lost=lost.append),
@@ -207,15 +191,11 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     threads = [threading.Thread(target=waiter, args=(k,)) for k in ("rlock", "write")]
     for t in threads:
         t.start()
-    from rlocks._engine import waiting
-
-    hub = waiting.hub_for(limited, ACL_NAMESPACE)
     wait_until(
-        lambda: sum(
-            1 for ch in list(hub._channels.values()) if ch.waiters and ch.confirmed.is_set()
-        ) == 2,
+        lambda: len(hub_waiters(prims["rlock"]) + hub_waiters(prims["write"])) == 2
+        and listening(prims["rlock"]),
         10,
-        "both waiters subscribed",
+        "both waiters registered, their subscriber listening",
     )
     for prim in prims.values():
         prim.release()
@@ -224,19 +204,9 @@ def test_rlocks_works_under_a_least_privilege_acl_user(
     assert results["rlock"] is True and results["write"] is True, results
     assert results["rlock-took"] < 5 and results["write-took"] < 5  # woken, not timed out
     assert not lost
-    # A user without +fcall got EVALSHA after one refused FCALL; the other, functions.
-    if via == "functions":
-        assert _fcalls(client) > fcalls
-    else:
-        assert _fcalls(client) == fcalls
     # Nothing left but counters kept by design (fencing tokens, the deadlock detector's
-    # wait numbers): see conftest.without_counters. A waiter handed the lock while it was
-    # between two BLPOPs of its entry's list learns of the grant from the release's reply,
-    # and the line pushed to that list lives until its entry lease ends (by design: the
-    # list's PEXPIRE), so what is left is looked at until then (it was left once in a
-    # fresh CI, py3.13 lane: the wake list of the RLock).
-    wait_until(lambda: without_counters(client.keys(f"{ACL_NAMESPACE}:*")) == [],
-               ENTRY_LEASE + 3.0, "every key but the counters to be gone")
+    # wait numbers): see conftest.without_counters.
+    assert without_counters(client.keys(f"{ACL_NAMESPACE}:*")) == []
     # The same user may not touch anything outside its namespace.
     with pytest.raises(redis.exceptions.NoPermissionError):
         rlocks.RLock("x", client=limited, namespace=NAMESPACE).acquire(blocking=False)
@@ -297,14 +267,8 @@ def test_acquire_wait_release_over_tls(tls_server: Dict[str, Any]) -> None:
 
     t = threading.Thread(target=waiter)
     t.start()
-    from rlocks._engine import waiting
-
-    hub = waiting.hub_for(secure, NAMESPACE)
-    wait_until(
-        lambda: any(ch.waiters and ch.confirmed.is_set() for ch in list(hub._channels.values())),
-        10,
-        "the waiter to subscribe over TLS",
-    )
+    wait_until(lambda: hub_waiters(lock) and listening(lock), 10,
+               "the waiter to subscribe over TLS")
     released = time.monotonic()
     lock.release()
     t.join(10)

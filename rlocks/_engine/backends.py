@@ -16,6 +16,7 @@ they talk to.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from typing import Any, Dict, List, Sequence, Tuple
@@ -58,6 +59,12 @@ class Server:
         self.client = client
         self.aio = _is_async(client)
         self.address = address_of(client)
+        self._forget()
+        _servers.add(self)
+
+    def _forget(self) -> None:
+        """No hubs or gates (at construction, and in a fork child: the parent's hubs
+        listen on the parent's channel, from threads the child does not have)."""
         self._hubs: Dict[str, Any] = {}
         self._hub_lock = threading.Lock()
         self._async_hubs: "weakref.WeakKeyDictionary[Any, Dict[str, AsyncHub]]" = (
@@ -120,7 +127,19 @@ class Server:
 
 
 _backends: "weakref.WeakKeyDictionary[Any, Server]" = weakref.WeakKeyDictionary()
+_servers: "weakref.WeakSet[Server]" = weakref.WeakSet()
 _mutex = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    global _mutex
+    _mutex = threading.Lock()
+    for server in list(_servers):
+        server._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def backend_for(client: Any) -> Any:

@@ -27,12 +27,12 @@ import operator
 from typing import Any, Callable, Generator, Optional, Tuple, TypeVar
 
 from ..errors import NotOwnedError
-from . import checks, wakeups
+from . import checks, dialogues, wakeups
 from .clients import encoding_of
 from .clock import monotonic
-from .dialogues import RELEASE_PATIENCE, acquire_restore, check_restorable, release_save
+from .dialogues import acquire_restore, check_restorable, release_save
 from .scripts import Call, load
-from .steps import Enlist, Interrupted, Listen, call
+from .steps import Enlist, Interrupted, Listen, call, transient
 
 __all__ = ["ConditionCore", "wait_for_steps"]
 
@@ -132,7 +132,7 @@ class ConditionCore:
         lock = self._lock
         try:
             return (yield from call(lock._backend, self._call(_LEAVE, owner, mode),
-                                    monotonic() + RELEASE_PATIENCE))
+                                    monotonic() + dialogues.RELEASE_PATIENCE))
         except BaseException as exc:  # noqa: BLE001 - best effort
             if isinstance(exc, Interrupted):
                 raise exc.cause from None
@@ -191,6 +191,8 @@ class ConditionCore:
             yield from acquire_restore(lock, owner, state)
             if isinstance(exc, Interrupted):
                 raise exc.cause from None
+            if transient(exc) and deadline is not None and monotonic() >= deadline:
+                return False  # its time ran out while Redis was away: a time-out
             raise
         finally:
             if waiter is not None:

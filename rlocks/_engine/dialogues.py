@@ -32,7 +32,7 @@ from .holds import LOST as HOLD_LOST
 from .holds import Hold
 from .renewal import renewer_for
 from .scripts import DONE, LOST, MISMATCH, OVER, UPGRADE, Reply
-from .steps import Enlist, Interrupted, Listen, Pause, Read, Run, call
+from .steps import Enlist, Interrupted, Listen, Pause, Read, Run, call, transient
 
 __all__ = ["RELEASE_PATIENCE", "acquire", "extend", "release", "release_permits"]
 
@@ -129,6 +129,19 @@ def acquire(p: Any, owner: str, wait: Optional[float],
     return (yield from _wait_for_grant(p, owner, hold, wait, keepalive))
 
 
+def _replicated(p: Any, owner: str, hold: Hold, reply: Reply, expect: int) -> Steps:
+    """A grant (first or re-entry) short of the replicas asked for is given back and
+    raised: a failover could lose it (a lost re-entry level would let the outer release
+    free the lock early)."""
+    if 0 <= reply.replicas < p._replication[0]:
+        yield from _give_back(p, owner, hold, expect + 1)
+        raise errors.ReplicationError(
+            f"{p._label}({p._shown}): granted, but only {reply.replicas} of "
+            f"{p._replication[0]} replicas acknowledged it within "
+            f"{p._replication[1]} ms; it was given back", name=p._name,
+            acknowledged=reply.replicas, required=p._replication[0])
+
+
 def _reenter(p: Any, owner: str, hold: Hold) -> Steps:
     expect = hold.count
     sent = monotonic()
@@ -138,6 +151,7 @@ def _reenter(p: Any, owner: str, hold: Hold) -> Steps:
         yield from _settle(p, owner, hold, interrupt.reply, expect)
         raise interrupt.cause from None
     if reply.ok:
+        yield from _replicated(p, owner, hold, reply, expect)
         _record(p, owner, hold, reply, sent)
         return True
     if reply.status == LOST:
@@ -158,6 +172,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
     detector: Any = None
     pause = 0.01
     gate = backend.gate(p._keys.hash) if wait != 0 else None
+    broken = False
     try:
         while True:
             # Read afresh: another thread may give back this owner's permits (semaphores).
@@ -172,13 +187,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 yield from _settle(p, owner, hold, interrupt.reply, expect)
                 raise interrupt.cause from None
             if reply.ok:
-                if reply.replicas >= 0 and reply.replicas < p._replication[0]:
-                    yield from _give_back(p, owner, hold, expect + 1)
-                    raise errors.ReplicationError(
-                        f"{p._label}({p._shown}): granted, but only {reply.replicas} of "
-                        f"{p._replication[0]} replicas acknowledged it within "
-                        f"{p._replication[1]} ms; it was given back", name=p._name,
-                        acknowledged=reply.replicas, required=p._replication[0])
+                yield from _replicated(p, owner, hold, reply, expect)
                 granted = True
                 _record(p, owner, hold, reply, sent)
                 if waited:
@@ -227,12 +236,18 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 due = detector.wait.due if detector is not None else start + p._deadlock_timeout
                 timeout = min(timeout, max(0.0, due - now))
             yield Listen(waiter, _shorter(timeout, left))
+    except BaseException as exc:
+        # Redis out of reach: the tidying below would wait a socket timeout each on the
+        # same link, past the promised bound (the wait's time plus one socket timeout).
+        # Its queue entry and wait-for edge end with their leases instead.
+        broken = transient(exc)
+        raise
     finally:
         if waiter is not None:
             waiter.close()
-        if detector is not None:
+        if detector is not None and not broken:
             yield from detector.end()
-        if queued and not granted:
+        if queued and not granted and not broken:
             try:
                 reply = yield Run(backend, spec.leave(p, owner))
                 wakeups.wake_local(p._keys.hash, reply.woken)

@@ -28,6 +28,7 @@ Redis by itself).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -194,3 +195,21 @@ def _collected(label: str, owner: str, alive: List[bool]) -> None:
                    "garbage-collected; its lease is no longer renewed and ends by itself")
         log.warning("%s", message)
         warnings.warn(message, ResourceWarning, stacklevel=2)
+
+
+def _forget_after_fork() -> None:
+    """In a fork child: every hold is the parent's (the child's owner ids are new, and
+    the parent's threads are not here to release). Forget them without I/O, here and in
+    each object that took levels of them; Redis keeps them, for the parent."""
+    global _mutex
+    _mutex = threading.Lock()  # a parent thread may have held it at the fork
+    for hold in list(_holds.values()):
+        for obj in list(hold.objects):
+            obj._at_fork_reinit()
+        hold.objects = weakref.WeakSet()
+        hold._state, hold.alive_cell[0] = GONE, False  # (no "collected while held" warning)
+    _holds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -92,8 +92,9 @@ class LockSpec:
     def renew(self, p: "Primitive", owner: str, ttl_ms: int) -> Call:
         k = p._keys
         if self.kind == "rlock":
-            return Call(self.renew_script, (k.hash,), (owner, ttl_ms))
-        return Call(self.renew_script, (k.hash, k.queue, k.leases), (owner, self.side, ttl_ms))
+            return Call(self.renew_script, (k.hash,), (owner, ttl_ms), p._replication)
+        return Call(self.renew_script, (k.hash, k.queue, k.leases), (owner, self.side, ttl_ms),
+                    p._replication)
 
     def leave(self, p: "Primitive", owner: str) -> Call:
         k = p._keys
@@ -134,7 +135,7 @@ class PermitSpec:
                      "1" if p._fair else "0", PATIENCE, *flat))
 
     def renew(self, p: "Primitive", owner: str, ttl_ms: int) -> Call:
-        return Call(self.renew_script, self._keys(p), (owner, ttl_ms))
+        return Call(self.renew_script, self._keys(p), (owner, ttl_ms), p._replication)
 
     def leave(self, p: "Primitive", owner: str) -> Call:
         return Call(self.leave_script, self._keys(p), (owner, p._keys.wake, self.value))
@@ -245,6 +246,13 @@ class Primitive:
     def client(self) -> Any:
         """The client (or Quorum) this primitive talks to."""
         return self._client
+
+    def _at_fork_reinit(self) -> None:
+        """Forget every level this object took, without I/O or a mutex: for a fork child
+        (``holds`` calls it; so does ``logging`` on a handler's lock). The holds are the
+        parent's: they stay in Redis, the parent's to release."""
+        self._mine = {}
+        self._restoring = set()
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(f"cannot pickle or copy {self._label}({self._shown}): it stands for "

@@ -93,6 +93,11 @@ def renew_pass(backend: Any, holds: List[Hold]) -> Generator[Any, Any, None]:
     for hold, result in zip(holds, results):
         if isinstance(result, Reply) and result.ok:
             hold.renewed(sent)
+            asked = hold.renew_call.replication
+            if asked is not None and 0 <= result.replicas < asked[0]:
+                log.warning("renewal of %s: only %d of %d replicas acknowledged it within "
+                            "%d ms (the lease was extended on the primary)", hold.label,
+                            result.replicas, asked[0], asked[1])
             obj = hold.any_object()
             if obj is not None:
                 metrics.renewed(obj)

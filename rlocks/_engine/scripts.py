@@ -310,17 +310,42 @@ def _missing(results: Sequence[Any]) -> bool:
     return any(isinstance(r, NoScriptError) for r in results)
 
 
+def _wait_for(calls: Sequence[Call]) -> Optional[Tuple[int, int]]:
+    """The one WAIT that ends a batch with calls that ask for replicas: the most replicas
+    and the longest wait any of them asks for (None: no call asks)."""
+    asked = [c.replication for c in calls if c.replication is not None]
+    if not asked:
+        return None
+    return max(r for r, _ in asked), max(ms for _, ms in asked)
+
+
+def _batch_results(calls: Sequence[Call], raw: List[Any],
+                   wait: Optional[Tuple[int, int]]) -> List[Reply | BaseException]:
+    if wait is None:
+        return _results(calls, raw)
+    results, acked = _results(calls, raw[:-1]), raw[-1]
+    if isinstance(acked, BaseException):
+        return results
+    return [r._replace(replicas=int(acked))
+            if isinstance(r, Reply) and c.replication is not None else r
+            for c, r in zip(calls, results)]
+
+
 def run_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
     """Run ``calls`` in one pipeline (a cluster client splits it by node); each result is
-    a Reply or the exception of that call. A connection error of the whole pipeline is
-    raised."""
+    a Reply or the exception of that call. Calls that ask for replicas share one WAIT at
+    the end (each reply's ``replicas`` is its answer). A connection error of the whole
+    pipeline is raised."""
     client = io_client(client)
+    wait = _wait_for(calls)
 
     def once() -> List[Any]:
         pipe = client.pipeline(transaction=False)
         for call in calls:
             pipe.execute_command(*call.command())
-        return _results(calls, pipe.execute(raise_on_error=False))
+        if wait is not None:
+            pipe.execute_command("WAIT", *wait)
+        return _batch_results(calls, pipe.execute(raise_on_error=False), wait)
 
     results = once()
     if _missing(results):
@@ -333,12 +358,15 @@ def run_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
 async def arun_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
     """:func:`run_many` for a ``redis.asyncio`` client."""
     client = io_client(client)
+    wait = _wait_for(calls)
 
     async def once() -> List[Any]:
         pipe = client.pipeline(transaction=False)
         for call in calls:
             pipe.execute_command(*call.command())
-        return _results(calls, await pipe.execute(raise_on_error=False))
+        if wait is not None:
+            pipe.execute_command("WAIT", *wait)
+        return _batch_results(calls, await pipe.execute(raise_on_error=False), wait)
 
     results = await once()
     if _missing(results):
