@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Generic, Optional, Type, TypeVar
 
+from ._engine import checks
 from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE, LockSpec, Options, Primitive
 from ._engine.scripts import Call, load
@@ -85,6 +86,7 @@ class WriteLock(Side, LockSurface):
     __slots__ = ()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        checks.lock_wait(blocking, timeout, self._label, self._name)  # bad input first
         self._check_upgrade(self._owner())
         return super().acquire(blocking, timeout)
 

@@ -1,9 +1,9 @@
 """Fencing tokens (``lock.token``): issue 13, part 2.
 
 Tokens of successive grants of one primitive strictly increase, across processes, lease
-expiries, forced releases, hand-overs and a server restart; re-entry keeps the token;
-``None`` when the caller holds nothing. Real servers only: the session's server, the
-local cluster, and throwaway servers for the restarts.
+expiries, forced releases, waiters woken by a release and a server restart; re-entry
+keeps the token; ``None`` when the caller holds nothing. Real servers only: the
+session's server, the local cluster, and throwaway servers for the restarts.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import redis.crc
 import rlocks
 import rlocks.asyncio
 from rlocks._engine.keys import fence_key, keys_for
+from rlocks._engine.scripts import DONE, GRANTED, WAIT
 from rlocks._engine.state import force_release
 from rlocks.server import TemporaryRedisServer
 
@@ -34,17 +35,24 @@ from . import _fence_workers
 from ._servers import wait_until
 from ._threads import in_thread as _in_thread
 from .conftest import NAMESPACE
-from .test_handover_scripts import T0, _Prim
 
 SPAWN = multiprocessing.get_context("spawn")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fencing.py"
 
 
-def _fresh(client: Any, kind: str, name: str) -> _Prim:
-    """A primitive whose fencing counter no other test has moved: tokens are asserted
-    exactly here, and the counter is shared by every name of a namespace whose keys land
-    in one cluster slot (the hand-over model tests issue tokens at T0 under many names)."""
-    return _Prim(client, kind, name, namespace=f"fence-{name}")
+def _fresh(client: Any, kind: str, name: str) -> Any:
+    """A primitive (an RLock, or an RWLock) whose fencing counter no other test has
+    moved: tokens are asserted exactly here, and the counter is shared by every name of
+    a namespace whose keys land in one cluster slot."""
+    namespace = f"fence-{name}"
+    if kind == "rlock":
+        return rlocks.RLock(name, client=client, namespace=namespace)
+    return rlocks.RWLock(name, client=client, namespace=namespace)
+
+
+def _server_us(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
 
 
 def _errors(client: Any, data: str) -> List[str]:
@@ -68,92 +76,112 @@ def _reap(*procs: Any, errors: Callable[[], Any] = lambda: None) -> None:
 # -- the scripts' contract -----------------------------------------------------------------
 
 
-def test_acquire_reply_and_hand_over_line_carry_the_token(
+def test_acquire_reply_carries_the_token_and_a_wake_up_hint_none(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
-    rl = _fresh(client, "rlock", name)
-    # rlock acquire: owner, entry, ttl, add, reentry, wait (now = T0 ms: tokens in µs)
-    first = rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 0, 1)
-    assert first == [1, 1, 30000, [], [], T0 * 1000]
-    # re-entry issues none (token 0): the caller keeps its token
-    assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 1, 1) == [1, 2, 30000, []]
-    assert rl.raw("acquire", T0, "p2.a", "p2", 30000, 1, 0, 1)[:2] == [3, 1]
+    """An RLock's acquire reply carries the token of a fresh hold (the counter's first one
+    is the server clock in microseconds), a re-entry's none (0: the caller keeps its
+    token); a release's wake-up hint names the waiter and grants nothing, and the woken
+    waiter's own acquire gets the next token."""
+    lock = _fresh(client, "rlock", name)
+    k, spec = lock._keys, lock._spec
+    p1, p2 = "h:1:a:1", "h:2:b:1"
+    before = _server_us(client)
+    first = spec.acquire(lock, p1, 0, 0)(client)
+    assert (first.status, first.a) == (GRANTED, 1)
+    assert before <= first.b <= _server_us(client)
+    assert int(client.get(k.fence)) == first.b
+    again = spec.acquire(lock, p1, 1, 0)(client)
+    assert (again.status, again.a, again.b) == (GRANTED, 2, 0)
+    assert spec.acquire(lock, p2, 0, 2000)(client).status == WAIT  # p2 queues
     sub = client.pubsub()
-    sub.subscribe(rl.keys[5] + ":p2")  # the channel of p2's process (its queue entry)
-    assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
-    # the same "now": the counter, not the clock, makes it larger
-    released = rl.raw("release", T0, "p1.a", 2)
-    handed = T0 * 1000 + 1
-    assert released == [1, 0, 0, [f"g p2.a {handed}"]]
-    message = sub.get_message(timeout=5)
-    assert message is not None and message["data"] == f"g p2.a {handed}".encode()
-    sub.close()
-    # p2 missed its line: its re-check adopts the grant, with the marker's token
-    assert rl.raw("acquire", T0 + 5, "p2.a", "p2", 30000, 1, 0, 1) == [
-        2, 1, 30000, [], [], handed]
-    assert client.hget(rl.keys[6], "last") == str(handed).encode()
+    sub.subscribe(f"{k.wake}h:2:b")  # the channel of p2's process
+    try:
+        assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+        assert spec.release(lock, p1, 2)(client)[:2] == (GRANTED, 1)
+        released = spec.release(lock, p1, 1)(client)
+        assert (released.status, released.a, released.woken) == (GRANTED, 0, (p2,))
+        message = sub.get_message(timeout=5)
+        assert message is not None and message["data"] == f"{k.hash}\n{p2}".encode()
+    finally:
+        sub.close()
+    # The counter, not the clock, makes it larger.
+    assert client.get(k.fence) == str(first.b).encode(), "a hint issued a token"
+    woken = spec.acquire(lock, p2, 0, 2000)(client)
+    assert (woken.status, woken.a, woken.b) == (GRANTED, 1, first.b + 1)
+    assert not client.exists(k.queue)
+    client.delete(k.hash, k.fence)
 
 
-def test_tokens_of_one_script_and_a_later_clock(client: "redis.Redis[bytes]", name: str) -> None:
-    rw = _fresh(client, "rw", name)
-    # rw acquire: owner, entry, side, ttl, add, reentry, wait
-    assert rw.raw("acquire", T0, "w.a", "w", "w", 30000, 1, 0, 1)[5] == T0 * 1000
-    assert rw.raw("acquire", T0, "r1.a", "r1", "r", 30000, 1, 0, 1)[0] == 3
-    assert rw.raw("acquire", T0, "r2.a", "r2", "r", 30000, 1, 0, 1)[0] == 3
-    # one release hands the read side to both readers: two tokens in one microsecond
-    assert rw.raw("release", T0, "w.a", "w", 1)[3] == [
-        f"g r1.a {T0 * 1000 + 1}", f"g r2.a {T0 * 1000 + 2}"]
-    # a later clock wins over the counter
-    rw.raw("release", T0, "r1.a", "r", 1)
-    rw.raw("release", T0, "r2.a", "r", 1)
-    assert rw.raw("acquire", T0 + 7, "w.a", "w", "w", 30000, 1, 0, 1)[5] == (T0 + 7) * 1000
-    # a downgrade's read hold is fresh: a token of its own
-    assert rw.raw("acquire", T0 + 7, "w.a", "w", "r", 30000, 1, 0, 1)[5] == (T0 + 7) * 1000 + 1
+@pytest.mark.parametrize("kind", ["rlock", "rw"])
+def test_a_fresh_acquire_sent_again_gets_a_new_larger_token(
+    client: "redis.Redis[bytes]", name: str, kind: str
+) -> None:
+    """An acquire sent again after a lost reply is recognised (status 2, nothing changed),
+    and a fresh hold gets a new token then, above every token issued before (the lost
+    reply's token may be anyone's guess); a re-entry sent again issues none."""
+    prim = _fresh(client, kind, name)
+    lock = prim if kind == "rlock" else prim.write_lock
+    k, spec = lock._keys, lock._spec
+    first = spec.acquire(lock, "h:1:a:1", 0, 0)(client)
+    assert (first.status, first.a) == (GRANTED, 1)
+    resent = spec.acquire(lock, "h:1:a:1", 0, 0)(client)
+    assert (resent.status, resent.a, resent.b) == (DONE, 1, first.b + 1)
+    field = lock._spec.field("h:1:a:1")
+    assert client.hget(k.hash, field) == b"1", "the re-send took a second level"
+    assert spec.acquire(lock, "h:1:a:1", 1, 0)(client)[:3] == (GRANTED, 2, 0)
+    assert spec.acquire(lock, "h:1:a:1", 1, 0)(client)[:3] == (DONE, 2, 0)
+    assert client.get(k.fence) == str(first.b + 1).encode()
+    client.delete(k.hash, k.leases, k.fence)
 
 
-def test_renew_item_t_issues_a_held_side_a_fresh_token(
+def test_rwlock_readers_get_their_own_tokens_and_a_downgrade_a_fresh_one(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
-    """After a lost acquire reply the engine's check asks for a fresh token (renew item
-    ``t``, the hold's field): above every token issued before, none for a hold that is
-    gone; a semaphore refuses the item before changing anything."""
-    rl = _fresh(client, "rlock", name)
-    assert rl.raw("acquire", T0, "p1.a", "p1", 30000, 1, 0, 1)[5] == T0 * 1000
-    # renew: ttl, items (kind, id); the token comes with the items' statuses
-    assert rl.raw("renew", T0, 30000, "h", "p1.a", "t", "p1.a") == [
-        1, 2, 0, [], [1, 1], T0 * 1000 + 1]
-    assert rl.raw("renew", T0, 30000, "t", "p2.a") == [1, 0, 0, [], [-1]]
-    rw = _fresh(client, "rw", f"{name}-rw")
-    assert rw.raw("acquire", T0 + 9, "r.a", "r", "r", 30000, 1, 0, 1)[5] == (T0 + 9) * 1000
-    assert rw.raw("renew", T0 + 9, 30000, "r", "r.a", "t", "r:r.a")[4:] == [
-        [1, 1], (T0 + 9) * 1000 + 1]
-    assert rw.raw("renew", T0 + 9, 30000, "t", "w:r.a")[4:] == [[-1]]
-    sem = _Prim(client, "sem", f"{name}-sem", value=1)
-    with pytest.raises(redis.ResponseError, match="RLOCKS_BAD_ARG item kind"):
-        sem.raw("renew", T0, 30000, "t", "p1.a")
+    """A release of the write side wakes both queued readers (hints); each then gets its
+    own token from the counter; a downgrade's read hold is fresh: a token of its own."""
+    rw = _fresh(client, "rw", name)
+    w, r = rw.write_lock, rw.read_lock
+    k = w._keys
+    t0 = w._spec.acquire(w, "w:1:a:1", 0, 0)(client).b
+    for reader in ("r:1:b:1", "r:2:c:1"):
+        assert r._spec.acquire(r, reader, 0, 2000)(client).status == WAIT
+    released = w._spec.release(w, "w:1:a:1", 1)(client)
+    assert released.woken == ("r:1:b:1", "r:2:c:1")
+    assert r._spec.acquire(r, "r:1:b:1", 0, 2000)(client)[:3] == (GRANTED, 1, t0 + 1)
+    assert r._spec.acquire(r, "r:2:c:1", 0, 2000)(client)[:3] == (GRANTED, 1, t0 + 2)
+    assert r._spec.release(r, "r:1:b:1", 1)(client).status == GRANTED
+    assert r._spec.release(r, "r:2:c:1", 1)(client).status == GRANTED
+    assert w._spec.acquire(w, "w:1:a:1", 0, 0)(client)[:3] == (GRANTED, 1, t0 + 3)
+    assert r._spec.acquire(r, "w:1:a:1", 0, 0)(client)[:3] == (GRANTED, 1, t0 + 4)
+    client.delete(k.hash, k.queue, k.leases, k.fence)
 
 
 def test_a_semaphore_issues_no_tokens(client: "redis.Redis[bytes]", name: str) -> None:
-    sem = _Prim(client, "sem", name, value=1)
+    s = rlocks.Semaphore(name, 1, client=client, namespace=NAMESPACE)
+    k = s._keys
     # The counter is shared by every name of the slot (earlier tests may have used one):
     # the semaphore must leave it as it found it.
-    before = client.hget(sem.keys[6], "last")
-    # sem acquire: owner, waiter, entry, ttl, permits, wait
-    assert sem.raw("acquire", T0, "p1.a", "p1.a", "p1", 30000, 1, 1) == [1, 1, 30000, []]
-    assert sem.raw("acquire", T0, "p2.a", "p2.a", "p2", 30000, 1, 1)[0] == 3
-    assert sem.raw("release", T0, 1, "p1.a", 1) == [1, 0, 0, ["g p2.a"]]
-    assert client.hget(sem.keys[6], "last") == before
-    s = rlocks.Semaphore(name, 1, client=client, namespace=NAMESPACE)
+    before = client.get(k.fence)
+    assert s._spec.acquire(s, "p:1:a:1", 0, 0)(client)[:3] == (GRANTED, 1, 0)
+    assert s._spec.acquire(s, "p:1:a:1", 0, 0)(client)[:3] == (DONE, 1, 0)  # sent again
+    assert s._spec.acquire(s, "p:2:b:1", 0, 2000)(client).status == WAIT
+    released = s._spec.release_permits(s, "p:1:a:1", 1, (("p:1:a:1", 1, 1),))(client)
+    assert (released.status, released.woken) == (GRANTED, ("p:2:b:1",))
+    assert s._spec.acquire(s, "p:2:b:1", 0, 2000)(client)[:3] == (GRANTED, 1, 0)
+    assert client.get(k.fence) == before
     assert not hasattr(s, "token")
+    client.delete(k.hash, k.queue, k.leases)
 
 
 def test_the_counter_is_one_key_per_slot_in_the_primitive_slot() -> None:
     names = [f"n{i}" for i in range(3000)]
     counters = set()
     for n in names:
-        keys = keys_for("ns", "rlock", n).queued()
-        assert len({redis.crc.key_slot(k.encode()) for k in keys}) == 1, keys
-        counters.add(keys[6])
+        k = keys_for("ns", "rlock", n)
+        keys = [k.hash, k.queue, k.leases, k.fence, k.condition("")]
+        assert len({redis.crc.key_slot(key.encode()) for key in keys}) == 1, keys
+        counters.add(k.fence)
     # shared by the names of a slot: bounded by the slots, not by the names
     slots = {redis.crc.key_slot(keys_for("ns", "rlock", n).hash.encode()) for n in names}
     assert len(counters) == len(slots) < len(names)
@@ -211,7 +239,10 @@ def test_two_objects_of_one_name_share_the_hold_and_its_token(
         token = a.token
         with b:  # re-entry of the same hold: the same token
             assert b.token == token and a.token == token
-        assert b.token is None and a.token == token
+        # b took no level now, but the thread still holds the lock (through a), and two
+        # objects of one name are one lock: b's view is that hold's token.
+        assert b.token == token and a.token == token
+    assert a.token is None and b.token is None
     rw1 = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
     rw2 = rlocks.RWLock(name, client=client, namespace=NAMESPACE)
     with rw1.write_lock, rw1.read_lock:
@@ -265,7 +296,7 @@ def test_tokens_increase_across_a_lease_expiry(client: "redis.Redis[bytes]", nam
     assert lock.token is None
 
 
-def test_tokens_increase_across_force_release_and_its_hand_over(
+def test_tokens_increase_across_force_release_and_the_waiter_it_wakes(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
     lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
@@ -282,9 +313,9 @@ def test_tokens_increase_across_force_release_and_its_hand_over(
 
     t = threading.Thread(target=wait_for_it)
     t.start()
-    queue = keys_for(NAMESPACE, "rlock", name).queued()[2]
+    queue = keys_for(NAMESPACE, "rlock", name).queue
     wait_until(lambda: client.zcard(queue) == 1, 10, "the waiter to queue")
-    assert force_release(client, NAMESPACE, "rlock", name)  # hands over to the waiter
+    assert force_release(client, NAMESPACE, "rlock", name)  # wakes the waiter
     t.join(30)
     assert not t.is_alive() and len(got) == 1
     assert got[0] is not None and got[0] > first
@@ -293,7 +324,7 @@ def test_tokens_increase_across_force_release_and_its_hand_over(
 
 
 @pytest.mark.parametrize("kind", ["rlock", "write"])
-def test_hand_over_to_a_waiter_of_another_process_carries_its_token(
+def test_a_waiter_of_another_process_served_after_a_release_gets_a_larger_token(
     target: Tuple[Any, Dict[str, Any]], name: str, kind: str
 ) -> None:
     client, spec = target
@@ -308,14 +339,14 @@ def test_hand_over_to_a_waiter_of_another_process_carries_its_token(
     )
     proc.start()
     try:
-        queue = keys_for(NAMESPACE, "rlock" if kind == "rlock" else "rw", name).queued()[2]
+        queue = keys_for(NAMESPACE, "rlock" if kind == "rlock" else "rw", name).queue
         wait_until(lambda: client.zcard(queue) == 1, 30, "the other process to queue")
         lock.release()
     finally:
         _reap(proc, errors=lambda: _errors(client, data))
     assert _errors(client, data) == []
-    [handed] = _tokens(client, data)
-    assert first is not None and handed > first
+    [served] = _tokens(client, data)
+    assert first is not None and served > first
     client.delete(f"{data}:tokens")
 
 
@@ -358,12 +389,12 @@ def test_tokens_increase_across_a_server_restart(persistent: bool) -> None:
         with lock:
             first = lock.token
         counter = fence_key(lock._keys.hash)
-        assert c.hget(counter, "last") == str(first).encode()
+        assert c.get(counter) == str(first).encode()
         server.stop()
         server = TemporaryRedisServer(port=port, extra_args=extra).start()
         wait_until(lambda: _answers(c), 10, "the restarted server")
         # without persistence the counter is gone: the server clock keeps tokens growing
-        assert (c.hget(counter, "last") is not None) == persistent
+        assert (c.get(counter) is not None) == persistent
         with lock:
             second = lock.token
         assert first is not None and second is not None and second > first
@@ -415,13 +446,13 @@ def test_asyncio_tokens(redis_url: str, name: str) -> None:
                 assert lock.token is None
 
             task = asyncio.ensure_future(waiter())
-            queue = keys_for(NAMESPACE, "rlock", name).queued()[2]
+            queue = keys_for(NAMESPACE, "rlock", name).queue
             for _ in range(1000):  # the other task queues on the server
                 if await c.zcard(queue) == 1:
                     break
                 await asyncio.sleep(0.01)
             assert lock.token == first  # another task's wait changes nothing here
-            await lock.release()  # hands over to the waiting task
+            await lock.release()  # wakes the waiting task
             await asyncio.wait_for(task, 30)
             assert lock.token is None
             assert got[0] is not None and got[0] > first

@@ -24,9 +24,11 @@ from redis.connection import Encoder, PythonRespSerializer
 import rlocks
 import rlocks.asyncio as ra
 from rlocks import cli
-from rlocks._engine.identity import thread_owner
+from rlocks._engine.identity import process_token, thread_owner
+from rlocks._engine.scripts import GRANTED
 
 from ._servers import wait_until
+from ._threads import hub_waiters
 from .conftest import NAMESPACE
 
 # -- copy / pickle ----------------------------------------------------------------------------
@@ -132,44 +134,52 @@ def _client(redis_url: str, encoding: str, packer: str, decode: bool) -> redis.R
 def test_waiter_is_woken_whatever_the_clients_encoding(
     redis_url: str, name: str, decode: bool, packer: str, encoding: str, suffix: str
 ) -> None:
-    # The wake-up channel's name goes out as the client's connections pack it; the hub must
-    # recognise it coming back whether redis-py hands it over as bytes or decoded, with
-    # redis-py's packer and with hiredis' (which packs str as UTF-8 whatever the encoding).
-    # A latin-1 client only gets ASCII names (test below), a UTF-8 one any name.
+    # A wake-up hint names the primitive's key as the client's connections packed it (the
+    # script publishes its KEYS[1]); the subscriber must recognise it coming back whether
+    # redis-py hands it over as bytes or decoded, with redis-py's packer and with hiredis'
+    # (which packs str as UTF-8 whatever the encoding). A latin-1 client only gets ASCII
+    # names (test below), a UTF-8 one any name. The holder is another process's (its
+    # scripts sent here as it sends them): its release reaches this process's waiter only
+    # as a published hint, not through the local wake-up a release of this process gives.
     c = _client(redis_url, encoding, packer, decode)
     lock_name = f"{name}-{suffix}"
     ttl = 60.0
-    holder = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE)
-    waiter = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE)
+    # A long entry lease: without the hint the waiter asks again only after 20 s.
+    waiter = rlocks.RLock(lock_name, client=c, ttl=ttl, namespace=NAMESPACE, entry_lease=60.0)
+    ghost = "ghost:1:x:1"
     woken: List[float] = []
     errors: List[BaseException] = []
+    owner: List[str] = []
 
     def wait() -> None:
         try:
+            owner.append(thread_owner())
             assert waiter.acquire(timeout=ttl)
             woken.append(time.monotonic())
             waiter.release()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
 
-    assert holder.acquire()
+    assert waiter._spec.acquire(waiter, ghost, 0, 0)(c).status == GRANTED
     t = threading.Thread(target=wait)
     t.start()
     try:
-        channel = holder._channel()
+        channel = waiter._keys.wake + process_token()
+        wait_until(lambda: bool(hub_waiters(waiter)), 10, "the waiter")
         # (asked through the same client, so the name goes out as the hub's did)
         wait_until(
             lambda: c.pubsub_numsub(channel)[0][1] >= 1, 10, "the waiter's subscription"
         )
         released = time.monotonic()
-        holder.release()
+        reply = waiter._spec.release(waiter, ghost, 1)(c)
+        assert reply.status == GRANTED and reply.woken == tuple(owner), reply
         t.join(ttl)
         assert not errors, errors
-        # Woken by the release, not by polling the holder's 60 s lease.
+        # Woken by the hint, not by asking again after 20 s.
         assert woken and woken[0] - released < 3.0, woken and woken[0] - released
     finally:
         t.join(10)
-        c.delete(holder._keys.hash)
+        c.delete(waiter._keys.hash, waiter._keys.queue)
         c.close()
 
 
@@ -323,20 +333,18 @@ def test_no_import_cycle_in_the_package() -> None:
     assert cycles == []
 
 
-def test_renewal_uses_only_its_own_renewable_interface_of_a_primitive() -> None:
-    # The renewer once read six private members of Primitive; now every private member it
-    # touches on another object is one that renewal.Renewable (its own layer) declares.
-    from rlocks._engine import renewal
-
-    declared = set(renewal.Renewable.__annotations__) | {
-        name for name in vars(renewal.Renewable) if name.startswith("_")
-    }
+def test_renewal_touches_no_private_member_of_another_object() -> None:
+    # The renewer once read six private members of Primitive; now it renews holds
+    # (holds.Hold) through their public interface only, and touches no private member of
+    # any object but its own.
     tree = ast.parse((PACKAGE / "_engine" / "renewal.py").read_text(encoding="utf-8"))
+    attributes = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+    assert any(isinstance(node.value, ast.Name) and node.value.id == "hold"
+               for node in attributes), "renewal.py no longer renews holds?"
     used = {
         node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_")
-        and not node.attr.startswith("__")
-        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "Renewer"))
+        for node in attributes
+        if node.attr.startswith("_") and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
     }
-    assert used and used <= declared, used - declared
+    assert used == set(), used

@@ -7,8 +7,9 @@ acquire must give back exactly what it was granted (never an outer level the thr
 holds) and then let the exception through.
 
 The round trip is slowed by a proxy (tests/_proxy.py) on a server of this module's own,
-and a real ``SIGALRM`` from ``signal.setitimer`` interrupts it. The server's count of script runs
-says when the slowed acquire script has surely run, so the check waits for state.
+and a real ``SIGALRM`` from ``signal.setitimer`` interrupts it. A keyspace notification of
+the grant's own write says when the slowed acquire script has surely run (whatever other
+scripts the engine sends meanwhile), so the check waits for state.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 import redis
 
 import rlocks
-from rlocks._engine import renewal
-from rlocks._engine.identity import process_owner, thread_owner
+from rlocks._engine.identity import thread_owner
+from rlocks._engine.renewal import renewer_for
 from rlocks.server import TemporaryRedisServer
 
 from ._proxy import FaultyLink
 from ._servers import wait_until
-from .conftest import NAMESPACE, has_functions, load_scripts, script_calls
+from .conftest import NAMESPACE, load_scripts
 
 pytestmark = pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"),
@@ -71,16 +72,35 @@ def slowed(link: FaultyLink) -> Iterator["redis.Redis[bytes]"]:
     c.close()
 
 
+class Granted:
+    """Waits for the acquire script itself to have run, whatever other scripts the
+    engine sends meanwhile (a queue leave, a give-back): a grant writes the hash with
+    HSET (a fresh hold) or HINCRBY (a re-entry), which keyspace notifications report."""
+
+    def __init__(self, direct: "redis.Redis[bytes]", key: str) -> None:
+        direct.config_set("notify-keyspace-events", "Kh")  # this module's own server
+        self.sub = direct.pubsub()
+        self.sub.subscribe(f"__keyspace@0__:{key}")
+        assert self.sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+
+    def wait(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                message = self.sub.get_message(timeout=0.1)
+                if message is not None and message["data"] in (b"hset", b"hincrby"):
+                    return
+            raise AssertionError(f"the acquire script did not run within {timeout} s")
+        finally:
+            self.sub.close()
+
+
 def interrupted(
-    direct: "redis.Redis[bytes]", link: FaultyLink, action: Callable[[], Any], kind: str
+    direct: "redis.Redis[bytes]", link: FaultyLink, action: Callable[[], Any], key: str
 ) -> None:
     """Run ``action`` (one acquire script) over ``link`` slowed by DELAY s each way, with a
-    SIGALRM raising in its round trip; return once that script has surely run.
-
-    A writer also withdraws its claim when it stops waiting: one more script, which may
-    run before the slowed acquire does.
-    """
-    before = script_calls(direct)
+    SIGALRM raising in its round trip; return once that script has surely run."""
+    granted = Granted(direct, key)
 
     def handler(signum: int, frame: Any) -> None:
         link.heal()  # what follows (the answer, a give-back) need not be slow
@@ -96,8 +116,7 @@ def interrupted(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         link.heal()
-    scripts = 2 if kind == "write" else 1
-    wait_until(lambda: script_calls(direct) >= before + scripts, 10, "the acquire to run")
+    granted.wait()
 
 
 def make(kind: str, name: str, client: Any) -> Tuple[Any, str, Any]:
@@ -110,7 +129,12 @@ def make(kind: str, name: str, client: Any) -> Tuple[Any, str, Any]:
         side = rw.write_lock if kind == "write" else rw.read_lock
         return side, side._keys.hash, f"{kind[0]}:{thread_owner()}"
     sem = rlocks.Semaphore(name, 3, client=client, ttl=30, namespace=NAMESPACE)
-    return sem, sem._keys.hash, process_owner()
+    return sem, sem._keys.hash, thread_owner()  # a permit is the taking thread's
+
+
+def scripts_of(prim: Any) -> List[Any]:
+    spec = prim._spec
+    return [spec.acquire_script, spec.release_script, spec.renew_script, spec.leave_script]
 
 
 def preload(direct: "redis.Redis[bytes]", prim: Any) -> None:
@@ -118,13 +142,18 @@ def preload(direct: "redis.Redis[bytes]", prim: Any) -> None:
     and open ``prim``'s connection while the link is fast: the signal must come during
     the script's round trip, not during the connection's handshake."""
     prim.client.ping()
-    # Its pool learns whether the server runs functions (Redis 6.2: one refused FCALL).
     warm = rlocks.RLock(f"warm-{uuid.uuid4().hex}", client=prim.client, namespace=NAMESPACE,
                         auto_renew=False)
-    assert warm.acquire()
+    assert warm.acquire()  # (the connection rlocks sends its own calls through, too)
     warm.release()
-    attrs = ("_acquire_script", "_release_script", "_renew_script", "_unclaim_script")
-    load_scripts(direct, *(getattr(prim, a) for a in attrs if getattr(prim, a, None)))
+    load_scripts(direct, *scripts_of(prim))
+
+
+def renewed(prim: Any) -> int:
+    """Live holds of ``prim``'s name its renewer keeps (other tests' come and go)."""
+    schedule = renewer_for(prim._backend).schedule
+    holds = {id(h): h for _, _, ref in list(schedule.heap) if (h := ref()) is not None}
+    return sum(1 for h in holds.values() if h.alive and h.ident[1] == prim._keys.hash)
 
 
 @pytest.mark.timeout(60)
@@ -138,12 +167,11 @@ def test_interrupted_acquire_leaves_nothing_in_redis(
 ) -> None:
     prim, key, _field = make(kind, name, slowed)
     preload(direct, prim)
-    leases = renewal.lease_count()
     try:
-        interrupted(direct, link, prim.acquire, kind)
+        interrupted(direct, link, prim.acquire, key)
         # The grant came back after the interrupt and was given back before it propagated.
         assert not direct.exists(key), direct.hgetall(key)
-        assert renewal.lease_count() == leases
+        assert renewed(prim) == 0
         assert "not held here" in repr(prim) or "held here=0" in repr(prim)
         # The primitive is usable afterwards (its connection pool was left clean).
         assert prim.acquire(timeout=10)
@@ -158,35 +186,29 @@ def test_interrupted_acquire_leaves_nothing_in_redis(
 def test_an_interrupt_in_the_call_sent_again_after_a_refusal_leaves_nothing(
     direct: "redis.Redis[bytes]", link: FaultyLink, name: str, kind: str
 ) -> None:
-    """A server that lost the queue library (restart, FUNCTION FLUSH), or a pool that has
-    not learnt yet that its server has no FCALL (Redis 6.2), refuses the first call; the
-    library is loaded, or EVALSHA chosen, and the call sent again. An interrupt in that
-    second round trip must leave nothing held, as one in a first round trip does (before,
-    the second send went through a path that gave nothing back)."""
+    """A server that lost its scripts (a restart, SCRIPT FLUSH) refuses the first call
+    (NOSCRIPT); the script is loaded and the call sent again. An interrupt in that second
+    round trip must leave nothing held, as one in a first round trip does."""
     client = redis.Redis.from_url(link.url, socket_timeout=10, socket_connect_timeout=5)
     prim, key, _field = make(kind, name, client)
     client.ping()  # connected while the link is fast
-    functions = has_functions(direct)
-    direct.script_load(prim._acquire_script.source)  # no NOSCRIPT round trip on 6.2
-    if functions:
-        direct.function_flush()
-    errors = int(direct.info("stats")["total_error_replies"])
-    runs = script_calls(direct)
+    sha = prim._spec.acquire_script.sha
+    direct.script_flush()
+    granted = Granted(direct, key)
 
     def refused() -> bool:
-        """The server has done what comes before the second send."""
-        if functions:
-            return bool(direct.function_list())  # the refused FCALL, then the load
-        return int(direct.info("stats")["total_error_replies"]) > errors
+        """The server has done what comes before the second send: the refusal (NOSCRIPT),
+        then the load."""
+        return bool(direct.script_exists(sha)[0])
 
     main = threading.get_ident()
 
     def interrupt() -> None:
-        wait_until(refused, 20, "the refusal before the second send")
-        # The load's answer (or the refusal) takes DELAY back; the second send is then
-        # held DELAY on its way there: the signal comes half-way, before the server runs
-        # it. (A give-back that only reads the hold after the signal, on another
-        # connection, reads it before the script has run: it must be fenced.)
+        wait_until(refused, 20, "the refusal and the load before the second send")
+        # The load's answer takes DELAY back; the second send is then held DELAY on its
+        # way there: the signal comes half-way, before the server runs it. (A give-back
+        # that only reads the hold after the signal, on another connection, reads it
+        # before the script has run: it must be fenced.)
         time.sleep(1.5 * DELAY)
         signal.pthread_kill(main, signal.SIGALRM)
 
@@ -213,7 +235,7 @@ def test_an_interrupt_in_the_call_sent_again_after_a_refusal_leaves_nothing(
         signal.signal(signal.SIGALRM, previous)
         link.heal()
     try:
-        wait_until(lambda: script_calls(direct) > runs, 10, "the second send to run")
+        granted.wait()  # the second send ran
         assert not direct.exists(key), direct.hgetall(key)
         assert prim.acquire(timeout=10)
         prim.release()
@@ -236,7 +258,7 @@ def test_interrupted_reentry_gives_back_only_its_own_level(
     preload(direct, prim)
     try:
         assert prim.acquire()
-        interrupted(direct, link, prim.acquire, kind)
+        interrupted(direct, link, prim.acquire, key)
         # Exactly the interrupted level was given back: the outer one is still held.
         assert direct.hget(key, field) == b"1"
         assert prim._recursion_count() == 1

@@ -22,6 +22,7 @@ lock_tests = pytest.importorskip(
 )
 
 import rlocks  # noqa: E402
+
 from ._servers import wait_until  # noqa: E402
 from ._threads import engine_threads, hub_waiters  # noqa: E402
 from .conftest import NAMESPACE  # noqa: E402

@@ -11,13 +11,12 @@ from typing import Any, List
 import pytest
 import redis
 
-from rlocks._engine import identity, renewal
-from rlocks._engine.scripts import run
+from rlocks._engine import identity
+from rlocks._engine.scripts import WAIT
 from rlocks.errors import LockLostError, NotOwnedError
-from rlocks.rwlock import RWLock, UpgradeError, WriteLock
+from rlocks.rwlock import RWLock, UpgradeError
 
-from ._servers import wait_until
-from ._threads import joined, started
+from ._threads import hub_waiters
 from .conftest import NAMESPACE, snapshot
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -49,9 +48,10 @@ def in_thread(fn: Any) -> Any:
 
 def fields(client: "redis.Redis[bytes]", name: str, prefix: str) -> List[bytes]:
     if prefix == "#c:":
-        # Issue 12: a waiting writer is no longer a claim in the hash but its process's
-        # entry in the queue (one FIFO for both sides).
-        return list(client.zrange(f"{key(name)}:queue", 0, -1))
+        # A waiting writer's claim is its entry in the queue (lib.lua: one FIFO for both
+        # sides, '<arrival>:<side>:<owner>'; '~' members are fair=False marks).
+        entries = client.zrange(f"{key(name)}:q", 0, -1)
+        return [m for m in entries if not m.startswith(b"~")]
     return [f for f in client.hkeys(key(name)) if f.startswith(prefix.encode())]
 
 
@@ -143,42 +143,6 @@ def test_downgrade(client: "redis.Redis[bytes]", name: str) -> None:
     lock.read_lock.release()
 
 
-@pytest.mark.timeout(60)
-def test_a_writer_handed_the_lock_keeps_it_through_a_downgrade_before_its_adoption(
-    redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A writer handed the lock records it with no adoption round trip (its renewer's
-    first renewal adopts it, made late here). Taking the read side before that tells
-    the script it holds the write side: the unadopted write grant is its own and stays,
-    not given back as a grant to a wait of the thread that ended."""
-    monkeypatch.setattr(renewal, "ADOPT_AFTER", 30.0)
-    other, mine = (redis.Redis.from_url(redis_url) for _ in range(2))
-    holder = RWLock(name, client=other, namespace=NAMESPACE, entry_lease=30.0).write_lock
-    lock = RWLock(name, client=mine, namespace=NAMESPACE, entry_lease=30.0)
-    keys = lock.write_lock._keys.queued()
-    assert holder.acquire()
-
-    def downgrade() -> Any:
-        assert lock.write_lock.acquire(timeout=30)
-        owner = identity.thread_owner()
-        markers = [k for k in other.hkeys(keys[3]) if k.startswith(b"g:")]
-        assert markers == [f"g:{owner}".encode()], "the grant was adopted already"
-        assert lock.read_lock.acquire(blocking=False)
-        held = other.hgetall(keys[0])
-        lock.read_lock.release()
-        lock.write_lock.release()
-        return owner, held
-
-    thread, out = started(downgrade)
-    wait_until(lambda: other.zcard(keys[2]) == 1, 15, "the writer to queue")
-    holder.release()
-    owner, held = joined(thread, out, 30)
-    assert held.get(f"w:{owner}".encode()) == b"1", held
-    assert held.get(f"r:{owner}".encode()) == b"1", held
-    assert holder.acquire(blocking=False)
-    holder.release()
-
-
 def test_upgrade_is_refused_at_once_and_changes_nothing(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
@@ -256,9 +220,8 @@ def test_dead_waiting_writers_claim_expires(client: "redis.Redis[bytes]", name: 
     assert lock.read_lock.acquire()
     # A writer in some process queues, then dies: nobody renews its entry.
     side = lock.write_lock
-    args = [*side._context(), "ghost:1:x:1", "ghost:1:x", "w", 30000, 1, 0, 1]
-    reply = run(client, WriteLock._acquire_script, side._keys.queued(), args)
-    assert reply.queued
+    reply = side._spec.acquire(side, "ghost:1:x:1", 0, side._entry_ms)(client)
+    assert reply.status == WAIT
     assert not in_thread(lambda: lock.read_lock.acquire(blocking=False))
     began = time.monotonic()
     assert in_thread(lambda: lock.read_lock.acquire(timeout=10))
@@ -500,8 +463,7 @@ def test_downgrade_does_not_queue_behind_local_readers(
     assert rw.write_lock.acquire()
     reader = threading.Thread(target=lambda: (rw.read_lock.acquire(timeout=10), rw.read_lock.release()))
     reader.start()
-    channel = rw.read_lock._channel()
-    wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode()) == 1, 5, "a reader to wait")
+    wait_for(lambda: len(hub_waiters(rw.read_lock)) == 1, 5, "a reader to wait")
     assert rw.read_lock.acquire(timeout=5)  # downgrade, with a local reader waiting
     rw.write_lock.release()
     rw.read_lock.release()
@@ -521,7 +483,7 @@ def test_a_shorter_ttl_inside_never_shortens_the_outer_hold(
 
     def left_ms() -> int:
         now_s, now_us = client.time()
-        ends = client.zscore(f"{key}:leases", field)  # queue_lib.lua: lease ends, a ZSET
+        ends = client.zscore(outer.write_lock._keys.leases, field)  # rw_lib.lua: a ZSET
         return int(ends or 0) - (now_s * 1000 + now_us // 1000)
 
     with getattr(outer, side):

@@ -15,15 +15,16 @@ from typing import Any, List
 import pytest
 import redis
 
-from rlocks._engine import identity
-from rlocks._engine.scripts import run
+from rlocks._engine import dialogues, identity
+from rlocks._engine.holds import HELD
+from rlocks._engine.scripts import WAIT
 from rlocks.errors import LockLostError
 from rlocks.semaphore import BoundedSemaphore, Semaphore
 
 from ._servers import RENEWED_TTL, wait_renewed, wait_until
+from ._threads import hub_waiters
 from ._threads import in_thread as _run_thread
 from ._threads import joined as _joined
-from ._threads import parked, pause_at_hand_over
 from ._threads import started as _started
 from .conftest import NAMESPACE, snapshot
 
@@ -32,6 +33,12 @@ SPAWN = multiprocessing.get_context("spawn")
 
 def key(name: str) -> str:
     return f"{NAMESPACE}:sem:{{{name}}}"
+
+
+def free(client: Any, name: str) -> int:
+    """Permits free now (``sem_lib.lua``: the value ``#v`` less those held ``#h``)."""
+    value, held = client.hmget(key(name), "#v", "#h")
+    return int(value or 0) - int(held or 0)
 
 
 def make(name: str, client: Any, value: int = 1, bounded: bool = False, **kw: Any) -> Semaphore:
@@ -83,8 +90,10 @@ def test_acquire_release_and_layout(client: "redis.Redis[bytes]", name: str) -> 
     owner = identity.thread_owner().encode()
     state = client.hgetall(key(name))
     assert state[owner] == b"2"
-    assert state[b"#free"] == b"1" and state[b"#value"] == b"3" and state[b"#bounded"] == b"0"
-    assert (client.zscore(f"{key(name)}:leases", owner) or 0) > 0  # lease ends: a ZSET
+    # sem_lib.lua: initial value, kind, value, permits held; free = value - held
+    assert (state[b"#i"], state[b"#b"], state[b"#v"], state[b"#h"]) == (b"3", b"0", b"3", b"2")
+    assert free(client, name) == 1
+    assert (client.zscore(sem._keys.leases, owner) or 0) > 0  # lease ends: a ZSET
     assert 0 < client.pttl(key(name)) <= 30_000  # recovery would restore the initial value
     sem.release(2)
     assert not client.exists(key(name)), "a semaphore at rest leaves nothing behind"
@@ -106,23 +115,24 @@ def test_unbounded_release_grows_and_persists(client: "redis.Redis[bytes]", name
     assert not sem.acquire(blocking=False)
     assert not client.exists(key(name)), "a failed try must not create state"
     sem.release(2)
-    assert client.hget(key(name), "#free") == b"2"
+    assert free(client, name) == 2
     assert client.pttl(key(name)) == -1, "released permits must not expire"
     assert sem.acquire(blocking=False) and sem.acquire(blocking=False)
     assert not sem.acquire(blocking=False)
     sem.release(2)
-    assert client.hget(key(name), "#free") == b"2"
+    assert free(client, name) == 2
+    client.delete(key(name), sem._keys.leases)
 
 
 @pytest.mark.parametrize("bounded", [False, True])
 def test_a_value_of_zero_queues_as_threading_waits(
     client: "redis.Redis[bytes]", name: str, bounded: bool
 ) -> None:
-    """Semaphore(0): a waiter queues until a release, which hands it the permit.
+    """Semaphore(0): a waiter queues until a release, which lets it take the permit.
     BoundedSemaphore(0): a waiter can never be served and times out leaving no entry;
     release() raises ValueError and changes nothing (threading's semantics)."""
     sem = make(name, client, 0, bounded=bounded)
-    queue = sem._keys.queued()[2]
+    queue = sem._keys.queue
     results: list = []
 
     def waiter() -> None:
@@ -150,48 +160,50 @@ def test_a_value_of_zero_queues_as_threading_waits(
     if bounded:
         assert not client.exists(key(name), queue)
     else:
-        assert client.hget(key(name), "#free") == b"1"  # the released permit came back
+        assert free(client, name) == 1  # the released permit came back
+        client.delete(key(name), sem._keys.leases)
 
 
 def test_release_wakes_exactly_the_processes_its_permits_cover(
     client: "redis.Redis[bytes]", name: str
 ) -> None:
-    # Issue 12: a release grants its permits to the queued waiters they cover, in order,
-    # and wakes exactly those processes, each on its own channel (not a count for every
-    # process to race for, nor a message every waiting process must read).
+    """A release wakes the queued waiters its permits cover, in arrival order, each on its
+    own process's channel (not a count for every process to race for, nor a message
+    every waiting process must read); the next waiter's process hears nothing."""
     sem = make(name, client, 0)
     for ghost in ("ghost:1:a", "ghost:2:b", "ghost:3:c"):
-        owner = f"{ghost}:1"
-        args = [*sem._context(), owner, owner, ghost, 30000, 1, 1]
-        assert run(client, Semaphore._acquire_script, sem._keys.queued(), args).queued
+        # A waiter of another process queues (its acquire script, as that process sends it).
+        reply = sem._spec.acquire(sem, f"{ghost}:1", 0, 30000)(client)
+        assert reply.status == WAIT
     pubsub = client.pubsub()
-    pubsub.psubscribe(f"{key(name)}:wake:*")
+    pubsub.psubscribe(f"{NAMESPACE}:wake:ghost:*")
     try:
         assert pubsub.get_message(timeout=5)["type"] == "psubscribe"
         sem.release(2)
-        # Each granted process on its own channel; the third process hears nothing.
+        # Each covered process on its own channel; the third process hears nothing.
         got = [pubsub.get_message(timeout=5) for _ in range(2)]
         assert [(m["channel"], m["data"]) for m in got] == [
-            (f"{key(name)}:wake:ghost:1:a".encode(), b"g ghost:1:a:1"),
-            (f"{key(name)}:wake:ghost:2:b".encode(), b"g ghost:2:b:1"),
+            (f"{NAMESPACE}:wake:ghost:1:a".encode(), f"{key(name)}\nghost:1:a:1".encode()),
+            (f"{NAMESPACE}:wake:ghost:2:b".encode(), f"{key(name)}\nghost:2:b:1".encode()),
         ]
         assert pubsub.get_message(timeout=0.2) is None
     finally:
         pubsub.close()
-    client.delete(*sem._keys.queued()[:5])
+    client.delete(key(name), sem._keys.queue, sem._keys.leases)
 
 
 def test_waiter_is_woken_by_release(client: "redis.Redis[bytes]", name: str) -> None:
-    sem = make(name, client, 1)
+    # A long entry lease: without the wake-up the waiter would ask again only after 20 s
+    # (a third of it), so the bound tells a wake-up from a poll.
+    sem = make(name, client, 1, entry_lease=60.0)
     assert sem.acquire()
     got = []
-    waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=10)))
+    waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=30)))
     waiter.start()
-    channel = sem._channel()
-    wait_for(lambda: bool(client.pubsub_numsub(channel)[0][1]), 5, "subscription")
+    wait_for(lambda: bool(hub_waiters(sem)), 5, "the waiter to wait for a wake-up")
     began = time.monotonic()
     sem.release()
-    waiter.join(10)
+    waiter.join(30)
     assert got == [True] and time.monotonic() - began < 2.0
     sem.release()
 
@@ -294,7 +306,7 @@ def test_renewal_keeps_a_short_lease(client: "redis.Redis[bytes]", name: str) ->
     sem = make(name, client, 1, ttl=RENEWED_TTL, on_lost=lost.append)
     assert sem.acquire()
     owner = identity.thread_owner()
-    leases = f"{key(name)}:leases"  # queue_lib.lua: lease ends (ms), a ZSET
+    leases = sem._keys.leases  # sem_lib.lua: lease ends (ms), a ZSET
     first_end = int(client.zscore(leases, owner) or 0)
     wait_renewed(client, key(name))
     assert client.hget(key(name), owner) == b"1"
@@ -357,7 +369,7 @@ def test_sigkilled_holders_permits_come_back_capped(
         # circulation: refused, nothing changed.
         with pytest.raises(ValueError, match="released too many times"):
             sem.release()
-        assert client.hget(key(name), "#free") == b"1"
+        assert free(client, name) == 1
         os.kill(child.pid, signal.SIGKILL)
         killed = time.monotonic()
         assert sem.acquire(timeout=5)
@@ -366,7 +378,7 @@ def test_sigkilled_holders_permits_come_back_capped(
         assert waited <= ttl + 3.0, f"{waited:.3f} s after the kill (ttl {ttl} s)"
         # Recovery gave the 2 back, and a bounded value never exceeds 3.
         assert not sem.acquire(blocking=False)
-        assert client.hget(key(name), "#free") == b"0"
+        assert free(client, name) == 0
         child.join(10)
         assert child.exitcode == -signal.SIGKILL
         sem.release(3)
@@ -414,17 +426,14 @@ def test_a_loss_is_not_absorbed_by_another_threads_grant(
             errors.append(exc)
             entered.set()
 
-    from rlocks._engine import waiting
-
     thread = threading.Thread(target=b)
     thread.start()
-    hub = waiting.hub_for(client, NAMESPACE)
-    wait_for(lambda: hub.has_waiters(sem._channel()), 10, "B to wait")
+    wait_for(lambda: bool(hub_waiters(sem)), 10, "B to wait")
     assert force_release(client, NAMESPACE, "sem", name)
     assert entered.wait(20) and not errors
     with pytest.raises(LockLostError):
         sem.release()  # A's permit: gone, and B's is not taken in its place
-    assert client.hget(key(name), "#free") == b"0"
+    assert free(client, name) == 0
     third = make(name, client, 1, bounded=True)
     result: list = []
     _run_thread(lambda: result.append(third.acquire(blocking=False)))
@@ -460,14 +469,14 @@ def test_a_grant_after_a_reported_loss_is_the_new_holders_own(
 
 
 @pytest.mark.parametrize("auto_renew", [True, False])
-def test_a_hand_over_grant_that_finds_the_threads_permits_gone_is_given_back(
+def test_a_grant_that_would_wait_and_finds_the_threads_permits_gone_is_refused(
     client: "redis.Redis[bytes]", name: str, auto_renew: bool
 ) -> None:
-    """The lost-permit check of a direct grant holds for a grant made by hand-over (in
-    another thread's release script) too: the thread's earlier permit is gone, so the
-    new one goes back and acquire() raises instead of hiding the loss."""
+    """The lost-permit check holds for an acquire that would have to wait too: the
+    thread's earlier permit is gone while both permits are now other threads', so
+    acquire() raises instead of queueing for a permit that would hide the loss, and
+    takes nothing from the others."""
     sem = make(name, client, 2, auto_renew=auto_renew)
-    queue = sem._keys.queued()[2]
     assert sem.acquire()
     client.delete(key(name))  # the loss is not known locally yet
     taken = threading.Barrier(3)
@@ -486,17 +495,15 @@ def test_a_hand_over_grant_that_finds_the_threads_permits_gone_is_given_back(
     others = [threading.Thread(target=other) for _ in range(2)]
     for thread in others:
         thread.start()
-    taken.wait(20)  # the two permits are taken: the next acquire queues
-    releaser = threading.Thread(
-        target=lambda: (wait_for(lambda: client.zcard(queue) == 1, 20, "the queue"), go.set())
-    )
-    releaser.start()
     try:
+        taken.wait(20)  # the two permits are taken: a new permit would mean waiting
         with pytest.raises(LockLostError):
             sem.acquire(timeout=20)
+        assert free(client, name) == 0 and int(client.hget(key(name), "#h") or 0) == 2
+        assert not client.exists(sem._keys.queue), "the refused acquire queued"
     finally:
         go.set()
-        for thread in (*others, releaser):
+        for thread in others:
             thread.join(20)
     if errors:
         raise errors[0]
@@ -505,6 +512,44 @@ def test_a_hand_over_grant_that_finds_the_threads_permits_gone_is_given_back(
         sem.release()
     assert sem.acquire(blocking=False)  # the lost hold is gone: a fresh start
     sem.release()
+
+
+def test_a_waiter_whose_permits_end_while_it_waits_is_refused(
+    client: "redis.Redis[bytes]", name: str
+) -> None:
+    """A thread holds a permit and waits for a second one; its first permit's lease ends
+    while it waits (unrenewed). Its next look finds its permits gone: acquire() raises
+    LockLostError (once), takes nothing, and leaves the queue, instead of taking the
+    freed permit as if nothing was lost."""
+    lost: list = []
+    sem = make(name, client, 2, ttl=1.0, auto_renew=False, on_lost=lost.append)
+    other = make(name, client, 2, ttl=30)
+    release_other = threading.Event()
+
+    def holder() -> None:
+        assert other.acquire()
+        release_other.wait(30)
+        other.release()
+
+    hold, out = _started(holder)
+    try:
+        wait_for(lambda: free(client, name) == 1, 20, "the other thread's permit")
+        assert sem.acquire()
+        began = time.monotonic()
+        with pytest.raises(LockLostError):
+            sem.acquire(timeout=20)
+        # Found at the first look after the 1 s lease, long before the 20 s time-out.
+        assert time.monotonic() - began < 10.0
+        assert not client.exists(sem._keys.queue), "the refused waiter kept its place"
+        assert free(client, name) == 1, "the lost permit was taken again"
+        wait_for(lambda: len(lost) >= 1, 20, "on_lost (it runs on the callback thread)")
+        assert len(lost) == 1
+        with pytest.raises(LockLostError):
+            sem.release()
+    finally:
+        release_other.set()
+        _joined(hold, out)
+    assert not client.exists(key(name))
 
 
 def test_a_grant_that_finds_the_threads_permits_gone_is_given_back(
@@ -533,7 +578,7 @@ def test_releasing_another_threads_lost_permit_does_not_give_it_back_twice(
     sem = make(name, client, 2, auto_renew=False, on_lost=lost.append)
     _run_thread(lambda: sem.acquire())  # a worker takes a permit and leaves it to us
     client.delete(key(name))
-    sem.release()  # the worker's permit: already back in the pool, so nothing to send
+    sem.release()  # the worker's permit: already back in the pool, so nothing to give
     assert not client.exists(key(name)), "a permit back in the pool was released again"
     wait_for(lambda: len(lost) >= 1, 20, "on_lost (it runs on the callback thread)")
     assert len(lost) == 1  # reported, once
@@ -554,19 +599,35 @@ def test_a_release_by_another_thread_takes_a_live_permit(
         sem.release()
 
 
+def pause_before_record(
+    monkeypatch: pytest.MonkeyPatch, sem: Any
+) -> "tuple[threading.Event, threading.Event]":
+    """Hold the first grant of ``sem`` that gives its owner a second permit after its
+    reply came, before the acquire records it (``dialogues._record``): ``(reached, go)``."""
+    reached, go = threading.Event(), threading.Event()
+    record = dialogues._record
+
+    def paused(p: Any, owner: str, hold: Any, reply: Any, sent: float) -> None:
+        if p is sem and reply.a == 2 and not reached.is_set():
+            reached.set()
+            assert go.wait(30)
+        record(p, owner, hold, reply, sent)
+
+    monkeypatch.setattr(dialogues, "_record", paused)
+    return reached, go
+
+
 def test_a_release_of_a_waiters_permit_before_it_records_its_grant_loses_nothing(
     client: "redis.Redis[bytes]", name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """threading lets any thread release another's permit. Here one does so while that
-    other thread was just handed a second permit and has not adopted it yet (paused
-    there by the test). The grant must stay for the waiter to adopt: CI's CPython
-    ``test_acquire_contended`` stalled 30 s when the release adopted it instead: the
-    waiter then found its grant gone, reported the permit lost, and the pool leaked it
-    until its lease ended."""
+    other thread was just granted a second permit and has not recorded it yet (paused
+    there by the test). Both permits stay accounted: the release takes the first, the
+    grant is the second, nothing is reported lost and nothing leaks (CI's CPython
+    ``test_acquire_contended`` stalled 30 s when such a grant was taken for lost)."""
     lost: list = []
     sem = make(name, client, 2, on_lost=lost.append)
-    # The waiter has its hand-over grant and is about to adopt it: hold it there.
-    handed, go = pause_at_hand_over(monkeypatch, sem)
+    reached, go = pause_before_record(monkeypatch, sem)
     assert sem.acquire()
     owner: list = []
 
@@ -576,34 +637,40 @@ def test_a_release_of_a_waiters_permit_before_it_records_its_grant_loses_nothing
         return sem.acquire(timeout=20)  # queues: both permits are taken
 
     thread, out = _started(waiter)
-    wait_for(lambda: client.zcard(sem._keys.queued()[2]) == 1, 20, "the waiter to queue")
-    sem.release()  # ours: handed over to the waiter in this release's script
-    assert handed.wait(20)
-    sem.release()  # the waiter's first permit, the only one its books have yet
-    go.set()
+    try:
+        wait_for(lambda: client.zcard(sem._keys.queue) == 1, 20, "the waiter to queue")
+        sem.release()  # ours: the waiter is woken and granted, then paused
+        assert reached.wait(20)
+        assert client.hget(key(name), owner[0]) == b"2"
+        sem.release()  # the waiter's first permit, the only one its books have yet
+    finally:
+        go.set()
     assert _joined(thread, out) is True
-    # acquire() adopted the grant before returning: nothing was lost, nothing leaked
-    assert not sem._holds[owner[0]].lost and lost == []
+    # Its grant was recorded after the release: nothing was lost, nothing leaked.
+    assert sem._hold(owner[0]).state == HELD and lost == []
+    assert sem._levels(owner[0]) == 1
     assert client.hget(key(name), owner[0]) == b"1"
     assert sem.acquire(blocking=False), "the released permit is free"
     assert not sem.acquire(blocking=False)
+    sem.release(2)
+    assert not client.exists(key(name))
 
 
-def test_a_revoked_grant_is_not_taken_for_a_permit_held_through_another_client(
-    client: "redis.Redis[bytes]", redis_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+def test_a_permit_held_through_another_client_counts_for_the_thread(
+    client: "redis.Redis[bytes]", redis_url: str, name: str
 ) -> None:
     """A thread holds a permit through one object and waits through another object of the
-    name on another client (so the waiting object cannot know of that permit). Its
-    hand-over grant is revoked before it adopts it (a stall past the entry lease), and
-    the permit goes to another owner. The adoption then finds the thread's permit from
-    the first object, but not its grant: it must not return True, which would put three
-    holders in a 2-permit pool."""
+    name on another client (so the waiting object took nothing itself). Once the rival's
+    permit is free it gets its second permit: the pool of two has two holders' permits,
+    the thread's two, and the rival cannot get in meanwhile (never three permits out)."""
     other = redis.Redis.from_url(redis_url)
     first = make(name, client, 2)
     second = make(name, other, 2, entry_lease=0.3)
     rival = make(name, client, 2)
-    handed, go = pause_at_hand_over(monkeypatch, second)
     release_rival = threading.Event()
+    inside = threading.Event()
+    leave = threading.Event()
+    owner: list = []
 
     def holder() -> None:
         assert rival.acquire()
@@ -611,31 +678,35 @@ def test_a_revoked_grant_is_not_taken_for_a_permit_held_through_another_client(
         rival.release()
 
     def waiter() -> Any:
+        owner.append(identity.thread_owner())
         assert first.acquire()
         try:
-            return second.acquire(timeout=8)
+            got = second.acquire(timeout=20)
+            if got:
+                inside.set()
+                leave.wait(20)
+                second.release()
+            return got
         finally:
             first.release()
 
-    hold, _ = _started(holder)
-    wait_for(lambda: client.hget(key(name), "#free") == b"1", 20, "the holder's permit")
-    thread, out = _started(waiter)
-    # Asleep in its queue entry: the hand-over reaches it as a wake-up line (an attempt
-    # still under way could be answered ADOPTED instead, a grant no revocation can touch).
-    wait_for(lambda: parked(thread), 20, "the waiter to sleep in the queue")
-    release_rival.set()  # handed over to the waiter, paused before its adoption
-    assert handed.wait(20)
-    # Its grant's lease (0.3 s) ends; this thread's first try after that revokes it and
-    # takes the permit.
-    deadline = time.monotonic() + 20
-    while not rival.acquire(blocking=False):
-        assert time.monotonic() < deadline, "the grant was never revoked"
-        time.sleep(0.05)
-    go.set()
-    assert _joined(thread, out) is False, "three holders of a 2-permit semaphore"
-    rival.release()
-    hold.join(20)
-    other.close()
+    hold, held = _started(holder)
+    try:
+        wait_for(lambda: free(client, name) == 1, 20, "the holder's permit")
+        thread, out = _started(waiter)
+        wait_for(lambda: client.zcard(rival._keys.queue) == 1, 20, "the waiter to queue")
+        release_rival.set()
+        assert inside.wait(20)
+        assert client.hget(key(name), owner[0]) == b"2"
+        assert not rival.acquire(blocking=False), "three permits of a 2-permit semaphore out"
+        leave.set()
+        assert _joined(thread, out) is True
+        _joined(hold, held)
+        assert not client.exists(key(name))
+    finally:
+        release_rival.set()
+        leave.set()
+        other.close()
 
 
 # -- a BoundedSemaphore never has more than value permits in circulation (issue 10, 1) -----
@@ -685,12 +756,12 @@ def test_a_plain_semaphore_lets_a_nonholder_release(client: "redis.Redis[bytes]"
     assert sem.acquire()
     other = make(name, client, 1)
     _run_thread(other.release)  # threading's counter model: the value grows to 2
-    assert client.hget(key(name), "#free") == b"1"
+    assert free(client, name) == 1
     assert other.acquire(blocking=False)
     sem.release()
     other.release()
-    assert client.hget(key(name), "#free") == b"2"
-    client.delete(key(name))
+    assert free(client, name) == 2
+    client.delete(key(name), sem._keys.leases)
 
 
 def test_a_shorter_ttl_never_shortens_the_threads_permits_lease(
@@ -703,7 +774,7 @@ def test_a_shorter_ttl_never_shortens_the_threads_permits_lease(
 
     def left_ms() -> int:
         now_s, now_us = client.time()
-        ends = client.zscore(f"{key(name)}:leases", field)  # queue_lib.lua: a ZSET
+        ends = client.zscore(outer._keys.leases, field)  # sem_lib.lua: a ZSET
         return int(ends or 0) - (now_s * 1000 + now_us // 1000)
 
     with outer:
@@ -731,12 +802,16 @@ def test_asyncio_permits_are_the_tasks_and_a_loss_reaches_its_task(
 
         async def b() -> None:
             assert await sem.acquire(blocking=False)
-            assert await aclient.hget(key(name), "#free") == b"0"
+            assert await afree() == 0
+
+        async def afree() -> int:
+            value, held = await aclient.hmget(key(name), "#v", "#h")
+            return int(value or 0) - int(held or 0)
 
         await asyncio.create_task(b())  # B keeps its permit
         with pytest.raises(LockLostError):
             await sem.release()  # A's: lost, and B's is not taken in its place
-        assert await aclient.hget(key(name), "#free") == b"0"
+        assert await afree() == 0
         await sem.release()  # B's permit, released by another task (as threading allows)
         assert not await aclient.exists(key(name))
         await aclient.aclose()
@@ -769,7 +844,7 @@ def test_a_cancelled_asyncio_release_still_gives_the_permit_back(
         while await aclient.exists(key(name)):
             assert time.monotonic() < deadline, "the cancelled release left the permit held"
             await asyncio.sleep(0.01)
-        assert not sem._holds
+        assert not sem._mine, "the cancelled release left the permit on the books"
         await aclient.aclose()
 
     asyncio.run(main())

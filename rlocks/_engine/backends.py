@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
 import weakref
 from typing import Any, Dict, List, Sequence, Tuple
@@ -63,8 +64,13 @@ class Server:
         _servers.add(self)
 
     def _forget(self) -> None:
-        """No hubs or gates (at construction, and in a fork child: the parent's hubs
+        """No hubs, gates or renewers (at construction, and in a fork child: the parent's
         listen on the parent's channel, from threads the child does not have)."""
+        #: The renewer thread of this backend, and its renewer task per event loop
+        #: (``renewal.renewer_for``), kept here so they go with the backend.
+        self.renewer: Any = None
+        self.async_renewers: "weakref.WeakKeyDictionary[Any, Any]" = (
+            weakref.WeakKeyDictionary())
         self._hubs: Dict[str, Any] = {}
         self._hub_lock = threading.Lock()
         self._async_hubs: "weakref.WeakKeyDictionary[Any, Dict[str, AsyncHub]]" = (
@@ -88,12 +94,18 @@ class Server:
 
     def gate(self, key: str) -> Any:
         """What bounds the calls one primitive's waiters of this process have on the way at
-        once (:data:`GATE`): a semaphore per key, shared by every object of the name."""
+        once (:data:`GATE`), shared by every object of the name: an asyncio.Semaphore, or
+        for threads a queue of GATE tokens (``queue.SimpleQueue``, all C: an interrupt
+        cannot strike inside taking or giving one and strand it; ``steps.drive``)."""
         with self._hub_lock:
             found = self._gates.get(key)
             if found is None:
-                found = (asyncio.Semaphore(GATE) if self.aio
-                         else threading.BoundedSemaphore(GATE))
+                if self.aio:
+                    found = asyncio.Semaphore(GATE)
+                else:
+                    found = queue.SimpleQueue()
+                    for _ in range(GATE):
+                        found.put(None)
                 self._gates[key] = found
             return found
 
@@ -126,7 +138,6 @@ class Server:
         return await hub.enlist(key, owner)
 
 
-_backends: "weakref.WeakKeyDictionary[Any, Server]" = weakref.WeakKeyDictionary()
 _servers: "weakref.WeakSet[Server]" = weakref.WeakSet()
 _mutex = threading.Lock()
 
@@ -142,13 +153,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+#: The attribute of a redis-py client that holds its backend: the two refer to each other,
+#: so they go together when the program drops the client (a registry keyed by the client
+#: would keep it alive through the backend's hubs and renewers).
+_ATTRIBUTE = "_rlocks_backend"
+
+
 def backend_for(client: Any) -> Any:
     """The backend of ``client``: a Quorum is its own; a redis-py client's is shared by
     every primitive that uses that client object."""
     if hasattr(client, "run") and hasattr(client, "queues"):
         return client  # a Quorum
     with _mutex:
-        found = _backends.get(client)
+        try:
+            attributes = vars(client)
+        except TypeError:  # pragma: no cover - a client class without __dict__
+            return Server(client)  # not shared: each primitive has its own
+        found = attributes.get(_ATTRIBUTE)
         if found is None:
-            found = _backends[client] = Server(client)
+            found = attributes[_ATTRIBUTE] = Server(client)
         return found

@@ -28,13 +28,16 @@ from typing import Any, Generator, List, Optional, Tuple
 from .. import errors
 from . import metrics, wakeups
 from .clock import monotonic
+from .holds import GONE as HOLD_GONE
+from .holds import HELD as HOLD_HELD
 from .holds import LOST as HOLD_LOST
 from .holds import Hold
 from .renewal import renewer_for
-from .scripts import DONE, LOST, MISMATCH, OVER, UPGRADE, Reply
+from .scripts import DONE, LOST, MISMATCH, NOT_SENT, OVER, UPGRADE, Reply
 from .steps import Enlist, Interrupted, Listen, Pause, Read, Run, call, transient
 
-__all__ = ["RELEASE_PATIENCE", "acquire", "extend", "release", "release_permits"]
+__all__ = ["RELEASE_PATIENCE", "acquire", "books", "extend", "release", "release_permits",
+           "repair"]
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +264,12 @@ def _shorter(a: float, b: Optional[float]) -> float:
     return max(0.0, a if b is None else min(a, b))
 
 
+def _unsent(sends: List[float], reply: Optional[Reply]) -> bool:
+    """Whether a call that raised surely never reached Redis: never sent, or sent once and
+    interrupted before it went (``scripts.NOT_SENT``)."""
+    return not sends or (len(sends) == 1 and reply is not None and reply.status == NOT_SENT)
+
+
 def _drop(p: Any, owner: str, hold: Hold, n: int = 1) -> None:
     hold.count -= n
     p._gave(owner, n)
@@ -288,9 +297,11 @@ def release(p: Any, owner: str) -> Steps:
         reply = yield from call(p._backend, p._spec.release(p, owner, expect), until, sends)
     except BaseException as exc:
         reply = exc.reply if isinstance(exc, Interrupted) else None
-        if not sends:  # nothing sent (interrupted while the call was made): still held
+        if _unsent(sends, reply):  # nothing reached Redis: still held
             if last:
                 hold.cancel_release()
+            if isinstance(exc, Interrupted):
+                raise exc.cause from None
             raise
         if reply is not None and reply.status == LOST:
             hold.lose("it was gone from Redis at release")
@@ -353,12 +364,15 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples),
                                 until, sends)
     except BaseException as exc:
-        if not sends:  # nothing sent: all stays as it was
+        if _unsent(sends, exc.reply if isinstance(exc, Interrupted) else None):
+            # nothing reached Redis: all stays as it was
             for who, hold, take in others:
                 p._took(who, hold, take)
                 hold.count += take
             for _, hold, _ in mine:
                 hold.cancel_release()
+            if isinstance(exc, Interrupted):
+                raise exc.cause from None
             raise
         for who, hold, take in mine:  # no answer: off the books, its lease ends it
             if hold.count <= take:
@@ -388,12 +402,16 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
             hold.lose("its permits were gone from Redis at release")
             _drop(p, who, hold, take)
             raise p._lost_error(hold)
-        # Another thread's permits ended meanwhile (back in the pool already): that
-        # thread finds out itself; this release is made again without them.
+        # Another thread's permits ended meanwhile: they are back in the pool already, so
+        # this release has given those back; that thread's hold is lost (it is told).
+        # The rest is released again without them.
         for _, own, _ in mine:
             own.cancel_release()
+        hold.lose("its permits were gone from Redis when another thread released them")
         _drop(p, who, hold, take)
-        return (yield from release_permits(p, owner, n))
+        if n - take <= 0:
+            return None
+        return (yield from release_permits(p, owner, n - take))
     for _, hold, _ in mine:
         hold.cancel_release()  # refused: nothing was given back
     raise _refused(p, reply)
@@ -478,3 +496,66 @@ def acquire_restore(p: Any, owner: str, state: Tuple[int, str, int],
                 yield from acquire(lock, owner, None, keepalive)
         finally:
             lock._restoring.discard(owner)
+
+
+# -- after an interrupt -------------------------------------------------------------------
+
+Books = List[Tuple[str, Hold, int, int]]
+
+
+def books(p: Any, owners: List[str]) -> Books:
+    """What the books say of ``owners`` now (each: its hold, the hold's count, the levels
+    it took through ``p``), for :func:`repair` should the operation be interrupted."""
+    return [(o, p._hold(o), p._hold(o).count, p._levels(o)) for o in owners]
+
+
+def repair(p: Any, before: Books, acquiring: bool) -> Steps:
+    """Make Redis and the books agree after an exception from outside rlocks and Redis
+    (a signal handler's: Ctrl-C, an alarm) escaped an acquire or a release of ``p`` at an
+    unknown point: in the middle of a call or of the bookkeeping after it.
+
+    An acquire ends as if it had not happened: a level Redis granted is given back, the
+    owner leaves the queue, the books are as ``before``. A release ends as Redis says:
+    given back or not, the books follow (and the hold is held, or gone; never left
+    releasing). Redis is read after the interrupted call has surely run or surely not
+    (``scripts._fence``), so what it says is final. Unreachable Redis: the books are put
+    back as ``before`` for an acquire (a grant ends with its lease), and a release is
+    taken as done (its hold ends with its lease)."""
+    backend, spec = p._backend, p._spec
+    for owner, hold, count, levels in before:
+        try:
+            found = yield Read(backend, ("HGET", p._keys.hash, spec.field(owner)))
+            now = int(found or 0)
+        except BaseException:  # noqa: BLE001 - no link (or interrupted again)
+            now = count if acquiring else max(0, count - 1)
+        if acquiring:
+            if now > count:
+                yield from _give_back(p, owner, hold, now)
+            if backend.queues:
+                try:
+                    reply = yield Run(backend, spec.leave(p, owner))
+                    wakeups.wake_local(p._keys.hash, reply.woken)
+                except BaseException:  # noqa: BLE001 - its entry ends with its lease
+                    pass
+            _set_books(p, owner, hold, count, levels)
+            if now < count:
+                hold.lose("it was gone from Redis when an interrupted acquire looked")
+        else:
+            _set_books(p, owner, hold, now, max(0, levels + now - count))
+
+
+def _set_books(p: Any, owner: str, hold: Hold, count: int, levels: int) -> None:
+    """The hold has ``count`` levels in all, ``levels`` of them taken through ``p``."""
+    hold.count = count
+    if levels > 0:
+        p._mine[owner] = (hold, levels)
+        hold.objects.add(p)
+    else:
+        p._mine.pop(owner, None)
+        hold.objects.discard(p)
+    hold.pending = None
+    if hold.state == HOLD_LOST:
+        return
+    hold.state = HOLD_HELD if count > 0 else HOLD_GONE
+    if count > 0 and p._auto_renew and hold.renew_call is not None:
+        renewer_for(p._backend, p._aio).add(hold)

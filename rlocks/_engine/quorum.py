@@ -27,6 +27,7 @@ import asyncio
 import logging
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
@@ -90,7 +91,7 @@ class Quorum:
     """
 
     __slots__ = ("_masters", "_majority", "aio", "_executor", "_pid", "_mutex", "address",
-                 "__weakref__")
+                 "renewer", "async_renewers", "__weakref__")
 
     queues = False
 
@@ -127,6 +128,10 @@ class Quorum:
         self._executor: Optional[ThreadPoolExecutor] = None
         self._pid = os.getpid()
         self._mutex = threading.Lock()
+        #: Its renewer thread, and renewer task per event loop (``renewal.renewer_for``).
+        self.renewer: Any = None
+        self.async_renewers: "weakref.WeakKeyDictionary[Any, Any]" = (
+            weakref.WeakKeyDictionary())
 
     @property
     def masters(self) -> Tuple[Any, ...]:

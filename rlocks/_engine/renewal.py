@@ -23,6 +23,7 @@ import heapq
 import itertools
 import logging
 import os
+import queue
 import threading
 import weakref
 from typing import Any, Dict, Generator, List, Optional, Tuple
@@ -116,41 +117,60 @@ def renew_pass(backend: Any, holds: List[Hold]) -> Generator[Any, Any, None]:
 
 
 class Renewer:
-    """The renewer thread of one backend."""
+    """The renewer thread of one backend.
+
+    Its lock and its wake-up queue are C objects (``threading.Lock``, ``queue.SimpleQueue``):
+    an interrupt (a signal handler's exception) in :meth:`add` cannot strike inside them
+    and leave the lock held or the thread asleep."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.schedule = _Schedule()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._wake: "queue.SimpleQueue[None]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
+        _threads.add(self)
+
+    def after_fork(self) -> None:
+        """In a fork child: no thread, nothing to renew, a lock nobody holds."""
+        self._lock = threading.Lock()
+        self._wake = queue.SimpleQueue()
+        self._thread = None
+        self.schedule = _Schedule()
 
     def add(self, hold: Hold) -> None:
-        with self._cond:
+        with self._lock:
             self.schedule.add(hold)
-            if self._thread is None:
+            thread = self._thread
+            if thread is None or not thread.is_alive():  # (a start cut short: again)
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="rlocks-renewer")
                 self._thread.start()
-            else:
-                self._cond.notify()
+                return
+        self._wake.put(None)
 
     def _run(self) -> None:
         idle = monotonic()
         while True:
-            with self._cond:
-                while True:
-                    now = monotonic()
-                    due = self.schedule.next_due()
-                    if due is not None and due <= now:
-                        batch = self.schedule.take_due(now)
-                        break
-                    if due is None and now - idle > IDLE:
+            batch: Optional[List[Hold]] = None
+            with self._lock:
+                now = monotonic()
+                due = self.schedule.next_due()
+                if due is not None and due <= now:
+                    batch = self.schedule.take_due(now)
+                elif due is None and now - idle > IDLE:
+                    if self._thread is threading.current_thread():
                         self._thread = None
-                        return
-                    self._cond.wait(IDLE if due is None else due - now)
+                    return
+            if batch is None:
+                try:
+                    self._wake.get(timeout=IDLE if due is None else due - now)
+                except queue.Empty:
+                    pass
+                continue
             drive(renew_pass(self.backend, batch))
             idle = monotonic()
-            with self._cond:
+            with self._lock:
                 for hold in batch:
                     if hold.alive:
                         self.schedule.add(hold)
@@ -213,33 +233,42 @@ class AsyncRenewer:
             self._task = asyncio.ensure_future(self._run())
 
 
-_renewers: "weakref.WeakKeyDictionary[Any, Renewer]" = weakref.WeakKeyDictionary()
-_async: "weakref.WeakKeyDictionary[Any, Dict[Any, AsyncRenewer]]" = weakref.WeakKeyDictionary()
+# Every renewer (for the fork hook), and the asyncio renewers of each loop (any acquire
+# of a loop restarts its cancelled ones). A renewer lives on its backend (``renewer``,
+# ``async_renewers``): it goes when the backend goes.
+_threads: "weakref.WeakSet[Renewer]" = weakref.WeakSet()
+_by_loop: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[AsyncRenewer]]" = (
+    weakref.WeakKeyDictionary())
 _mutex = threading.Lock()
 
 
 def renewer_for(backend: Any, aio: bool = False) -> Any:
     """The renewer of ``backend`` (for asyncio: of the running loop)."""
     if aio:
-        per_loop = _async.setdefault(asyncio.get_running_loop(), {})
-        for other in per_loop.values():
+        loop = asyncio.get_running_loop()
+        others = _by_loop.setdefault(loop, weakref.WeakSet())
+        for other in list(others):
             other.revive()  # any acquire of the loop restarts a cancelled renewer
-        task = per_loop.get(backend)
+        task = backend.async_renewers.get(loop)
         if task is None:
-            task = per_loop[backend] = AsyncRenewer(backend)
+            task = backend.async_renewers[loop] = AsyncRenewer(backend)
+            others.add(task)
         return task
     with _mutex:
-        thread = _renewers.get(backend)
+        thread = backend.renewer
         if thread is None:
-            thread = _renewers[backend] = Renewer(backend)
+            thread = backend.renewer = Renewer(backend)
         return thread
 
 
 def _reset_after_fork() -> None:
+    # The parent's holds are forgotten (holds.py); its renewer threads are not here, and a
+    # lock one of them held at the fork would stay held: every renewer starts afresh.
     global _mutex
     _mutex = threading.Lock()
-    _renewers.clear()
-    _async.clear()
+    for renewer in list(_threads):
+        renewer.after_fork()
+    _by_loop.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -44,12 +44,14 @@ from ..errors import RLocksError
 from .clients import io_client
 
 __all__ = [
-    "DONE", "GRANTED", "LOST", "MISMATCH", "OVER", "UPGRADE", "WAIT",
+    "DONE", "GRANTED", "LOST", "MISMATCH", "NOT_SENT", "OVER", "UPGRADE", "WAIT",
     "Call", "Reply", "Script", "decode", "load", "run_many", "arun_many",
 ]
 
 GRANTED, DONE, WAIT, LOST, UPGRADE, OVER, MISMATCH = 1, 2, 0, -1, -2, -3, -4
 _STATUSES = frozenset((GRANTED, DONE, WAIT, LOST, UPGRADE, OVER, MISMATCH))
+#: Not a script's status: an interrupted call that surely never reached the server.
+NOT_SENT = -9
 
 Arg = Union[str, int, float, bytes]
 
@@ -104,6 +106,44 @@ def load(op: str, kind_lib: Optional[str] = None) -> Script:
     """The script of ``lua/<op>.lua`` with ``lib.lua`` and ``<kind_lib>.lua`` in front."""
     parts = [_read("lib")] + ([_read(kind_lib)] if kind_lib else []) + [_read(op)]
     return Script(op if kind_lib is None else f"{op}[{kind_lib}]", "\n".join(parts))
+
+
+#: PING's argument after an interrupted call: no script answers this.
+_FENCE = b"rlocks-fence-after-an-interrupt"
+
+
+def _fence(connection: Any) -> Optional[List[Any]]:
+    """After an interrupt in a call on ``connection`` (still open): send a PING behind the
+    call and read up to its answer. Then the call has surely run, or surely never reached
+    the server. Returns the replies read before the PING's (none: the call was never
+    sent), or None when that could not be learned (the connection must then be closed;
+    the call was sent and may not have run yet, or its reply was read in part, so it ran).
+    """
+    if getattr(connection, "_sock", None) is None:
+        return None  # closed by redis-py: a part of the command may have gone
+    try:
+        connection.send_command("PING", _FENCE, check_health=False)
+        read: List[Any] = []
+        for _ in range(3):  # the script's reply, WAIT's, then the fence's
+            try:
+                reply = connection.read_response(disconnect_on_error=False)
+            except ResponseError as exc:
+                reply = exc
+            if reply == _FENCE:
+                return read
+            read.append(reply)
+    except BaseException:  # noqa: BLE001 - interrupted again, or garbled: unknown
+        return None
+    return None
+
+
+def _decoded(raw: Any, call: "Call") -> Optional[Reply]:
+    if isinstance(raw, BaseException):
+        return None
+    try:
+        return decode(raw, call.script.name)
+    except RLocksError:
+        return None
 
 
 def _direct_pool(client: Any) -> Any:
@@ -202,6 +242,8 @@ class Call:
             raise
 
     def _direct(self, pool: Any) -> Reply:
+        # Nothing between taking the connection and the try: an interrupt there would
+        # strand it, counted in use by its pool for ever.
         connection = pool.get_connection()
         try:
             if self._packed is None:
@@ -214,13 +256,23 @@ class Call:
             first: Any = None
             error: Optional[ResponseError] = None
             try:
-                first = connection.read_response()
+                first = connection.read_response(disconnect_on_error=False)
             except ResponseError as exc:
                 error = exc
             replicas = -1
             if self.replication is not None:
-                replicas = int(connection.read_response())
-        except BaseException:
+                replicas = int(connection.read_response(disconnect_on_error=False))
+        except BaseException as exc:
+            if not isinstance(exc, (redis.RedisError, OSError)):
+                # An interrupt (a signal handler's exception): learn what became of the
+                # call before anyone looks at its keys from another connection.
+                settled = _fence(connection)
+                if settled is not None:
+                    # What the driver hands the dialogue (steps.Interrupted.reply).
+                    exc._rlocks_reply = (  # type: ignore[attr-defined]
+                        Reply(NOT_SENT) if not settled else _decoded(settled[0], self))
+                    pool.release(connection)
+                    raise
             # The reply may still be on its way: this connection cannot be used again.
             connection.disconnect()
             pool.release(connection)

@@ -136,10 +136,15 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
                     if gate is None:
                         value = step.backend.run(step.call)
                     else:
-                        with gate:
+                        gate.get()  # (C: see backends.Server.gate) then at once the try
+                        try:
                             value = step.backend.run(step.call)
+                        finally:
+                            gate.put(None)
                 except BaseException as exc:
-                    error = Interrupted(exc, None) if _foreign(exc) else exc
+                    # The call's answer, when scripts.Call learned it after the interrupt.
+                    error = (Interrupted(exc, getattr(exc, "_rlocks_reply", None))
+                             if _foreign(exc) else exc)
             elif kind is Listen:
                 value = step.waiter.wait(step.seconds)
             elif kind is Pause:
@@ -148,8 +153,11 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
                 if step.gate is None:
                     value = step.backend.read(step.args)
                 else:
-                    with step.gate:
+                    step.gate.get()
+                    try:
                         value = step.backend.read(step.args)
+                    finally:
+                        step.gate.put(None)
             elif kind is RunMany:
                 value = step.backend.run_many(step.calls)
             elif kind is Enlist:

@@ -51,6 +51,19 @@ def _reported(p: Any, exc: Optional[BaseException]) -> bool:
     return False
 
 
+def _repair(p: Any, before: "dialogues.Books", exc: BaseException, acquiring: bool) -> None:
+    """After ``exc`` escaped an acquire or release of ``p``: if it came from outside rlocks
+    and Redis (a signal handler's: Ctrl-C, an alarm), make Redis and the books agree
+    (``dialogues.repair``). ``before``: the books before it started. The callers catch
+    in their own frame, so an exception as a callee returns is caught too."""
+    if not isinstance(exc, _DELIBERATE):
+        drive(dialogues.repair(p, before, acquiring))
+
+
+#: What the dialogues raise on purpose, with the books and Redis agreeing already.
+_DELIBERATE = (redis.RedisError, RLocksError, ValueError, RuntimeError)
+
+
 class _Views(Primitive):
     """What an owner learns of its own hold without I/O (both surfaces)."""
 
@@ -69,6 +82,31 @@ class _Views(Primitive):
             return taken[0]
         hold = self._hold(self._owner())
         return hold if hold.count > 0 else None
+
+    def _is_owned(self) -> bool:
+        """Whether the owner holds levels through this object (no I/O)."""
+        return self._levels(self._owner()) > 0
+
+    def _recursion_count(self) -> int:
+        """How many levels the owner holds through this object (no I/O)."""
+        return self._levels(self._owner())
+
+    def __repr__(self) -> str:
+        owners = [(o, n) for o, (_, n) in self._mine.items()]
+        if len(owners) == 1:
+            state = f"held owner={owners[0][0]!r} count={owners[0][1]}"
+        elif owners:
+            state = f"held here by {len(owners)} owners"
+        else:
+            state = "not held here"
+        return (f"<{self._label} name={self._shown} namespace={self._namespace!r} "
+                f"{state} at {id(self):#x}>")
+
+
+class _Tokens(_Views):
+    """The fencing tokens of a lock's hold (locks and RWLock sides; semaphores have none)."""
+
+    __slots__ = ()
 
     @property
     def token(self) -> Optional[int]:
@@ -92,34 +130,20 @@ class _Views(Primitive):
         hold = self._current()
         return None if hold is None else hold.tokens
 
-    def _is_owned(self) -> bool:
-        """Whether the owner holds levels through this object (no I/O)."""
-        return self._levels(self._owner()) > 0
 
-    def _recursion_count(self) -> int:
-        """How many levels the owner holds through this object (no I/O)."""
-        return self._levels(self._owner())
-
-    def __repr__(self) -> str:
-        owners = [(o, n) for o, (_, n) in self._mine.items()]
-        if len(owners) == 1:
-            state = f"held owner={owners[0][0]!r} count={owners[0][1]}"
-        elif owners:
-            state = f"held here by {len(owners)} owners"
-        else:
-            state = "not held here"
-        return (f"<{self._label} name={self._shown} namespace={self._namespace!r} "
-                f"{state} at {id(self):#x}>")
-
-
-class LockSurface(_Views):
+class LockSurface(_Tokens):
     """``threading.RLock``'s surface, for RLock and the RWLock sides."""
 
     __slots__ = ()
 
     @metrics.measure_acquire
     def _acquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
-        return bool(drive(dialogues.acquire(self, owner, wait)))
+        before = dialogues.books(self, [owner])
+        try:
+            return bool(drive(dialogues.acquire(self, owner, wait)))
+        except BaseException as exc:
+            _repair(self, before, exc, True)
+            raise
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Acquire the lock, or re-enter it if the calling thread holds it already.
@@ -150,7 +174,13 @@ class LockSurface(_Views):
         ended in Redis (whoever holds it now is not touched); the level is dropped either
         way.
         """
-        drive(dialogues.release(self, self._owner()))
+        owner = self._owner()
+        before = dialogues.books(self, [owner])
+        try:
+            drive(dialogues.release(self, owner))
+        except BaseException as exc:
+            _repair(self, before, exc, False)
+            raise
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         if _reported(self, exc):
@@ -239,6 +269,12 @@ class LoopDefault:
     def gate(self, key: str) -> Any:
         return self.server().gate(key)
 
+    renewer = None  # (asyncio only: the loop's server has its renewer tasks)
+
+    @property
+    def async_renewers(self) -> Any:
+        return self.server().async_renewers
+
 
 class AsyncPrimitive(_Views):
     """What makes a primitive an asyncio one: the task owns; I/O is awaited."""
@@ -291,7 +327,7 @@ class AsyncPrimitive(_Views):
         super()._hold_lost(hold)
 
 
-class AsyncLockSurface(AsyncPrimitive):
+class AsyncLockSurface(AsyncPrimitive, _Tokens):
     """``asyncio``'s lock surface over the same dialogues, owned by the task."""
 
     __slots__ = ()
@@ -361,7 +397,12 @@ class PermitSurface(_Views):
 
     @metrics.measure_acquire
     def _acquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
-        return bool(drive(dialogues.acquire(self, owner, wait)))
+        before = dialogues.books(self, [owner])
+        try:
+            return bool(drive(dialogues.acquire(self, owner, wait)))
+        except BaseException as exc:
+            _repair(self, before, exc, True)
+            raise
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Take one permit for the calling thread, waiting while none is free (for ever
@@ -387,7 +428,13 @@ class PermitSurface(_Views):
         nobody's permit (a Semaphore's value grows; a BoundedSemaphore raises ValueError
         and changes nothing). LockLostError if the thread's own permits were lost."""
         n = _release_count(n, self._label, self._name)
-        drive(dialogues.release_permits(self, self._owner(), n))
+        owner = self._owner()
+        before = dialogues.books(self, [owner] + [o for o in self._mine if o != owner])
+        try:
+            drive(dialogues.release_permits(self, owner, n))
+        except BaseException as exc:
+            _repair(self, before, exc, False)
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         self.release()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._engine import checks
 from .._engine.state import PrimitiveState, astatistics
 from .._engine.steps import adrive
 from .._engine.surface import AsyncLockSurface
@@ -36,6 +37,8 @@ class WriteLock(Side, AsyncLockSurface):
     _label = "rlocks.asyncio.RWLock"
 
     async def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:
+        # Bad input first (None: for ever, as in the asyncio surface).
+        checks.lock_wait(blocking, -1 if timeout is None else timeout, self._label, self._name)
         self._check_upgrade(self._owner())
         return await super().acquire(blocking, timeout)
 

@@ -3,6 +3,7 @@
 -- primitive's slot.
 --
 -- KEYS[1]  B  holds hash;  KEYS[2]  Q  queue;  KEYS[3]  L  holder leases
+-- ARGV[]   none
 --
 -- Replies: { TIME seconds, TIME microseconds, B's fields and values (flat), B's PTTL,
 --            L's members and scores (flat), Q's members and scores (flat) }
