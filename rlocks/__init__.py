@@ -1,8 +1,8 @@
 """rlocks: distributed, reentrant, thread-aware locks on Redis with the ``threading`` API.
 
 ``rlocks.RLock`` behaves like ``threading.RLock`` for every thread of every process that
-uses the same Redis and name. See the README for semantics (leases, renewal, lost holds,
-fork, cluster) and the differences from ``threading``.
+uses the same Redis and name. See docs/threading.md for the semantics (leases, renewal,
+lost holds, fork, cluster) and the differences from ``threading``.
 """
 
 import logging

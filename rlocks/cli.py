@@ -352,7 +352,7 @@ def list_command(pattern: str, kind: Optional[str]) -> None:
 def _wire_checked(client: Any, namespace: str, what: str, text: str) -> None:
     """The check a primitive makes of its name, for a name or pattern the CLI looks up:
     over a client of another encoding than UTF-8, non-ASCII text could name other keys
-    than the programs' (see README, "Non-ASCII names need a UTF-8 client")."""
+    than the programs' (see docs/threading.md, "Names and encodings")."""
     try:
         checks.check_wire_names(
             {what: text, "namespace": namespace}, [encoding_of(client)], "rlocks"
@@ -454,7 +454,7 @@ def top_command(pattern: str, kind: Optional[str], interval: float, count: Optio
     waiter's age; refreshed every --interval seconds until Ctrl-C. Primitives with
     waiters come first, then the longest holds. Once a refresh was shown, one that cannot
     reach Redis keeps the last rows and retries. With --json, one snapshot and exit.
-    The live view needs rich (pip install 'rlocks[top]'); --json does not.
+    The live view needs rich (rlocks' top extra); --json does not.
     """
     settings = _settings()
     if settings.json and count is not None:

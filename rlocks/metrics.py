@@ -2,7 +2,7 @@
 
 With ``opentelemetry-api`` installed, every primitive records to OpenTelemetry's global
 ``MeterProvider`` and ``TracerProvider``; without it, nothing is recorded and nothing is
-imported. The metric names and attributes are listed in the README ("Metrics") and in
+imported. The metric names and attributes are listed in docs/metrics.md and in
 :mod:`rlocks._engine.metrics`. :func:`configure` turns the ``name`` attribute on (off by
 default: many names make many series) or points rlocks at other providers.
 """

@@ -53,15 +53,15 @@ class RLock(LockSurface):
       Every process using the name must pass the same value. TypeError if not a bool.
     - ``entry_lease``: seconds (default 2.0) a waiting thread's place in the queue lives
       between its looks (it looks at least every third of it): a waiter that dies delays
-      the next holder at most this long. TypeError/ValueError unless a number of seconds
-      >= 0.01.
+      the next holder at most this long. TypeError/ValueError unless a number of
+      seconds of at least 0.01.
     - ``deadlock_timeout``: after this many seconds of waiting (default 1.0), a blocking
       ``acquire`` checks, and checks again every ``deadlock_timeout``, whether it is part
       of a cycle of waits between RLocks and RWLock sides (any processes, any hosts);
       exactly one waiter of a cycle raises :class:`~rlocks.errors.DeadlockError` (it left
       the queue; its holds stay held). ``None`` turns detection off (a cycle through
       this object is then not seen). TypeError/ValueError for anything but a positive
-      number of seconds or ``None``. See the README, "Deadlock detection".
+      number of seconds or ``None``. See docs/deadlocks.md.
 
     Construction validates arguments and does no I/O.
     """

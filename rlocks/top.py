@@ -21,8 +21,8 @@ What is known, and what is not
   threads and tasks in queue order, one entry each, with ``waiter``, ``side``,
   ``wanted``, ``lease_left_ms`` and ``age_ms``. QUEUE is its length, OLDEST the oldest
   waiter's age. A state built without its queue (``queue`` None: not read) has only the
-  count ``waiting``: shown as ``N proc``, as for engines that kept no queue (the
-  README's "Seeing contention"), and the oldest waiter's age is unknown (``?``).
+  count ``waiting``: shown as ``N proc``, as for engines that kept no queue, and the
+  oldest waiter's age is unknown (``?``).
   :func:`rlocks._engine.state.list_primitives` always reads the queue.
 
 Order
@@ -77,8 +77,9 @@ def require_rich() -> None:
         import rich.table  # noqa: F401
     except ImportError as exc:
         raise RichMissing(
-            f"rlocks top needs the 'rich' package ({exc}): pip install 'rlocks[top]' "
-            "(or use --json, which does not)"
+            f"rlocks top needs the 'rich' package ({exc}): pip install 'rich>=13.0' "
+            "(rlocks' top extra: pip install '.[top]' in an rlocks checkout), or use "
+            "--json, which does not"
         ) from None
 
 

@@ -419,7 +419,8 @@ def test_without_rich_the_screen_says_what_to_install_and_json_still_works(
         monkeypatch.setitem(sys.modules, module, None)  # import now raises ImportError
     result = run("top", "--count", "1")
     assert result.exit_code == 1
-    assert "pip install 'rlocks[top]'" in one_line_error(result)
+    error = one_line_error(result)
+    assert "pip install 'rich>=13.0'" in error and "pip install '.[top]'" in error
     assert run("top", "--json").exit_code == 0
 
 
