@@ -400,7 +400,7 @@ class Detector:
 
     def __init__(self, p: Any, owner: str) -> None:
         self.backend = p._backend
-        self.gate = p._backend.gate(p._keys.hash)  # its reads share the waiters' bound
+        self.gate = p._gate()  # its reads share the waiters' bound
         side = p._spec.side
         self.wait = _Wait(p._namespace, owner, side, p._keys.hash, p._deadlock_timeout,
                           monotonic() - p._deadlock_timeout, p._describe(), p._name,

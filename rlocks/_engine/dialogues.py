@@ -174,7 +174,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
     queued = granted = waited = False
     detector: Any = None
     pause = 0.01
-    gate = backend.gate(p._keys.hash) if wait != 0 else None
+    gate = p._gate() if wait != 0 else None
     broken = False
     try:
         while True:
@@ -195,9 +195,9 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 _record(p, owner, hold, reply, sent)
                 if waited:
                     metrics.wait_over(True)
-                    log.debug("%s: %s waited %.3f s, granted", p._describe(), owner,
-                              monotonic() - start)
-                log.debug("%s acquired by %s (count %d)", p._describe(), owner, hold.count)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s acquired by %s (count %d) after %.3f s", p._describe(),
+                              owner, hold.count, monotonic() - start)
                 return True
             if reply.status == LOST:
                 if hold.count != expect:
@@ -208,7 +208,9 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 raise _refused(p, reply)
             now = monotonic()
             if deadline is not None and now >= deadline:
-                log.debug("%s: %s waited %.3f s, gave up", p._describe(), owner, now - start)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s: %s waited %.3f s, gave up", p._describe(), owner,
+                              now - start)
                 return False
             if not waited:
                 waited = True
@@ -325,7 +327,8 @@ def release(p: Any, owner: str) -> Steps:
     if last:
         hold.end_release(answered=True)
         metrics.hold_ended(p, hold.granted, "released")
-        log.debug("%s released by %s (count 0)", p._describe(), owner)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s released by %s (count 0)", p._describe(), owner)
     wakeups.wake_local(p._keys.hash, reply.woken)
     return None
 
@@ -506,7 +509,8 @@ Books = List[Tuple[str, Hold, int, int]]
 def books(p: Any, owners: List[str]) -> Books:
     """What the books say of ``owners`` now (each: its hold, the hold's count, the levels
     it took through ``p``), for :func:`repair` should the operation be interrupted."""
-    return [(o, p._hold(o), p._hold(o).count, p._levels(o)) for o in owners]
+    holds = [(o, p._hold(o)) for o in owners]
+    return [(o, hold, hold.count, p._levels(o)) for o, hold in holds]
 
 
 def repair(p: Any, before: Books, acquiring: bool) -> Steps:

@@ -170,7 +170,9 @@ def hold_for(ident: Tuple[Any, ...], label: str, owner: str) -> Hold:
     that primitive shares, or a new one (not yet held)."""
     with _mutex:
         hold = _holds.get(ident)
-        if hold is None or hold.state in (GONE, LOST) and hold.count <= 0:
+        # A hold released (gone) is used again; a lost one is kept for the objects that
+        # still owe its release, and a new one made once they have.
+        if hold is None or hold.state == LOST and hold.count <= 0:
             hold = Hold(ident, label, owner)
             _holds[ident] = hold
             weakref.finalize(hold, _collected, label, owner, hold.alive_cell)

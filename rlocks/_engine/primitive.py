@@ -21,7 +21,7 @@ from .. import errors
 from . import callbacks, checks, identity
 from .backends import backend_for
 from .clients import default_client, encoding_of, is_cluster
-from .holds import Hold, hold_for, peek
+from .holds import LOST, Hold, hold_for, peek
 from .keys import PrimitiveKeys, keys_for
 from .scripts import Call, load
 
@@ -146,7 +146,8 @@ class Primitive:
 
     __slots__ = ("_name", "_namespace", "_client", "_backend", "_ttl", "_ttl_ms",
                  "_auto_renew", "_on_lost", "_keys", "_replication", "_fair", "_entry_ms",
-                 "_deadlock_timeout", "_spec", "_mine", "_restoring", "__weakref__")
+                 "_deadlock_timeout", "_spec", "_mine", "_restoring", "_spare", "_description",
+                 "_gate_of", "__weakref__")
 
     #: Public class name used in messages and reprs, e.g. ``"rlocks.RLock"``.
     _label = "rlocks.Primitive"
@@ -198,6 +199,11 @@ class Primitive:
         self._spec = spec
         self._mine: Dict[str, Tuple[Hold, int]] = {}
         self._restoring: Set[str] = set()
+        # The hold whose last level this object gave back: the owner's next acquire reuses
+        # it (no new Hold and finalizer per acquire; see _hold).
+        self._spare: Optional[Hold] = None
+        self._description: Optional[str] = None
+        self._gate_of: Any = None
 
     def _resolve_client(self, client: Any) -> Any:
         label = f"{self._label}({self._shown})"
@@ -253,6 +259,7 @@ class Primitive:
         parent's: they stay in Redis, the parent's to release."""
         self._mine = {}
         self._restoring = set()
+        self._spare = None
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(f"cannot pickle or copy {self._label}({self._shown}): it stands for "
@@ -263,8 +270,19 @@ class Primitive:
         """The name as reprs and errors print it (a long one shortened)."""
         return checks.shown(self._name)
 
+    def _gate(self) -> Any:
+        """What bounds the calls this primitive's waiters of this process have on the way
+        at once (``backends.Server.gate``), looked up once per object."""
+        if self._aio:  # (asyncio: the loop's own, each time)
+            return self._backend.gate(self._keys.hash)
+        if self._gate_of is None:
+            self._gate_of = self._backend.gate(self._keys.hash)
+        return self._gate_of
+
     def _describe(self) -> str:
-        return f"{self._label.rsplit('.', 1)[-1]} {self._shown}"
+        if self._description is None:
+            self._description = f"{self._label.rsplit('.', 1)[-1]} {self._shown}"
+        return self._description
 
     # -- owners and books -------------------------------------------------------------------
 
@@ -282,6 +300,10 @@ class Primitive:
         taken = self._mine.get(owner)
         if taken is not None:
             return taken[0]
+        spare = self._spare
+        if spare is not None and spare.owner == owner and (spare.state != LOST
+                                                          or spare.count > 0):
+            return spare  # the registry's hold of this ident (hold_for would return it)
         return hold_for(self._ident(owner), self._describe(), owner)
 
     def _levels(self, owner: str) -> int:
@@ -297,6 +319,7 @@ class Primitive:
         if levels - n <= 0:
             del self._mine[owner]
             hold.objects.discard(self)
+            self._spare = hold
         else:
             self._mine[owner] = (hold, levels - n)
 

@@ -129,6 +129,7 @@ class Renewer:
         self._lock = threading.Lock()
         self._wake: "queue.SimpleQueue[None]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
+        self._until = 0.0  # monotonic: when the sleeping thread wakes by itself
         _threads.add(self)
 
     def after_fork(self) -> None:
@@ -136,6 +137,7 @@ class Renewer:
         self._lock = threading.Lock()
         self._wake = queue.SimpleQueue()
         self._thread = None
+        self._until = 0.0
         self.schedule = _Schedule()
 
     def add(self, hold: Hold) -> None:
@@ -147,7 +149,11 @@ class Renewer:
                                                 name="rlocks-renewer")
                 self._thread.start()
                 return
-        self._wake.put(None)
+            # Woken only if it would sleep past this hold's renewal (rarely: a fresh hold
+            # is due a third of a ttl from now, after the holds it sleeps for).
+            early = hold.due < self._until
+        if early:
+            self._wake.put(None)
 
     def _run(self) -> None:
         idle = monotonic()
@@ -162,9 +168,11 @@ class Renewer:
                     if self._thread is threading.current_thread():
                         self._thread = None
                     return
+                sleep = IDLE if due is None else due - now
+                self._until = now + sleep
             if batch is None:
                 try:
-                    self._wake.get(timeout=IDLE if due is None else due - now)
+                    self._wake.get(timeout=sleep)
                 except queue.Empty:
                     pass
                 continue

@@ -126,6 +126,26 @@ local function start_patience(Q, head, patience_ms)
     end
 end
 
+-- A release's wake-up of the heads it frees capacity for. For an unfair primitive (fair
+-- false) the first such release starts the head's patience, and releases while it runs
+-- wake nobody: the woken head asks again when it ends (its refusal told it when), so a
+-- thread that runs sections in a row does not make the head ask in vain at each one.
+local function wake_heads(prefix, B, Q, heads, fair, patience_ms)
+    if not fair and patience_running(Q) then return end
+    wake(prefix, B, heads)
+    if not fair and #heads > 0 then start_patience(Q, heads[1], patience_ms) end
+end
+
+-- When a refused caller should ask again at the latest: within `retry` ms, and for an
+-- unfair primitive by the end of a running patience (after which the head is served).
+local function ask_again(Q, fair, retry)
+    if not fair then
+        local ends = redis.call('ZSCORE', Q, '~p')
+        if ends ~= false then retry = math.min(retry, tonumber(ends) - now_ms()) end
+    end
+    return math.max(1, retry)
+end
+
 -- `member` was served (granted) or left: its entry and its woken mark go; Q goes when
 -- `others` (the live waiters left) is 0.
 local function served(Q, member, others)

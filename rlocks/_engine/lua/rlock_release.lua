@@ -24,8 +24,6 @@ end
 redis.call('DEL', B)
 if redis.call('EXISTS', Q) == 1 then
     local list = waiters(Q, nil)
-    local heads = servable(list)
-    wake(ARGV[4], B, heads)
-    if ARGV[3] == '0' and #heads > 0 then start_patience(Q, heads[1], tonumber(ARGV[5])) end
+    wake_heads(ARGV[4], B, Q, servable(list), ARGV[3] == '1', tonumber(ARGV[5]))
 end
 return reply('1 0')

@@ -105,4 +105,4 @@ end
 if entry_ms > 0 then
     enqueue(Q, mine or new_member(side, owner), entry_ms)
 end
-return reply('0', math.max(1, retry))
+return reply('0', ask_again(Q, fair, retry))

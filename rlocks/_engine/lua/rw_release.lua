@@ -27,8 +27,6 @@ elseif redis.call('HINCRBY', B, '#r', -1) <= 0 then
 end
 if redis.call('HLEN', B) == 0 then redis.call('DEL', B, L) end
 if redis.call('EXISTS', Q) == 1 then
-    local heads = servable(waiters(Q, nil))
-    wake(ARGV[5], B, heads)
-    if ARGV[4] == '0' and #heads > 0 then start_patience(Q, heads[1], tonumber(ARGV[6])) end
+    wake_heads(ARGV[5], B, Q, servable(waiters(Q, nil)), ARGV[4] == '1', tonumber(ARGV[6]))
 end
 return reply('1 0')

@@ -67,8 +67,6 @@ end
 local n = free(value)
 settle(nil)
 if redis.call('EXISTS', Q) == 1 then
-    local heads = servable(waiters(Q, nil))
-    wake(ARGV[2], B, heads)
-    if ARGV[6] == '0' and #heads > 0 then start_patience(Q, heads[1], tonumber(ARGV[7])) end
+    wake_heads(ARGV[2], B, Q, servable(waiters(Q, nil)), ARGV[6] == '1', tonumber(ARGV[7]))
 end
 return reply('1', n)
