@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -764,5 +765,78 @@ def test_a_cancelled_renewer_or_hub_task_is_started_again_by_the_next_use(
         await holder.release()
         assert await asyncio.wait_for(late, 20) is True
         await c.aclose()
+
+    run(main)
+
+
+_CLOSED_CLEANLY = """
+import asyncio, gc, os, sys, warnings
+warnings.simplefilter("always", ResourceWarning)
+import redis.asyncio, rlocks.asyncio
+
+async def main(how):
+    if how == "own":
+        # Built as the constructor builds it: with retries and no socket timeout, the
+        # settings rlocks once gave a pool of its own for (which aclose() left open).
+        host, port = os.environ["RLOCKS_URL"].split("//")[1].split("/")[0].split(":")
+        client = redis.asyncio.Redis(host=host, port=int(port))
+        async with rlocks.asyncio.RLock(sys.argv[2], client=client):
+            pass
+        sem = rlocks.asyncio.Semaphore(sys.argv[2] + "-s", 2, client=client)
+        async with sem:
+            pass
+        await client.aclose()
+    else:
+        async with rlocks.asyncio.RLock(sys.argv[2]):
+            pass
+        await rlocks.asyncio.aclose()
+
+asyncio.run(main(sys.argv[1]))
+gc.collect()
+print("clean")
+"""
+
+
+@pytest.mark.parametrize("how", ["own", "default"])
+def test_closing_the_client_or_aclose_leaves_no_connection_open(
+    url: str, name: str, how: str
+) -> None:
+    """What rlocks opens for an asyncio primitive closes with the client it was given
+    (rlocks opens no pool of its own for it), or, for ``client=None``, with
+    ``rlocks.asyncio.aclose()``: under -X dev no ResourceWarning (an unclosed
+    connection) is left when the loop ends."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", _CLOSED_CLEANLY, how, name],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "RLOCKS_URL": url})
+    assert done.returncode == 0 and done.stdout.strip() == "clean", done.stderr[-2000:]
+    assert "ResourceWarning" not in done.stderr, done.stderr[-2000:]
+
+
+def test_aclose_closes_the_loops_default_client_and_a_later_use_opens_another(
+    url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlocks._engine import surface
+
+    monkeypatch.setenv("RLOCKS_URL", url)
+
+    async def main() -> None:
+        lock = ra.RLock(name)
+        async with lock:
+            pass
+        loop = asyncio.get_running_loop()
+        first = surface._loop_clients[loop][url]
+        await ra.aclose()
+        assert loop not in surface._loop_clients
+        pool = first.connection_pool
+        assert not [c for c in (*pool._available_connections, *pool._in_use_connections)
+                    if c.is_connected]
+        async with lock:  # a use after aclose opens a new client
+            pass
+        assert surface._loop_clients[loop][url] is not first
+        await ra.aclose()
 
     run(main)

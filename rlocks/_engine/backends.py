@@ -22,7 +22,7 @@ import threading
 import weakref
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .clients import io_client, is_cluster
+from .clients import bounded, io_client, is_cluster
 from .scripts import Call, Reply, arun_many, run_many
 from .wakeups import AsyncHub, Hub, Waiter
 
@@ -119,8 +119,9 @@ class Server:
         client = io_client(self.client)
         if args[0] == "SCRIPT" and hasattr(client, "get_primaries"):
             await client.initialize()
-            return await client.execute_command(*args, target_nodes=client.get_primaries())
-        return await client.execute_command(*args)
+            return await bounded(
+                client.execute_command(*args, target_nodes=client.get_primaries()))
+        return await bounded(client.execute_command(*args))
 
     def enlist(self, channel: str, key: str, owner: str) -> Waiter:
         with self._hub_lock:

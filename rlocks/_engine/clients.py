@@ -15,15 +15,22 @@ A client you pass is used as given for your own commands, but rlocks' own round 
 the client says: a plain ``redis.Redis.from_url(url)`` has no socket timeout (a frozen
 server would block a release or the renewer forever) and retries failed commands up to
 10 times (a renewal round could take minutes; a re-sent script itself is harmless: its op
-id makes the server answer it from a record, see ``lua/op_lib.lua``).
-:func:`io_client` therefore gives rlocks a client of its own for such a client: a second
-pool with the same connection settings (address, credentials, TLS, database, encoding)
-but with at most these socket timeouts and no retries. A client that already has them
-is used as it is.
+carries the count it expects, so the server recognises it, see ``scripts``).
+:func:`io_client` therefore gives rlocks a client of its own for such a blocking client:
+a second pool with the same connection settings (address, credentials, TLS, database,
+encoding) but with at most these socket timeouts and no retries. A client that already
+has them is used as it is.
+
+A ``redis.asyncio`` client is always used as it is, so that closing it (``await
+client.aclose()``) closes everything rlocks opened through it: each of rlocks' own awaited
+round trips is bounded by :data:`SOCKET_TIMEOUT` with ``asyncio.timeout`` instead
+(:func:`bounded`), and the client's own retries within that bound are harmless (a re-sent
+call is recognised).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import weakref
@@ -33,7 +40,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_URL", "default_client", "encoding_of", "io_client", "is_cluster", "pool_of"]
+__all__ = ["DEFAULT_URL", "bounded", "default_client", "encoding_of", "io_client", "is_cluster",
+           "pool_of"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 SOCKET_TIMEOUT = 10.0  # s, the longest any one of rlocks' own round trips may block
@@ -112,9 +120,6 @@ def pool_of(client: Any) -> Any:
 _io_clients: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
-_async_kind: Optional[Tuple[Any, Tuple[Any, ...], Any]] = None  # made on first use
-
-
 def _kind(client: Any) -> Optional[Tuple[Any, Tuple[Any, ...], Any]]:
     """(client class, pools rlocks may copy settings from, Retry class), or None.
 
@@ -123,19 +128,19 @@ def _kind(client: Any) -> Optional[Tuple[Any, Tuple[Any, ...], Any]]:
     """
     if type(client) is redis.Redis:
         return redis.Redis, (redis.ConnectionPool, redis.BlockingConnectionPool), Retry
-    if type(client).__module__ == "redis.asyncio.client":
-        global _async_kind
-        if _async_kind is None:
-            # Imported here: programs that never use asyncio need not load redis.asyncio.
-            import redis.asyncio as aredis
-            from redis.asyncio.retry import Retry as AsyncRetry
+    return None  # (asyncio clients too: see the module docstring and bounded())
 
-            pools = (aredis.ConnectionPool, aredis.BlockingConnectionPool)
-            _async_kind = (aredis.Redis, pools, AsyncRetry)
-        if type(client) is _async_kind[0]:
-            return _async_kind
-    return None
 
+async def bounded(awaitable: Any) -> Any:
+    """Await one of rlocks' own round trips on a ``redis.asyncio`` client, for at most
+    :data:`SOCKET_TIMEOUT` (then ``redis.exceptions.TimeoutError``: the link is broken,
+    as a socket timeout says)."""
+    try:
+        async with asyncio.timeout(SOCKET_TIMEOUT):
+            return await awaitable
+    except TimeoutError:
+        raise redis.exceptions.TimeoutError(
+            f"no answer from Redis within {SOCKET_TIMEOUT:g} s") from None
 
 
 def io_client(client: Any) -> Any:
@@ -144,9 +149,10 @@ def io_client(client: Any) -> Any:
     ``client`` itself when its socket timeouts are at most :data:`SOCKET_TIMEOUT` /
     :data:`CONNECT_TIMEOUT` and it does not retry, or when rlocks cannot copy its settings
     (cluster clients, subclasses, custom or caching pools, single-connection clients: see
-    docs/operations.md); otherwise a client of the same kind (``redis.Redis`` or
-    ``redis.asyncio.Redis``) on a pool of rlocks' own (made once per pool, dropped with
-    it) with the same settings, those timeouts and no retries. No I/O.
+    docs/operations.md), and always for a ``redis.asyncio`` client (bounded by
+    :func:`bounded` instead); otherwise a ``redis.Redis`` on a pool of rlocks' own (made
+    once per pool, dropped with it) with the same settings, those timeouts and no
+    retries. No I/O.
     """
     pool = getattr(client, "connection_pool", None)
     kind = _kind(client)
@@ -190,7 +196,7 @@ def _derive(pool: Any, client_type: Any, pool_types: Tuple[Any, ...], retry_type
         CONNECT_TIMEOUT if connect is None else min(connect, CONNECT_TIMEOUT)
     )
     # Not one re-send: each would cost a socket timeout more (a re-sent script is
-    # answered from its op record, so only time is at stake; see lua/op_lib.lua).
+    # recognised by the count it expects, so only time is at stake; see scripts.py).
     kwargs["retry"] = retry_type(NoBackoff(), 0)
     own = pool_types[0](
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs

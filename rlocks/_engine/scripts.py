@@ -41,7 +41,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import RLocksError
-from .clients import io_client
+from .clients import bounded, io_client
 
 __all__ = [
     "DONE", "GRANTED", "LOST", "MISMATCH", "NOT_SENT", "OVER", "UPGRADE", "WAIT",
@@ -323,7 +323,10 @@ class Call:
     # -- awaited ----------------------------------------------------------------------------
 
     async def arun(self, client: Any) -> Reply:
-        """Run on a ``redis.asyncio`` client: one round trip."""
+        """Run on a ``redis.asyncio`` client: one round trip, at most a socket timeout."""
+        return await bounded(self._arun(client))  # type: ignore[no-any-return]
+
+    async def _arun(self, client: Any) -> Reply:
         sender = io_client(client)
         if hasattr(sender, "nodes_manager") and self.keys:
             return await self._acluster(sender)
@@ -430,7 +433,11 @@ def run_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
 
 
 async def arun_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
-    """:func:`run_many` for a ``redis.asyncio`` client."""
+    """:func:`run_many` for a ``redis.asyncio`` client (at most a socket timeout)."""
+    return await bounded(_arun_many(client, calls))  # type: ignore[no-any-return]
+
+
+async def _arun_many(client: Any, calls: Sequence[Call]) -> List[Reply | BaseException]:
     client = io_client(client)
     wait = _wait_for(calls)
 

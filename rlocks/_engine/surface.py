@@ -24,7 +24,7 @@ import redis
 
 from ..errors import LockLostError, RLocksError
 from . import checks, dialogues, holds, identity, metrics
-from .backends import Server, address_of
+from .backends import Server, address_of, backend_for
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT
 from .constructors import public_method
 from .holds import Hold
@@ -216,6 +216,18 @@ class LockSurface(_Tokens):
 _loop_clients: "weakref.WeakKeyDictionary[Any, Dict[str, Any]]" = weakref.WeakKeyDictionary()
 
 
+async def aclose() -> None:
+    """Close the clients rlocks opened on the running event loop for primitives made with
+    ``client=None`` (one per ``RLOCKS_URL``), as ``await client.aclose()`` closes a client
+    of your own. Call it before the loop ends (at the end of the coroutine given to
+    ``asyncio.run``), once its primitives are released; a primitive used after it opens
+    a new client. Primitives given a client of yours open nothing of their own: closing
+    that client closes all."""
+    clients = _loop_clients.pop(asyncio.get_running_loop(), {})
+    for client in clients.values():
+        await client.aclose()
+
+
 def default_async_client() -> Any:
     """The shared ``redis.asyncio`` client for ``RLOCKS_URL`` on the running loop (its
     connections belong to that loop)."""
@@ -250,8 +262,9 @@ class LoopDefault:
     def server(self) -> Server:
         loop = asyncio.get_running_loop()
         found = self._servers.get(loop)
-        if found is None:
-            found = self._servers[loop] = Server(default_async_client())
+        client = default_async_client()
+        if found is None or found.client is not client:  # (a new one after aclose())
+            found = self._servers[loop] = backend_for(client)
         return found
 
     async def arun(self, call: Any) -> Any:

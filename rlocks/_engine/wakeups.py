@@ -204,6 +204,12 @@ class Hub:
                         idle_since = monotonic()
             except Exception as exc:  # noqa: BLE001 - the link: reconnect
                 self.ready.clear()
+                with self._lock:
+                    if not _has_waiters(self):
+                        # Nobody to serve (the client may have been closed): no new
+                        # connection; the next waiter starts the subscriber again.
+                        self._thread = None
+                        return
                 log.debug("wake-up subscriber %s: %r; reconnecting", self.channel, exc)
                 _wake_all(self)
                 threading.Event().wait(delay)
@@ -244,12 +250,14 @@ class AsyncHub:
         idle_since = monotonic()
         delay = 0.05
         while True:
-            pubsub = None
+            pubsub = node_client = None
             try:
                 client = self.client
-                if hasattr(client, "get_nodes"):
+                if hasattr(client, "get_nodes"):  # a cluster: one node (see _subscriber_client)
                     node = random.choice(client.get_nodes())
-                    client = redis.asyncio.Redis(host=node.host, port=node.port)
+                    client = node_client = redis.asyncio.Redis(  # (the cluster's settings)
+                        connection_pool=redis.asyncio.ConnectionPool(
+                            connection_class=node.connection_class, **node.connection_kwargs))
                 pubsub = client.pubsub()
                 await pubsub.subscribe(self.channel)
                 while True:  # listening once the server confirmed the subscription
@@ -275,6 +283,8 @@ class AsyncHub:
                 raise
             except Exception as exc:  # noqa: BLE001 - the link: reconnect
                 self.ready.clear()
+                if not _has_waiters(self):
+                    return  # nobody to serve (the client may have been closed): see Hub
                 log.debug("wake-up subscriber %s: %r; reconnecting", self.channel, exc)
                 _wake_all(self)
                 await asyncio.sleep(delay)
@@ -283,6 +293,11 @@ class AsyncHub:
                 if pubsub is not None:
                     try:
                         await pubsub.aclose()
+                    except Exception:  # noqa: BLE001
+                        pass
+                if node_client is not None:
+                    try:
+                        await node_client.aclose()
                     except Exception:  # noqa: BLE001
                         pass
 

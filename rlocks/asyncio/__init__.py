@@ -11,11 +11,18 @@ are coroutines (they are round trips); ``acquire`` also takes ``blocking`` and `
 locks are reentrant per task; ``asyncio.Condition`` cannot use them (it needs a
 synchronous ``release``): ``rlocks.asyncio.Condition`` can, and notifies every process.
 Use each primitive object from one event loop.
+
+Closing: a primitive given a ``redis.asyncio`` client uses that client only (rlocks opens
+no pool of its own for it), so ``await client.aclose()`` closes everything. Primitives
+made with ``client=None`` share a client per event loop that rlocks opened: close it with
+``await rlocks.asyncio.aclose()`` before the loop ends.
 """
 
+from .._engine.surface import aclose
 from .condition import Condition
 from .rlock import RLock
 from .rwlock import ReadLock, RWLock, WriteLock
 from .semaphore import BoundedSemaphore, Semaphore
 
-__all__ = ["RLock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore", "Condition"]
+__all__ = ["RLock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore", "Condition",
+           "aclose"]
