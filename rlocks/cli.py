@@ -273,10 +273,10 @@ def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
     lines.append(f"  key expiry {_duration(state.lease_ms)}")
     if state.holders:
         lines.append("  holders")
-        rows = [("    OWNER", "SIDE", "COUNT", "LEASE LEFT")]
+        rows = [("    OWNER", "SIDE", "COUNT", "LEASE LEFT", "RENEWED")]
         for holder in state.holders:
             rows.append((f"    {holder.owner}", holder.side or "-", str(holder.count),
-                         _duration(holder.lease_ms)))
+                         _duration(holder.lease_ms), _renewed(holder)))
         lines += _table(rows)
     # (one entry per waiting thread or asyncio task, head first)
     lines.append(f"  queue      {_plural(len(state.queue or ()), 'entry', 'entries')} waiting")
@@ -293,6 +293,18 @@ def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
         lines.append(f"  stale entries  {state.stale} (leases ended; tidied by the next "
                      "operation on it)")
     return lines
+
+
+def _renewed(holder: Any) -> str:
+    """How long ago the holder's lease was set; flagged when that is over a third of the
+    lease and a second (a live process renews every third: this one may be stopped)."""
+    ago, left = holder.renewed_ms, holder.lease_ms
+    if ago is None:
+        return "-"
+    text = f"{_duration(ago)} ago"
+    if left is not None and ago > (ago + left) / 3 + 1000:
+        text += " (late: is its process running?)"
+    return text
 
 
 def _emit_json(data: Any) -> None:

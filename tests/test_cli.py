@@ -715,3 +715,27 @@ def test_on_a_cluster_list_inspect_and_release_reach_every_master(
             lock.release()
         sem.release()
         client.close()
+
+
+def test_inspect_tells_a_holder_that_stopped_renewing(
+    client: "redis.Redis[bytes]", run: Callable[..., Result], ns: str, name: str
+) -> None:
+    """``inspect`` shows how long ago each holder's lease was set; one whose process no
+    longer renews (stopped, here: a hold whose renewal is off, 4 s into a 6 s lease) is
+    flagged, a renewed one is not."""
+    live = rlocks.RLock(name, namespace=ns, ttl=6)
+    frozen = rlocks.Semaphore(name + "-s", 2, namespace=ns, ttl=6, auto_renew=False)
+    assert live.acquire() and frozen.acquire()
+    try:
+        time.sleep(4.0)  # the live one was renewed (every 2 s), the frozen one not
+        data = json.loads(run("inspect", name, "--json").stdout)
+        assert data["holders"][0]["renewed_ms"] < 2500, data
+        text = run("inspect", name).stdout
+        assert "ago" in text and "late" not in text, text
+        data = json.loads(run("inspect", name + "-s", "--json").stdout)
+        assert data["holders"][0]["renewed_ms"] >= 3500, data
+        text = run("inspect", name + "-s").stdout
+        assert "(late: is its process running?)" in text, text
+    finally:
+        live.release()
+        frozen.release()

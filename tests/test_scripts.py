@@ -94,7 +94,7 @@ def test_rlock_fresh_reentry_and_release(client: Any, name: str) -> None:
     assert first.status == GRANTED and first.a == 1 and first.b > 0
     again = acquire(lock, A, expect=1)
     assert (again.status, again.a, again.b) == (GRANTED, 2, 0)  # a re-entry: no new token
-    assert client.hgetall(lock._keys.hash) == {A.encode(): b"2"}
+    assert client.hgetall(lock._keys.hash) == {A.encode(): b"2", b"#t": b"10000"}  # #t: the ttl
     assert 9000 < client.pttl(lock._keys.hash) <= 10000
     assert release(lock, A, 2) == scripts.Reply(GRANTED, 1)
     assert release(lock, A, 1) == scripts.Reply(GRANTED, 0)

@@ -117,10 +117,15 @@ class Holder:
     count: int  # hold count (re-entries), permits, or 0 for a claim
     lease_ms: Optional[int]  # ms until this hold's lease ends; None: the key has no expiry
     side: str = ""  # RWLock: "read" or "write"
+    #: ms since its lease was last set (granted or renewed): the lease length the last
+    #: grant gave minus what is left. A live holder renews every third of it, so a larger
+    #: value says its process stopped renewing. None when not known.
+    renewed_ms: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         data: Dict[str, Any] = {"owner": self.owner, "count": self.count}
         data["lease_ms"] = self.lease_ms
+        data["renewed_ms"] = self.renewed_ms
         if self.side:
             data["side"] = self.side
         return data
@@ -300,6 +305,11 @@ def _decode(namespace: str, kind: str, name: str, reply: Any) -> Optional[Primit
     lease = None if int(pttl) < 0 else int(pttl)
     ends = {member: int(score) for member, score in _scores(leases)}
     parts = _DECODERS[kind](flat, lease, ends, now)
+    length = _int(flat.get("#t", ""))
+    if length is not None:
+        parts["holders"] = tuple(
+            replace(h, renewed_ms=max(0, length - h.lease_ms)) if h.lease_ms is not None else h
+            for h in parts["holders"])
     waiting_in, stale = _decode_queue(queue, now)
     parts["stale"] += stale
     return PrimitiveState(namespace=namespace, kind=kind, name=name,

@@ -1,6 +1,7 @@
 -- rlock_acquire: take or re-enter an RLock for one owner (a thread or task).
 --
--- KEYS[1]  B  holds hash: <owner> -> count; its PEXPIRE is the lease
+-- KEYS[1]  B  holds hash: <owner> -> count, and '#t' the lease length a grant gave (ms,
+--             for `rlocks inspect`: how long ago the holder renewed); its PEXPIRE is the lease
 -- KEYS[2]  Q  waiting queue (lib.lua)
 -- KEYS[3]  F  fencing token counter of the slot
 -- ARGV[1]  owner id
@@ -27,7 +28,7 @@ local fair, entry_ms = ARGV[4] == '1', tonumber(ARGV[5])
 if redis.call('EXISTS', B, Q) == 0 then
     if expect ~= 0 then return reply('-1') end
     local t = token(F)
-    redis.call('HSET', B, owner, 1)
+    redis.call('HSET', B, owner, 1, '#t', ttl)
     redis.call('PEXPIRE', B, ttl)
     return reply('1 1', t)
 end
@@ -54,7 +55,7 @@ if not held then
     if head == nil or head == mine or (not fair and patience_running(Q)) then
         if mine ~= nil then served(Q, mine, #list - 1) end
         local t = token(F)
-        redis.call('HSET', B, owner, 1)
+        redis.call('HSET', B, owner, 1, '#t', ttl)
         redis.call('PEXPIRE', B, ttl)
         return reply('1 1', t)
     end

@@ -19,7 +19,7 @@ local field = side .. ':' .. owner
 
 local function grant()
     local t = token(F)
-    redis.call('HSET', B, field, 1)
+    redis.call('HSET', B, field, 1, '#t', ttl)  -- '#t': the lease length (rw_lib.lua)
     if side == 'w' then
         redis.call('HSET', B, '#w', owner)
     else

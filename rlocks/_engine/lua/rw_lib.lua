@@ -1,9 +1,16 @@
 -- rw_lib: what an RWLock's scripts share (after lib.lua).
 -- KEYS[1] B holds hash: 'w:<owner>' / 'r:<owner>' -> count, '#w' -> the writing owner,
---         '#r' -> number of reading owners
+--         '#r' -> number of reading owners, '#t' -> the lease length of the last grant (ms)
 -- KEYS[2] Q queue (members' side 'w' or 'r')
 -- KEYS[3] L holder leases, ZSET: B field -> lease end (server ms); B and L expire together
 --         at the last lease end
+
+-- Whether B holds nobody: no field but '#t' (the lease length the last grant gave, ms,
+-- which `rlocks inspect` reads to tell how long ago a holder renewed).
+local function empty(B)
+    local n = redis.call('HLEN', B)
+    return n == 0 or (n == 1 and redis.call('HEXISTS', B, '#t') == 1)
+end
 
 -- Drop holds whose lease ended.
 local function purge()
@@ -20,7 +27,7 @@ local function purge()
         end
     end
     redis.call('ZREMRANGEBYSCORE', L, '-inf', now_ms())
-    if redis.call('HLEN', B) == 0 then redis.call('DEL', B, L) end
+    if empty(B) then redis.call('DEL', B, L) end
 end
 
 local function writer()

@@ -25,7 +25,7 @@ if side == 'w' then
 elseif redis.call('HINCRBY', B, '#r', -1) <= 0 then
     redis.call('HDEL', B, '#r')
 end
-if redis.call('HLEN', B) == 0 then redis.call('DEL', B, L) end
+if empty(B) then redis.call('DEL', B, L) end
 if redis.call('EXISTS', Q) == 1 then
     wake_heads(ARGV[5], B, Q, servable(waiters(Q, nil)), ARGV[4] == '1', tonumber(ARGV[6]))
 end

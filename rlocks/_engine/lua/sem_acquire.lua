@@ -19,7 +19,7 @@ local ttl, expect = tonumber(ARGV[5]), tonumber(ARGV[6])
 local fair, entry_ms = ARGV[7] == '1', tonumber(ARGV[8])
 
 local function grant(count)
-    redis.call('HSET', B, owner, count + 1, '#i', value, '#b', bounded)
+    redis.call('HSET', B, owner, count + 1, '#i', value, '#b', bounded, '#t', ttl)
     redis.call('HSETNX', B, '#v', value)
     redis.call('HINCRBY', B, '#h', 1)
     lease(owner, ttl)
