@@ -146,14 +146,14 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         ctx.ensure_object(_Settings).json = True
 
 
-def _global_options(func: F, *, group: bool = False) -> F:
+def _global_options(func: F, *, group: bool = False, url_default: str = DEFAULT_URL) -> F:
     # Callbacks store into the one _Settings object the group made: the group's callbacks
     # run first, so an option after the command wins over the same option before it.
     # Only the group reads RLOCKS_URL, or the variable would override `rlocks --url X cmd`.
     options = [
         click.option(
             "--url", envvar="RLOCKS_URL" if group else None, expose_value=False,
-            callback=_set_url, help=f"Redis URL [env RLOCKS_URL; default {DEFAULT_URL}]",
+            callback=_set_url, help=f"Redis URL [env RLOCKS_URL; default {url_default}]",
         ),
         click.option(
             "--namespace", expose_value=False, callback=_set_namespace,
@@ -566,7 +566,7 @@ def _stdin_is_tty() -> bool:
               help="critical sections per thread in each use case")
 @click.option("--pool-size", type=click.IntRange(min=1), default=3, show_default=True,
               help="the Semaphore's limit (less than processes x threads)")
-@_global_options
+@functools.partial(_global_options, url_default="a throwaway redis-server it starts")
 def demo_command(processes: int, threads: int, iterations: int, pool_size: int) -> None:
     """Run the three use cases across processes and threads, then verify them.
 

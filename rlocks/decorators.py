@@ -7,7 +7,9 @@ hold covers the inner ones without deadlock, across every process that uses the 
 The primitive is made once per decorated function, on its first call, not at decoration:
 importing a module that decorates functions reads no environment (``RLOCKS_URL``) and does
 no I/O. Constructor options are checked against the primitive's signature at decoration,
-so a misspelt option fails at import, not at the first call.
+and its values checked by building the primitive once (with an unconnected client when
+none is given), so a misspelt option or a bad value fails at import, not at the first
+call.
 """
 
 from __future__ import annotations
@@ -59,9 +61,32 @@ def synchronized(
 
     Raises at decoration, before any I/O: TypeError for an unsupported ``kind``, options
     its constructor does not take, or a coroutine, generator or async generator function
-    (the hold would not cover what runs after the first suspension).
+    (the hold would not cover what runs after the first suspension); the constructor's
+    own TypeError or ValueError for a bad name or option value (``ttl=-1``).
     """
     return _decorator("synchronized", name, kind, timeout, options)
+
+
+def _check_values(kind: Callable[..., Any], name: str, options: Dict[str, Any]) -> None:
+    """The constructor's own checks of ``name`` and ``options`` (``ttl=-1``, a bad
+    namespace...), at decoration: rlocks' own class under ``kind`` (``kind`` may be a
+    subclass that counts or logs what it makes) is built once with them and dropped.
+    Without a ``client`` option it gets an unconnected one, so nothing reads
+    ``RLOCKS_URL`` and nothing is sent (building a primitive does no I/O)."""
+    import redis
+
+    base = next(c for c in cast(type, kind).__mro__
+                if c in (RLock, Semaphore, BoundedSemaphore))
+    accepted = inspect.signature(base).parameters
+    given = {k: v for k, v in options.items() if k in accepted}
+    probe = None
+    if "client" not in given:
+        probe = given["client"] = redis.Redis()  # never connected: a client to build with
+    try:
+        base(name, **given)
+    finally:
+        if probe is not None:
+            probe.close()
 
 
 def _decorator(
@@ -97,6 +122,7 @@ def _decorator(
         if hint is not None:
             message += f"; {hint}"
         raise TypeError(message) from None
+    _check_values(kind, name, options)
     if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
         raise ValueError(f"{decorator}({shown(name)}): timeout must be None or >= 0 seconds")
     acquire_kwargs = {} if timeout is None else {"timeout": timeout}

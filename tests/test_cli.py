@@ -739,3 +739,11 @@ def test_inspect_tells_a_holder_that_stopped_renewing(
     finally:
         live.release()
         frozen.release()
+
+
+def test_the_demo_help_says_it_starts_its_own_server() -> None:
+    """Without --url or RLOCKS_URL the demo starts a throwaway server: its help says so
+    (it once claimed the CLI's default URL)."""
+    text = CliRunner().invoke(cli.cli, ["demo", "--help"], env={"RLOCKS_URL": ""}).output
+    assert "a throwaway redis-server it starts" in " ".join(text.split())
+    assert "default redis://localhost" not in " ".join(text.split())

@@ -252,3 +252,29 @@ def test_limited_errors_name_limited_not_synchronized(name: str) -> None:
 
 async def coroutine_function() -> None:
     pass
+
+
+@pytest.mark.parametrize("options", [
+    {"ttl": -1}, {"namespace": ""}, {"entry_lease": 0}, {"deadlock_timeout": -1},
+    {"kind": rlocks.Semaphore, "value": -2}, {"kind": rlocks.BoundedSemaphore, "value": 1.5},
+])
+def test_bad_option_values_are_refused_at_decoration(
+    name: str, options: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad value fails where the decorator is written (at import), with the
+    constructor's own error, not at the first call; no Redis is needed to find out."""
+    monkeypatch.setenv("RLOCKS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    with pytest.raises((ValueError, TypeError)):
+        synchronized(name, **options)
+
+
+def test_good_options_with_no_server_decorate_without_io(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLOCKS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+
+    @synchronized(name, ttl=5, namespace=NAMESPACE)
+    def job() -> int:
+        return 1
+
+    assert job.__name__ == "job"  # decorated; the first call would connect
