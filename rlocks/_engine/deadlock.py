@@ -30,8 +30,9 @@ walk is not atomic and what it saw may have changed; before accusing anyone it *
 it reads every hold (and place ahead) of the cycle again, then every edge again, and gives
 up unless all are still there with the same ``seq``. Why that suffices: an owner whose
 edge has the same ``seq`` at the walk's read and at the confirming read was blocked in one
-acquire throughout, and a blocked owner cannot take a hold it lacks, except the one it
-waits for, by a hand-over it has not noticed yet; an owner that holds anything of what it
+acquire throughout, and a blocked owner cannot take a hold it lacks (a script grants only
+to the caller that sent it, and a blocked owner sends no acquire but the one it waits in,
+whose grant ends the wait); an owner that holds anything of what it
 waits for is counted as not blocked at all (a re-entry, a writer's read and a refused
 upgrade never wait), at the walk's read and at the confirming one. So each hold read
 present by the confirmation was held since the walk read its owner's edge. A queue edge is

@@ -21,7 +21,6 @@ the ``rlocks.asyncio`` primitives: in asyncio the task, not the thread, is who h
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import os
 import socket
@@ -29,7 +28,7 @@ import threading
 import weakref
 from typing import Any, Tuple
 
-__all__ = ["op_stream", "thread_owner", "task_owner", "process_owner", "process_token"]
+__all__ = ["thread_owner", "task_owner", "process_token"]
 
 _HOST = socket.gethostname() or "localhost"
 
@@ -89,35 +88,7 @@ def task_owner() -> str:
     else:
         owner = f"{_prefix}:a{next(_serials)}"
         _tasks[task] = (_epoch, owner)
-    _stream.set(owner)
     return owner
-
-
-# The op stream of the running task (see op_stream): the owner id task_owner() last named
-# in it. Tasks rlocks starts for one operation (a shielded round trip) copy the context of
-# the owner's task, so their script calls count as that owner's, not a new stream each.
-_stream: "contextvars.ContextVar[str]" = contextvars.ContextVar("rlocks_op_stream")
-
-
-def op_stream() -> str:
-    """Who makes the calling code's script calls, for their op ids (lua/op_lib.lua): one
-    sequential caller. In an asyncio task, the owner whose operation the task carries out
-    (the task's own id if it never asked for one); otherwise the thread's owner id."""
-    # (_get_running_loop: None outside a loop, where current_task() would raise; the
-    # exception cost a thread's every script call more than the rest of this function)
-    loop = asyncio._get_running_loop()
-    task = None if loop is None else asyncio.current_task(loop)
-    if task is None:
-        return thread_owner()
-    stream = _stream.get(None)
-    if stream is None or not stream.startswith(_prefix):  # unset, or from before a fork
-        return task_owner()
-    return stream
-
-
-def process_owner() -> str:
-    """The owner id shared by every thread of this process (renewed at fork)."""
-    return f"{_prefix}:p"
 
 
 def process_token() -> str:

@@ -17,8 +17,9 @@ Python: a glob over names cannot be rewritten as one over escaped keys.
 One consistent snapshot
 -----------------------
 Lease ends are *server* times (redis TIME, ms), so "lease left" is read against the
-server's clock, never this host's: TIME and every read of each primitive travel in one
-MULTI/EXEC, which also makes the listing an atomic snapshot of each batch.
+server's clock, never this host's: each primitive is read with its server time by one
+script (``lua/state_read.lua``), an atomic snapshot of that primitive on the node that
+holds its slot.
 The snapshot only reads. Holds whose lease has passed are still in the hash until the
 next script on that primitive tidies them; they are left out of ``holders`` and counted
 in ``stale`` (for a semaphore their permits are counted as free, as the next script will).
