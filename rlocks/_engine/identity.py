@@ -11,10 +11,9 @@ An owner id is ``host:pid:nonce:serial``:
   too, and does not create ``threading._DummyThread`` objects), so a new thread that
   reuses a dead thread's ident still gets a fresh serial.
 
-``process_owner()`` is the id shared by all threads of the process, for holds that would
-belong to the process rather than to a thread (no primitive uses one: semaphore permits
-are the taking thread's, see ``semaphore.py``).
-``task_owner()`` is the id of the running asyncio task (``host:pid:nonce:a<serial>``), for
+Every hold belongs to a thread (semaphore permits too: the taking thread's, see
+``semaphore.py``). ``process_token()`` (``host:pid:nonce``) names the process: its wake-up
+channel and the prefix of its owners' ids. ``task_owner()`` is the id of the running asyncio task (``host:pid:nonce:a<serial>``), for
 the ``rlocks.asyncio`` primitives: in asyncio the task, not the thread, is who holds.
 """
 
