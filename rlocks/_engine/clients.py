@@ -34,7 +34,7 @@ import asyncio
 import os
 import threading
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -141,6 +141,29 @@ async def bounded(awaitable: Any) -> Any:
     except TimeoutError:
         raise redis.exceptions.TimeoutError(
             f"no answer from Redis within {SOCKET_TIMEOUT:g} s") from None
+
+
+async def asend_once(client: Any, args: Sequence[Any]) -> Any:
+    """Send ``args`` once on a connection of a ``redis.asyncio`` client's pool and read the
+    raw reply: never through the client's ``Retry``, whose silent resend would hide from
+    rlocks that a call may have run twice (a last release, sent twice, finds its own work
+    done and must know it sent twice: ``dialogues.release``). A client bound to one
+    connection, or without a pool, runs the command its own way."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or getattr(client, "connection", None) is not None:
+        return await client.execute_command(*args)
+    conn = await pool.get_connection()
+    try:
+        await conn.send_command(*args)
+        return await conn.read_response()
+    except BaseException as exc:
+        if not isinstance(exc, redis.exceptions.ResponseError):
+            # Cut off or cancelled mid-reply: the link's state is unknown. (A shielded
+            # disconnect would outlive a cancel; disconnect() is quick and never raises.)
+            await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
 
 
 def io_client(client: Any) -> Any:

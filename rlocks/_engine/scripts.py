@@ -41,7 +41,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import RLocksError
-from .clients import bounded, io_client
+from .clients import asend_once, bounded, io_client
 
 __all__ = [
     "DONE", "GRANTED", "LOST", "MISMATCH", "NOT_SENT", "OVER", "UPGRADE", "WAIT",
@@ -362,7 +362,7 @@ class Call:
 
     async def _ageneric_once(self, client: Any) -> Reply:
         if self.replication is None:
-            return decode(await client.execute_command(*self.command()), self.script.name)
+            return decode(await asend_once(client, self.command()), self.script.name)
         pipe = client.pipeline(transaction=False)
         pipe.execute_command(*self.command())
         pipe.execute_command("WAIT", *self.replication)
