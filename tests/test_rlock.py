@@ -107,7 +107,7 @@ def test_reentrant_count_lives_in_redis(client: Any, name: str) -> None:
     lock = make(name, client)
     owner = identity.thread_owner()
     assert lock.acquire() and lock.acquire()
-    assert client.hgetall(hash_key(name)) == {owner.encode(): b"2"}
+    assert client.hgetall(hash_key(name)) == {owner.encode(): b"2", b"#t": b"30000"}  # and the ttl
     assert 0 < client.pttl(hash_key(name)) <= 30_000
     lock.release()
     assert client.hget(hash_key(name), owner) == b"1"
@@ -584,7 +584,7 @@ def test_release_wakes_one_waiter_not_all(counting: CountingRedis, name: str) ->
     assert wait_for(
         lambda: len(entered) == 1
         and all(parked(t) for i, t in enumerate(threads) if i not in entered)
-        and not any(w._event.is_set() for w in waiters_of(lock)),
+        and not any(w.pending() for w in waiters_of(lock)),
         timeout=15,
     )
     # The waiters' script calls (not our release): the woken head's claim, and at most

@@ -13,8 +13,9 @@ An owner id is ``host:pid:nonce:serial``:
 
 Every hold belongs to a thread (semaphore permits too: the taking thread's, see
 ``semaphore.py``). ``process_token()`` (``host:pid:nonce``) names the process: its wake-up
-channel and the prefix of its owners' ids. ``task_owner()`` is the id of the running asyncio task (``host:pid:nonce:a<serial>``), for
-the ``rlocks.asyncio`` primitives: in asyncio the task, not the thread, is who holds.
+channel and the prefix of its owners' ids. ``task_owner()`` is the id of the running
+asyncio task (``host:pid:nonce:a<serial>``), for the ``rlocks.asyncio`` primitives: in
+asyncio the task, not the thread, is who holds.
 """
 
 from __future__ import annotations

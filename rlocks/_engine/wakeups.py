@@ -54,22 +54,36 @@ class Waiter:
         self.key, self.owner, self.hub = key, owner, hub
         self.fresh = False  # the subscriber was not listening before this registration
         self._loop = loop
-        self._event: Any = asyncio.Event() if loop is not None else threading.Event()
+        if loop is not None:
+            self._event: Any = asyncio.Event()
+        else:
+            # A thread's: a C lock held while not woken (released by set(), taken back by
+            # wait()), cheaper to wake across threads than threading.Event's Condition.
+            self._event = threading.Lock()
+            self._event.acquire()
 
     def set(self) -> None:
         """Wake it (from any thread)."""
         if self._loop is None:
-            self._event.set()
+            try:
+                self._event.release()
+            except RuntimeError:
+                pass  # woken already
         else:
             try:
                 self._loop.call_soon_threadsafe(self._event.set)
             except RuntimeError:
                 pass  # its loop is closed: nobody waits any more
 
+    def pending(self) -> bool:
+        """Whether a hint came that no wait has used yet."""
+        if self._loop is None:
+            return not self._event.locked()
+        return bool(self._event.is_set())
+
     def wait(self, seconds: float) -> bool:
-        woken = bool(self._event.wait(max(0.0, seconds)))
-        self._event.clear()
-        return woken
+        """Wait at most ``seconds`` for a hint; True if one came (it is used up)."""
+        return bool(self._event.acquire(timeout=max(0.0, seconds)))
 
     async def await_(self, seconds: float) -> bool:
         # asyncio.timeout, not wait_for: on 3.11 wait_for drops a cancellation that
