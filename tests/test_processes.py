@@ -23,7 +23,7 @@ from rlocks._engine.identity import thread_owner
 
 from . import _workers
 from ._servers import wait_renewed
-from .conftest import NAMESPACE
+from .conftest import NAMESPACE, holds_in
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -119,7 +119,7 @@ def test_sigkilled_holder_is_replaced_within_its_ttl(
     holder.start()
     try:
         assert held.wait(30), errors(client, errors_key)
-        owners = client.hgetall(hash_key(name))
+        owners = holds_in(client, hash_key(name))
         assert len(owners) == 1
         (owner,) = owners
         assert f":{holder.pid}:" in owner.decode(), owner  # host:pid:nonce:serial
@@ -138,7 +138,7 @@ def test_sigkilled_holder_is_replaced_within_its_ttl(
         holder.join(10)
         assert holder.exitcode == -signal.SIGKILL
         assert waited <= ttl + 3.0, f"took {waited:.3f} s after the kill (ttl {ttl} s)"
-        assert client.hgetall(hash_key(name)) == {thread_owner().encode(): b"1"}
+        assert holds_in(client, hash_key(name)) == {thread_owner().encode(): b"1"}
         contender.release()
     finally:
         stop(holder)
@@ -242,7 +242,7 @@ def test_expired_hold_raises_lock_lost_and_leaves_new_owner_untouched(
     try:
         assert second.held.wait(10) and second.error is None, second.error
         before = client.hgetall(key)
-        assert before == {second.owner.encode(): b"2"}
+        assert holds_in(client, key) == {second.owner.encode(): b"2"}
         pttl_before = client.pttl(key)
 
         with pytest.raises(rlocks.LockLostError) as lost:

@@ -34,7 +34,7 @@ from rlocks.server import TemporaryRedisServer, free_port
 
 from ._servers import RENEWED_TTL, make_tls_files, server_version, wait_renewed, wait_until
 from ._threads import hub_waiters
-from .conftest import NAMESPACE, without_counters
+from .conftest import NAMESPACE, holds_in, without_counters
 
 # -- hostile names -------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ def test_hostile_names_and_namespaces_are_inert(client: Any, name: str, namespac
           for key in (expected_key(namespace, "rw", name), expected_key(namespace, "sem", name))
           for suffix in (b"", b":l")),
     }
-    assert client.hgetall(expected_key(namespace, "rlock", name)) == {
+    assert holds_in(client, expected_key(namespace, "rlock", name)) == {
         rlocks._engine.identity.thread_owner().encode(): b"2"
     }
     assert lock.locked() and rw.read_lock.locked() and not rw.write_lock.locked()
