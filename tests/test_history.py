@@ -188,6 +188,7 @@ def _judge(result: Any) -> None:
 
 
 @pytest.mark.history
+@pytest.mark.xdist_group("heavy")  # one after another on one worker (setup.cfg)
 @pytest.mark.parametrize("driver, persist, seed", [("thread", True, 11), ("asyncio", False, 12)])
 def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) -> None:
     cfg = RunConfig(seed=seed, seconds=22, driver=driver, persist=persist, quiet=(0.8, 1.6),
@@ -198,6 +199,7 @@ def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) 
 
 
 @pytest.mark.history
+@pytest.mark.xdist_group("heavy")  # one after another on one worker (setup.cfg)
 @pytest.mark.parametrize("driver, seed", [("thread", 13), ("asyncio", 14)])
 def test_history_cluster(driver: str, seed: int, tmp_path) -> None:
     if server_version() < (7, 0):
