@@ -225,11 +225,15 @@ class Call:
             sender = io_client(client)
             pool = _direct_pool(sender)
             self._route = (client, sender, pool)
-        if pool is None:
-            if hasattr(sender, "nodes_manager") and self.keys:
-                return self._cluster(sender)
-            return self._generic(sender)
-        return self._loaded(pool)
+        try:
+            if pool is None:
+                if hasattr(sender, "nodes_manager") and self.keys:
+                    return self._cluster(sender)
+                return self._generic(sender)
+            return self._loaded(pool)
+        except ResponseError as exc:
+            _login_refused(exc)
+            raise
 
     def _loaded(self, pool: Any) -> Reply:
         try:
@@ -324,7 +328,11 @@ class Call:
 
     async def arun(self, client: Any) -> Reply:
         """Run on a ``redis.asyncio`` client: one round trip, at most a socket timeout."""
-        return await bounded(self._arun(client))  # type: ignore[no-any-return]
+        try:
+            return await bounded(self._arun(client))  # type: ignore[no-any-return]
+        except ResponseError as exc:
+            _login_refused(exc)
+            raise
 
     async def _arun(self, client: Any) -> Reply:
         sender = io_client(client)
@@ -368,6 +376,15 @@ class Call:
         pipe.execute_command("WAIT", *self.replication)
         first, replicas = await pipe.execute()
         return decode(first, self.script.name)._replace(replicas=int(replicas))
+
+
+def _login_refused(exc: ResponseError) -> None:
+    """Raise AuthenticationError if ``exc`` is Redis refusing a connection that has not
+    logged in (waiting does not cure that). Redis answers a long command from such a
+    connection with this error and hangs up; redis-py 7.4 sends the script before anything
+    that would get ``NOAUTH``."""
+    if str(exc).startswith("Protocol error: unauthenticated"):
+        raise redis.exceptions.AuthenticationError(str(exc)) from None
 
 
 def _results(calls: Sequence[Call], raw: List[Any]) -> List[Reply | BaseException]:
