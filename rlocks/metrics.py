@@ -2,9 +2,9 @@
 
 With ``opentelemetry-api`` installed, every primitive records to OpenTelemetry's global
 ``MeterProvider`` and ``TracerProvider``; without it, nothing is recorded and nothing is
-imported. The metric names and attributes are listed in docs/metrics.md and in
-:mod:`rlocks._engine.metrics`. :func:`configure` turns the ``name`` attribute on (off by
-default: many names make many series) or points rlocks at other providers.
+imported. The metric names and attributes are listed in docs/metrics.md. :func:`configure`
+turns the ``name`` attribute on (off by default: many names make many series) or points
+rlocks at other providers.
 """
 
 from ._engine.metrics import DURATION_BUCKETS, configure

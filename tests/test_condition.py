@@ -259,11 +259,11 @@ def test_a_notify_whose_wake_up_came_before_the_waiter_listened_is_seen_at_its_f
     original = backend.enlist
     sent: List[float] = []
 
-    def enlist(channel: str, key: str, owner: str) -> Any:
+    def enlist(channel: str, key: str, owner: str, seconds: float) -> Any:
         if key == cond._key and not sent:
             assert cond._call(engine._NOTIFY, "", 1)(client).a == 1
             sent.append(time.monotonic())
-        return original(channel, key, owner)
+        return original(channel, key, owner, seconds)
 
     monkeypatch.setattr(backend, "enlist", enlist)
     with cond:

@@ -546,3 +546,61 @@ def test_a_quorum_lock_reports_as_a_single_server_one(otel: Telemetry, name: str
         assert hold.count == 2 and hold.attributes["kind"] == "rlock"
     finally:
         masters.stop()
+
+
+def test_the_docs_table_lists_every_instrument_with_its_kind_and_unit() -> None:
+    """docs/metrics.md is the one list of the instruments (the engine's docstring points
+    there): each row's name, instrument and unit are what the engine creates."""
+    from pathlib import Path
+
+    from rlocks._engine.metrics import _Instruments
+
+    created = {}
+
+    class Meter:
+        def __getattr__(self, method: str) -> Callable[..., None]:
+            def create(name: str, unit: str = "", **_: Any) -> None:
+                kind = method[len("create_"):].replace("_", "-")
+                created[name] = (kind, "" if unit.startswith("{") else unit)
+            return create
+
+    _Instruments(Meter(), tracer=None)
+    page = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+    rows = {}
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("| `rlocks."):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = (cells[1].replace(" ", "-"), cells[2])
+    assert rows == created
+
+
+def test_a_condition_wait_that_waits_to_retake_its_lock_leaves_no_wait_open(
+    otel: Telemetry, client: Any, name: str
+) -> None:
+    """A Condition wait that has to wait for its lock back counts as waiting while it does,
+    and no longer once it holds again: the thread's next acquire did not wait."""
+    lock = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    cond = rlocks.Condition(lock)
+    other = rlocks.RLock(name + "-other", client=client, namespace=NAMESPACE)
+    waiting = threading.Event()
+
+    def waiter() -> Tuple[float, float]:
+        with cond:
+            waiting.set()
+            assert cond.wait(10)
+        assert otel.total("rlocks.waiting", name=name) == 0
+        _, t0, t1 = timed(other.acquire)
+        other.release()
+        return t0, t1
+
+    thread, out = in_thread(waiter)
+    assert waiting.wait(10)
+    with cond:
+        cond.notify()
+        # Keep the lock a while: the woken wait is refused and waits to take it back.
+        wait_for(lambda: otel.total("rlocks.waiting", name=name) == 1, "the wait to wait")
+    (t0, t1) = joined(thread, out)
+    acquired = otel.histogram("rlocks.acquire.duration", name=name + "-other",
+                              outcome="acquired", waited=False)
+    assert acquired.count == 1 and acquired.sum <= t1 - t0
+    assert otel.total("rlocks.waiting", name=name) == 0

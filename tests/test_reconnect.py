@@ -902,3 +902,45 @@ def test_passing_a_lock_stays_prompt_after_the_subscriber_connection_drops(
                 proc.kill()
             proc.join(10)
         client.delete(f"{data}:waits", f"{data}:errors")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("driver", ["threading", "asyncio"])
+def test_a_waiter_whose_subscriber_cannot_listen_gives_up_in_time(
+    server: TemporaryRedisServer, driver: str
+) -> None:
+    """An acquire waits for its process's wake-up subscriber to listen no longer than it
+    has left: one that cannot (here its user may not SUBSCRIBE; or a link cut off as it
+    connects) held an acquire with a 1 s timeout for 5 s."""
+    admin = no_retry_client(server.url, 2.0)
+    admin.acl_setuser("nosub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-subscribe"])
+    holder = rlocks.RLock("nosub", client=admin, namespace=NAMESPACE)
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder:
+            held.set()
+            done.wait(30)
+
+    thread, _ = in_thread(hold)
+    assert held.wait(10)
+    url = f"redis://nosub:pw@127.0.0.1:{server.port}/0"
+    started = time.monotonic()
+    if driver == "threading":
+        waiter = rlocks.RLock("nosub", client=no_retry_client(url, 2.0), namespace=NAMESPACE)
+        assert waiter.acquire(timeout=1) is False
+    else:
+        async def scenario() -> None:
+            client = redis.asyncio.Redis.from_url(url, socket_timeout=2.0)
+            try:
+                waiter = rlocks.asyncio.RLock("nosub", client=client, namespace=NAMESPACE)
+                assert await waiter.acquire(timeout=1) is False
+            finally:
+                await client.aclose()
+
+        asyncio.run(scenario())
+    took = time.monotonic() - started
+    done.set()
+    thread.join(10)
+    assert 1.0 <= took < 3.0, took

@@ -123,20 +123,20 @@ class Server:
                 client.execute_command(*args, target_nodes=client.get_primaries()))
         return await bounded(client.execute_command(*args))
 
-    def enlist(self, channel: str, key: str, owner: str) -> Waiter:
+    def enlist(self, channel: str, key: str, owner: str, seconds: float) -> Waiter:
         with self._hub_lock:
             hub = self._hubs.get(channel)
             if hub is None:
                 hub = self._hubs[channel] = Hub(io_client(self.client), channel)
-        return hub.enlist(key, owner)
+        return hub.enlist(key, owner, seconds)
 
-    async def aenlist(self, channel: str, key: str, owner: str) -> Waiter:
+    async def aenlist(self, channel: str, key: str, owner: str, seconds: float) -> Waiter:
         loop = asyncio.get_running_loop()
         hubs = self._async_hubs.setdefault(loop, {})
         hub = hubs.get(channel)
         if hub is None:
             hub = hubs[channel] = AsyncHub(io_client(self.client), channel)
-        return await hub.enlist(key, owner)
+        return await hub.enlist(key, owner, seconds)
 
 
 _servers: "weakref.WeakSet[Server]" = weakref.WeakSet()

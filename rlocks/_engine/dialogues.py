@@ -221,7 +221,9 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 yield Pause(_shorter(pause, left))
                 continue
             if waiter is None:
-                waiter = yield Enlist(backend, p._keys.wake, p._keys.hash, owner)
+                # (No longer than the wait has left: a subscriber cut off mid-connect.)
+                waiter = yield Enlist(backend, p._keys.wake, p._keys.hash, owner,
+                                      _shorter(5.0, left))
                 if waiter.fresh:
                     continue  # its subscriber was not listening: a hint may be lost
             if p._deadlock_timeout is not None and now - start >= p._deadlock_timeout:
@@ -499,6 +501,7 @@ def acquire_restore(p: Any, owner: str, state: Tuple[int, str, int],
                 yield from acquire(lock, owner, None, keepalive)
         finally:
             lock._restoring.discard(owner)
+            metrics.wait_closed()
 
 
 # -- after an interrupt -------------------------------------------------------------------

@@ -2,33 +2,13 @@
 
 What is recorded
 ----------------
-With ``opentelemetry-api`` installed (the ``rlocks[otel]`` extra), the engine records to
-the global ``MeterProvider`` and ``TracerProvider`` (or to the ones given to
-:func:`configure`), under the instrumentation scope ``rlocks``:
+docs/metrics.md lists the instruments, their units and attributes (the one list; the
+tests check it against :class:`_Instruments`). With ``opentelemetry-api`` installed they
+record to the global providers, or to those given to :func:`configure`, under the
+instrumentation scope ``rlocks``.
 
-- ``rlocks.acquire.duration`` (histogram, s): from the call of an acquire to its return,
-  with ``outcome`` (``acquired``, ``timed_out``, ``error``; an error also carries
-  ``error.type``, the exception's class name) and ``waited`` (whether the first attempt
-  was refused, or the call queued behind this process's waiters, so it had to wait);
-- ``rlocks.hold.duration`` (histogram, s): from the grant (the reply that granted it) to
-  the release recorded here, or to the loss found here, with ``end`` (``released`` or
-  ``lost``); one value per hold of one owner, however many times it re-entered;
-- ``rlocks.waiting`` (up-down counter): threads and tasks of this process waiting now;
-- ``rlocks.lost`` (counter): holds found lost (each "lost" warning, the one that calls
-  ``on_lost``);
-- ``rlocks.renewals`` (counter): leases renewed by the renewer;
-- ``rlocks.handovers`` (counter): acquires granted after waiting, counted where the waiter
-  learns of its grant.
-
-Every value carries ``kind`` (``rlock``, ``rwlock``, ``semaphore``, ``bounded_semaphore``;
-the asyncio twins report the same kinds) and ``side`` (``read`` / ``write`` for an RWLock
-side, ``-`` otherwise), and with ``configure(include_name=True)`` also ``name`` and
-``namespace``. Names are off by default: each name is a series of its own in every
-backend, and programs that make a lock per user, per job or per row have unbounded names.
-
-An acquire that waits also makes an ``rlocks.acquire`` span, from the call to its return.
-An acquire that is granted at once makes none: spans cost an allocation and an export
-each, and the uncontended acquire is the one that must stay cheap. The span is not made
+An acquire granted at once makes no span: spans cost an allocation and an export each,
+and the uncontended acquire is the one that must stay cheap. The span is not made
 the current span while it waits: asyncio copies the current context into every task
 created meanwhile, and the engine creates long-lived ones there (the wake-up hub, the
 renewer), which would then carry, and parent their work to, one acquire's span.
@@ -79,6 +59,7 @@ __all__ = [
     "measure_async_acquire",
     "renewed",
     "wait_began",
+    "wait_closed",
     "wait_over",
 ]
 
@@ -313,6 +294,15 @@ def wait_over(granted: bool) -> None:
         return
     if granted:
         wait.instruments.handovers.add(1, wait.attributes)
+
+
+def wait_closed() -> None:
+    """Close this thread's (task's) wait, if one is open, recording no acquire: the wait
+    of a Condition taking its lock back (counted in ``rlocks.waiting`` and spanned like an
+    acquire's, but no call of ``acquire`` ends it)."""
+    wait = _current.get()
+    if wait is not None and not wait.ended:
+        _end_wait(wait, wait.attributes, None)
 
 
 def _end_wait(wait: _Wait, attributes: Dict[str, Any], error: Optional[BaseException]) -> None:

@@ -286,8 +286,8 @@ class Quorum:
     def gate(self, key: str) -> Any:
         return None  # its calls fan out to every master at once: nothing to bound
 
-    def enlist(self, channel: str, key: str, owner: str) -> Any:
+    def enlist(self, channel: str, key: str, owner: str, seconds: float) -> Any:
         raise NotImplementedError("a Quorum queues nobody")  # pragma: no cover
 
-    async def aenlist(self, channel: str, key: str, owner: str) -> Any:
+    async def aenlist(self, channel: str, key: str, owner: str, seconds: float) -> Any:
         raise NotImplementedError("a Quorum queues nobody")  # pragma: no cover

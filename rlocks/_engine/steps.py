@@ -71,6 +71,7 @@ class Enlist(NamedTuple):
     namespace: str
     key: str
     owner: str
+    seconds: float = 5.0  # at most this long for a subscriber that is not listening yet
 
 
 class Interrupted(BaseException):
@@ -118,6 +119,16 @@ def _foreign(exc: BaseException) -> bool:
     return not isinstance(exc, (rx.RedisError, Interrupted, StopIteration))
 
 
+def _through(gate: Any, fn: Any, arg: Any) -> Any:
+    if gate is None:
+        return fn(arg)
+    gate.get()  # (C: see backends.Server.gate) then at once the try
+    try:
+        return fn(arg)
+    finally:
+        gate.put(None)
+
+
 def drive(dialogue: Generator[Any, Any, Any]) -> Any:
     """Run ``dialogue`` in this thread; returns its value or raises its exception."""
     value: Any = None
@@ -131,16 +142,8 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
         try:
             kind = type(step)
             if kind is Run:
-                gate = step.call.gate
                 try:
-                    if gate is None:
-                        value = step.backend.run(step.call)
-                    else:
-                        gate.get()  # (C: see backends.Server.gate) then at once the try
-                        try:
-                            value = step.backend.run(step.call)
-                        finally:
-                            gate.put(None)
+                    value = _through(step.call.gate, step.backend.run, step.call)
                 except BaseException as exc:
                     # The call's answer, when scripts.Call learned it after the interrupt.
                     error = (Interrupted(exc, getattr(exc, "_rlocks_reply", None))
@@ -150,18 +153,11 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is Pause:
                 time.sleep(step.seconds)
             elif kind is Read:
-                if step.gate is None:
-                    value = step.backend.read(step.args)
-                else:
-                    step.gate.get()
-                    try:
-                        value = step.backend.read(step.args)
-                    finally:
-                        step.gate.put(None)
+                value = _through(step.gate, step.backend.read, step.args)
             elif kind is RunMany:
                 value = step.backend.run_many(step.calls)
             elif kind is Enlist:
-                value = step.backend.enlist(step.namespace, step.key, step.owner)
+                value = step.backend.enlist(step.namespace, step.key, step.owner, step.seconds)
             else:
                 raise TypeError(f"not a step: {step!r}")
         except BaseException as exc:  # noqa: BLE001 - the dialogue decides
@@ -201,7 +197,8 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is RunMany:
                 value = await step.backend.arun_many(step.calls)
             elif kind is Enlist:
-                value = await step.backend.aenlist(step.namespace, step.key, step.owner)
+                value = await step.backend.aenlist(step.namespace, step.key, step.owner,
+                                                   step.seconds)
             else:
                 raise TypeError(f"not a step: {step!r}")
         except BaseException as exc:  # noqa: BLE001 - the dialogue decides

@@ -69,6 +69,12 @@ class _Views(Primitive):
 
     __slots__ = ()
 
+    def timeout(self, seconds: float) -> "Timed":
+        """``with lock.timeout(5):`` (``async with`` for the asyncio twins): acquire
+        waiting at most ``seconds``, or raise TimeoutError naming the primitive; the
+        ``with`` releases as usual."""
+        return Timed(self, seconds)
+
     def owned(self) -> bool:
         """Whether the owner (the calling thread; the running task in ``rlocks.asyncio``)
         holds the lock, as far as this process knows (no I/O, not a coroutine): False
@@ -131,8 +137,8 @@ class _Tokens(_Views):
         return None if hold is None else hold.tokens
 
 
-class LockSurface(_Tokens):
-    """``threading.RLock``'s surface, for RLock and the RWLock sides."""
+class _Blocking(_Views):
+    """The acquire of the blocking driver (both threading surfaces)."""
 
     __slots__ = ()
 
@@ -144,6 +150,12 @@ class LockSurface(_Tokens):
         except BaseException as exc:
             _repair(self, before, exc, True)
             raise
+
+
+class LockSurface(_Blocking, _Tokens):
+    """``threading.RLock``'s surface, for RLock and the RWLock sides."""
+
+    __slots__ = ()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Acquire the lock, or re-enter it if the calling thread holds it already.
@@ -160,11 +172,6 @@ class LockSurface(_Tokens):
 
     acquire = public_method(acquire)
     __enter__ = acquire
-
-    def timeout(self, seconds: float) -> "Timed":
-        """``with lock.timeout(5):``: acquire waiting at most ``seconds``, or raise
-        TimeoutError (naming the lock); the ``with`` releases as usual."""
-        return Timed(self, seconds)
 
     def release(self) -> None:
         """Release one level of the calling thread's hold; at the last, free the lock.
@@ -276,8 +283,8 @@ class LoopDefault:
     async def aread(self, args: Any) -> Any:
         return await self.server().aread(args)
 
-    async def aenlist(self, channel: str, key: str, owner: str) -> Any:
-        return await self.server().aenlist(channel, key, owner)
+    async def aenlist(self, channel: str, key: str, owner: str, seconds: float) -> Any:
+        return await self.server().aenlist(channel, key, owner, seconds)
 
     def gate(self, key: str) -> Any:
         return self.server().gate(key)
@@ -308,6 +315,10 @@ class AsyncPrimitive(_Views):
 
     def _default_client(self) -> Any:
         return None
+
+    @metrics.measure_async_acquire
+    async def _aacquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
+        return bool(await adrive(dialogues.acquire(self, owner, wait)))
 
     def _configure(self, name: str, options: Any, kind: str, spec: Any) -> None:
         super()._configure(name, options, kind, spec)
@@ -345,10 +356,6 @@ class AsyncLockSurface(AsyncPrimitive, _Tokens):
 
     __slots__ = ()
 
-    @metrics.measure_async_acquire
-    async def _aacquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
-        return bool(await adrive(dialogues.acquire(self, owner, wait)))
-
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Acquire (or re-enter) for the running task; ``timeout=None`` (or -1) waits for
         ever. Same results and errors as :meth:`rlocks.RLock.acquire`; a task cancelled
@@ -359,10 +366,6 @@ class AsyncLockSurface(AsyncPrimitive, _Tokens):
         return await self._aacquire(self._owner(), 1, wait)
 
     acquire = public_method(acquire)
-
-    def timeout(self, seconds: float) -> "Timed":
-        """``async with lock.timeout(5):``: as :meth:`rlocks.RLock.timeout`, awaited."""
-        return Timed(self, seconds)
 
     async def release(self) -> None:
         """Release one level of the running task's hold (errors as
@@ -403,19 +406,10 @@ def _release_count(n: object, label: str, name: str) -> int:
     return n
 
 
-class PermitSurface(_Views):
+class PermitSurface(_Blocking):
     """``threading.Semaphore``'s surface."""
 
     __slots__ = ()
-
-    @metrics.measure_acquire
-    def _acquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
-        before = dialogues.books(self, [owner])
-        try:
-            return bool(drive(dialogues.acquire(self, owner, wait)))
-        except BaseException as exc:
-            _repair(self, before, exc, True)
-            raise
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Take one permit for the calling thread, waiting while none is free (for ever
@@ -429,11 +423,6 @@ class PermitSurface(_Views):
 
     acquire = public_method(acquire)
     __enter__ = acquire
-
-    def timeout(self, seconds: float) -> "Timed":
-        """``with sem.timeout(5):``: take a permit waiting at most ``seconds``, or raise
-        TimeoutError (naming the semaphore); the ``with`` gives it back as usual."""
-        return Timed(self, seconds)
 
     def release(self, n: int = 1) -> None:
         """Give ``n`` permits back: the calling thread's taken through this object first,
@@ -463,20 +452,12 @@ class AsyncPermitSurface(AsyncPrimitive):
 
     __slots__ = ()
 
-    @metrics.measure_async_acquire
-    async def _aacquire(self, owner: str, count: int, wait: Optional[float]) -> bool:
-        return bool(await adrive(dialogues.acquire(self, owner, wait)))
-
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """As :meth:`rlocks.Semaphore.acquire`, awaited."""
         wait = checks.semaphore_wait(blocking, timeout, self._label, self._name)
         return await self._aacquire(self._owner(), 1, wait)
 
     acquire = public_method(acquire)
-
-    def timeout(self, seconds: float) -> "Timed":
-        """``async with sem.timeout(5):``: as :meth:`rlocks.Semaphore.timeout`, awaited."""
-        return Timed(self, seconds)
 
     async def release(self, n: int = 1) -> None:
         n = _release_count(n, self._label, self._name)

@@ -171,9 +171,9 @@ class Hub:
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
-    def enlist(self, key: str, owner: str) -> Waiter:
+    def enlist(self, key: str, owner: str, seconds: float) -> Waiter:
         """A waiter for ``(key, owner)``; starts the subscriber if it is not running and
-        waits (up to 5 s) until it listens. ``fresh``: it was not listening before."""
+        waits (up to ``seconds``) until it listens. ``fresh``: it was not listening before."""
         waiter = Waiter(key, owner, self)
         fresh = not self.ready.is_set()
         _register(waiter)
@@ -183,7 +183,7 @@ class Hub:
                                                 name="rlocks-wakeups")
                 self._thread.start()
         if fresh:
-            self.ready.wait(5.0)
+            self.ready.wait(seconds)
         waiter.fresh = fresh
         return waiter
 
@@ -245,7 +245,7 @@ class AsyncHub:
         self.ready = asyncio.Event()
         self._task: Optional["asyncio.Task[None]"] = None
 
-    async def enlist(self, key: str, owner: str) -> Waiter:
+    async def enlist(self, key: str, owner: str, seconds: float) -> Waiter:
         waiter = Waiter(key, owner, self, asyncio.get_running_loop())
         fresh = not self.ready.is_set()
         _register(waiter)
@@ -253,7 +253,7 @@ class AsyncHub:
             self._task = asyncio.ensure_future(self._run())
         if fresh:
             try:
-                async with asyncio.timeout(5.0):
+                async with asyncio.timeout(seconds):
                     await self.ready.wait()
             except TimeoutError:
                 pass
