@@ -150,13 +150,17 @@ def test_a_free_lock_with_a_waiter_stalls():
 
 
 def test_a_fair_lock_serves_waiters_in_order_of_arrival():
+    warm = hold("w1", "t1", "a0", 0.1, 0.2)  # w1.t1's first call: its arrival is unknown
     first = [acq("w1", "t1", "a", 1.0, 3.0)] + rel("w1", "t1", "a", 3.1)
     overtaker = [acq("w2", "t1", "b", 1.5, 2.0)] + rel("w2", "t1", "b", 2.9)
     holder = hold("w3", "t1", "c", 0.5, 1.9)
-    assert rules(first + overtaker + holder) == ["fifo"]
-    assert rules(first + overtaker + holder, Params(1.0, 0.5, 2, fair=False)) == []
+    assert rules(warm + first + overtaker + holder) == ["fifo"]
+    assert rules(warm + first + overtaker + holder, Params(1.0, 0.5, 2, fair=False)) == []
     close = [acq("w2", "t1", "b", 1.1, 2.0)] + rel("w2", "t1", "b", 2.9)
-    assert rules(first + close + holder) == []
+    assert rules(warm + first + close + holder) == []
+    # A thread's first call may spend its first moments connecting and loading scripts
+    # before it reaches the queue: it is not judged as the earlier one.
+    assert rules(first + overtaker + holder) == []
 
 
 def test_a_notification_reaches_a_waiter():
@@ -188,7 +192,6 @@ def _judge(result: Any) -> None:
 
 
 @pytest.mark.history
-@pytest.mark.xdist_group("heavy")  # one after another on one worker (setup.cfg)
 @pytest.mark.parametrize("driver, persist, seed", [("thread", True, 11), ("asyncio", False, 12)])
 def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) -> None:
     cfg = RunConfig(seed=seed, seconds=22, driver=driver, persist=persist, quiet=(0.8, 1.6),
@@ -199,7 +202,6 @@ def test_history_single_server(driver: str, persist: bool, seed: int, tmp_path) 
 
 
 @pytest.mark.history
-@pytest.mark.xdist_group("heavy")  # one after another on one worker (setup.cfg)
 @pytest.mark.parametrize("driver, seed", [("thread", 13), ("asyncio", 14)])
 def test_history_cluster(driver: str, seed: int, tmp_path) -> None:
     if server_version() < (7, 0):

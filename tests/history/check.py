@@ -22,7 +22,8 @@ Rules (the issue's numbering):
 6. ``stall``: once the faults are over (each fault's end, plus its ``recover``), a
    primitive that could serve a waiting thread serves one within ``bound`` seconds;
    ``fifo`` (fair primitives): a waiter is not served after one that asked more than
-   ``eps`` later while it waits on for more than ``eps``; ``notify``: a notification
+   ``eps`` later while it waits on for more than ``eps`` (but for a thread's first call
+   of a primitive, whose arrival is unknown); ``notify``: a notification
    reaches (a ``wait`` returns True) as many of the threads waiting when it was sent as
    it was for, within ``notify_bound``; ``hung``: every worker stops when told;
 7. ``false-loss``: no hold is told lost, and no ``on_lost`` comes for a hold that was not
@@ -583,13 +584,21 @@ def _fifo(hist: _History, params: Params, report: Report) -> None:
     for kind, waits in _waits(hist).items():
         waits = sorted(waits, key=lambda w: w.inv)
         invs = [w.inv for w in waits]
+        # A thread's first call of a kind has no known arrival: before it reaches the
+        # queue, a fresh process connects (on a cluster, reads the slot map and connects
+        # to each master), loads the scripts and starts its subscriber, which a loaded
+        # machine stretches well past eps. So it is never the earlier one of a judgment.
+        first: Dict[Tuple[str, str], Waited] = {}
+        for w in waits:
+            first.setdefault((w.worker, w.thread), w)
         for later in waits:
             if later.outcome != "ok":
                 continue
             lo = bisect.bisect_left(invs, later.inv - 30.0)
             hi = bisect.bisect_left(invs, later.inv - params.eps)
             for earlier in waits[lo:hi]:
-                if earlier.ret <= later.ret + params.eps:
+                if (earlier.ret <= later.ret + params.eps
+                        or first[earlier.worker, earlier.thread] is earlier):
                     continue
                 if kind == "rw" and earlier.side == "r" and later.side == "r":
                     continue
