@@ -687,7 +687,6 @@ def nested_worker(url: str, ns: str, names: List[str], data: str, seconds: float
 
 
 @pytest.mark.load
-@pytest.mark.xdist_group("heavy")  # one after another on one worker (setup.cfg)
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_heavy_nested_contention_without_a_cycle_raises_no_deadlock(

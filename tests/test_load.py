@@ -40,7 +40,6 @@ def clients_connected(client: Any, named: str) -> int:
 
 
 @pytest.mark.load
-@pytest.mark.xdist_group("heavy")  # one after another on one worker (setup.cfg)
 @pytest.mark.slow
 @pytest.mark.timeout(SECONDS + 120)
 def test_sustained_contention_loses_nothing_and_leaks_nothing(
