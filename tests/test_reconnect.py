@@ -944,3 +944,22 @@ def test_a_waiter_whose_subscriber_cannot_listen_gives_up_in_time(
     done.set()
     thread.join(10)
     assert 1.0 <= took < 3.0, took
+
+
+@pytest.mark.timeout(60)
+def test_a_condition_wait_whose_subscriber_cannot_listen_times_out_in_time(
+    server: TemporaryRedisServer,
+) -> None:
+    """As for an acquire: Condition.wait(1) waits for a subscriber that cannot listen no
+    longer than its timeout (it was 5 s)."""
+    admin = no_retry_client(server.url, 2.0)
+    admin.acl_setuser("nosub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-subscribe"])
+    url = f"redis://nosub:pw@127.0.0.1:{server.port}/0"
+    cond = rlocks.Condition(rlocks.RLock("nosubc", client=no_retry_client(url, 2.0),
+                                         namespace=NAMESPACE))
+    with cond:
+        started = time.monotonic()
+        assert cond.wait(1) is False
+        took = time.monotonic() - started
+    assert 1.0 <= took < 3.0, took

@@ -167,7 +167,8 @@ class ConditionCore:
         notified = used = False
         waiter: Any = None
         try:
-            waiter = yield Enlist(backend, lock._keys.wake, self._key, owner)
+            left = 5.0 if deadline is None else max(0.0, min(5.0, deadline - monotonic()))
+            waiter = yield Enlist(backend, lock._keys.wake, self._key, owner, left)
             while True:
                 reply = yield from call(backend, self._call(_CHECK, owner, lease), deadline)
                 if reply.status != 0:
