@@ -27,7 +27,7 @@ from redis.retry import Retry
 
 import rlocks
 import rlocks.asyncio
-from rlocks._engine import clients, dialogues, identity, steps
+from rlocks._engine import backends, clients, dialogues, identity, steps
 from rlocks._engine import state as engine_inspect
 from rlocks._engine.identity import task_owner, thread_owner
 from rlocks.server import TemporaryRedisServer
@@ -963,3 +963,53 @@ def test_a_condition_wait_whose_subscriber_cannot_listen_times_out_in_time(
         assert cond.wait(1) is False
         took = time.monotonic() - started
     assert 1.0 <= took < 3.0, took
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("driver", ["threading", "asyncio"])
+def test_a_waiter_with_no_turn_to_send_gives_up_at_its_deadline(
+    client: Any, name: str, driver: str
+) -> None:
+    """A waiter's calls wait for a turn (at most GATE of one primitive's calls of a process
+    on the way at once); with every turn held by calls stuck on a frozen server, a waiter
+    waited for one past its own timeout (8 waiters behind 1 s socket timeouts took 6.3 s
+    of a 1 s timeout). Its wait for a turn now ends at its deadline, and it returns False,
+    having sent nothing."""
+    holder = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder:
+            held.set()
+            done.wait(30)
+
+    thread, _ = in_thread(hold)
+    assert held.wait(10)
+    started = time.monotonic()
+    try:
+        if driver == "threading":
+            waiter = rlocks.RLock(name, client=client, namespace=NAMESPACE)
+            gate = waiter._gate()
+            turns = [gate.get() for _ in range(backends.GATE)]  # every turn taken
+            assert waiter.acquire(timeout=0.5) is False
+            for turn in turns:
+                gate.put(turn)
+        else:
+            async def scenario() -> None:
+                aclient = redis.asyncio.Redis.from_url(
+                    f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}")
+                try:
+                    waiter = rlocks.asyncio.RLock(name, client=aclient, namespace=NAMESPACE)
+                    gate = waiter._gate()
+                    for _ in range(backends.GATE):
+                        await gate.acquire()
+                    assert await waiter.acquire(timeout=0.5) is False
+                finally:
+                    await aclient.aclose()
+
+            asyncio.run(scenario())
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(10)
+    assert 0.5 <= took < 2.5, took

@@ -397,11 +397,11 @@ class Detector:
     """The deadlock checks of one blocking acquire: :meth:`check` when due (each a few
     reads), :meth:`end` when the wait is over (drops its edge)."""
 
-    __slots__ = ("backend", "wait", "gate")
+    __slots__ = ("backend", "wait", "gate", "until")
 
-    def __init__(self, p: Any, owner: str) -> None:
+    def __init__(self, p: Any, owner: str, until: Optional[float]) -> None:
         self.backend = p._backend
-        self.gate = p._gate()  # its reads share the waiters' bound
+        self.gate, self.until = p._gate(), until  # its reads share the waiters' bound
         side = p._spec.side
         self.wait = _Wait(p._namespace, owner, side, p._keys.hash, p._deadlock_timeout,
                           monotonic() - p._deadlock_timeout, p._describe(), p._name,
@@ -438,6 +438,6 @@ class Detector:
                 return done.value
             value, error = None, None
             try:
-                value = yield Read(self.backend, command, self.gate)
+                value = yield Read(self.backend, command, self.gate, self.until)
             except NoScriptError as exc:
                 error = exc

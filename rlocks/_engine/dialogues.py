@@ -34,7 +34,7 @@ from .holds import LOST as HOLD_LOST
 from .holds import Hold
 from .renewal import renewer_for
 from .scripts import DONE, LOST, MISMATCH, NOT_SENT, OVER, UPGRADE, Reply
-from .steps import Enlist, Interrupted, Listen, Pause, Read, Run, call, transient
+from .steps import Enlist, Interrupted, Listen, NoTurn, Pause, Read, Run, call, transient
 
 __all__ = ["RELEASE_PATIENCE", "acquire", "books", "extend", "release", "release_permits",
            "repair"]
@@ -184,11 +184,13 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
             queued = queued or queues  # (set before the call: an interrupt may strike in it)
             try:
                 attempt = _acquire_call(p, owner, expect, entry_ms)
-                attempt.gate = gate
+                attempt.gate, attempt.until = gate, deadline
                 reply = yield from call(backend, attempt, deadline)
             except Interrupted as interrupt:
                 yield from _settle(p, owner, hold, interrupt.reply, expect)
                 raise interrupt.cause from None
+            except NoTurn:
+                return False  # its deadline came while others' calls held every turn
             if reply.ok:
                 yield from _replicated(p, owner, hold, reply, expect)
                 granted = True
@@ -229,7 +231,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
             if p._deadlock_timeout is not None and now - start >= p._deadlock_timeout:
                 if detector is None:
                     from .deadlock import Detector
-                    detector = Detector(p, owner)
+                    detector = Detector(p, owner, deadline)
                 yield from detector.check()
             if keepalive is not None and now - kept >= keepalive[1]:
                 kept = now

@@ -189,8 +189,8 @@ class Call:
     trip (the reply's ``replicas`` is its answer).
     """
 
-    __slots__ = ("script", "keys", "args", "replication", "undo", "ttl_ms", "gate", "_packed",
-                 "_route")
+    __slots__ = ("script", "keys", "args", "replication", "undo", "ttl_ms", "gate", "until",
+                 "_packed", "_route")
 
     def __init__(self, script: Script, keys: Sequence[str], args: Sequence[Arg],
                  replication: Optional[Tuple[int, int]] = None) -> None:
@@ -204,8 +204,9 @@ class Call:
         self.ttl_ms = 0
         # A waiter's call: how many of one primitive's waiters of this process may have a
         # call on the way at once (backends.Server.gate), so a crowd of waiters does not
-        # open a connection each.
+        # open a connection each; ``until`` (monotonic): no waiting for a turn past it.
         self.gate: Any = None
+        self.until: Optional[float] = None
         self._packed: Any = None
         self._route: Tuple[Any, Any, Any] = (None, None, None)
 

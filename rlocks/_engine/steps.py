@@ -28,6 +28,7 @@ sent again with back-off until the dialogue's deadline.
 from __future__ import annotations
 
 import asyncio
+import queue
 import time
 from typing import Any, Generator, List, NamedTuple, Optional, Sequence
 
@@ -36,7 +37,7 @@ import redis.exceptions as rx
 from .clock import monotonic
 
 __all__ = [
-    "TRANSIENT", "Enlist", "Interrupted", "Listen", "Pause", "Read", "Run", "RunMany",
+    "TRANSIENT", "Enlist", "Interrupted", "Listen", "NoTurn", "Pause", "Read", "Run", "RunMany",
     "adrive", "call", "drive", "transient",
 ]
 
@@ -54,7 +55,8 @@ class RunMany(NamedTuple):
 class Read(NamedTuple):
     backend: Any
     args: Sequence[Any]
-    gate: Any = None  # as Call.gate
+    gate: Any = None  # as Call.gate and Call.until
+    until: Optional[float] = None
 
 
 class Pause(NamedTuple):
@@ -119,10 +121,18 @@ def _foreign(exc: BaseException) -> bool:
     return not isinstance(exc, (rx.RedisError, Interrupted, StopIteration))
 
 
-def _through(gate: Any, fn: Any, arg: Any) -> Any:
+class NoTurn(rx.TimeoutError):
+    """A waiter's call found no free turn (:class:`backends.Server.gate`) before its
+    deadline: nothing was sent."""
+
+
+def _through(gate: Any, fn: Any, arg: Any, until: Optional[float]) -> Any:
     if gate is None:
         return fn(arg)
-    gate.get()  # (C: see backends.Server.gate) then at once the try
+    try:  # (C: see backends.Server.gate) then at once the try below
+        gate.get(timeout=None if until is None else max(0.0, until - monotonic()))
+    except queue.Empty:
+        raise NoTurn("no turn to send before the deadline") from None
     try:
         return fn(arg)
     finally:
@@ -143,7 +153,8 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
             kind = type(step)
             if kind is Run:
                 try:
-                    value = _through(step.call.gate, step.backend.run, step.call)
+                    value = _through(step.call.gate, step.backend.run, step.call,
+                                     step.call.until)
                 except BaseException as exc:
                     # The call's answer, when scripts.Call learned it after the interrupt.
                     error = (Interrupted(exc, getattr(exc, "_rlocks_reply", None))
@@ -153,7 +164,7 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is Pause:
                 time.sleep(step.seconds)
             elif kind is Read:
-                value = _through(step.gate, step.backend.read, step.args)
+                value = _through(step.gate, step.backend.read, step.args, step.until)
             elif kind is RunMany:
                 value = step.backend.run_many(step.calls)
             elif kind is Enlist:
@@ -183,7 +194,7 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
             kind = type(step)
             if kind is Run:
                 running = asyncio.ensure_future(_gated(step.call.gate, step.backend.arun,
-                                                       step.call))
+                                                       step.call, step.call.until))
                 try:
                     value = await asyncio.shield(running)
                 except asyncio.CancelledError as exc:
@@ -193,7 +204,7 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is Pause:
                 await asyncio.sleep(step.seconds)
             elif kind is Read:
-                value = await _gated(step.gate, step.backend.aread, step.args)
+                value = await _gated(step.gate, step.backend.aread, step.args, step.until)
             elif kind is RunMany:
                 value = await step.backend.arun_many(step.calls)
             elif kind is Enlist:
@@ -205,11 +216,18 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
             error = exc
 
 
-async def _gated(gate: Any, fn: Any, arg: Any) -> Any:
+async def _gated(gate: Any, fn: Any, arg: Any, until: Optional[float]) -> Any:
     if gate is None:
         return await fn(arg)
-    async with gate:
+    try:
+        async with asyncio.timeout(None if until is None else max(0.0, until - monotonic())):
+            await gate.acquire()
+    except TimeoutError:
+        raise NoTurn("no turn to send before the deadline") from None
+    try:
         return await fn(arg)
+    finally:
+        gate.release()
 
 
 async def _outcome(running: "asyncio.Future[Any]") -> Any:
