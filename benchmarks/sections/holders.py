@@ -69,10 +69,9 @@ def holders_process(url: str, sem_name: str, rw_name: str, n: int, value: int, t
         import rlocks
         from rlocks._engine import identity
 
-        real = (identity.process_owner, identity.thread_owner)
+        real = identity.thread_owner
 
         def as_owner(owner: str) -> None:
-            identity.process_owner = lambda: owner
             identity.thread_owner = lambda: owner
 
         client = make_client(url)
@@ -87,8 +86,7 @@ def holders_process(url: str, sem_name: str, rw_name: str, n: int, value: int, t
                     raise RuntimeError(f"holder {i} could not take its hold")
                 held.append((owner, sem, rw))
         finally:
-            identity.process_owner = real[0]
-            identity.thread_owner = real[1]
+            identity.thread_owner = real
         out_q.put({"ready": True, "acquire_s": time.monotonic() - t0, "pid": os.getpid()})
         ready.set()
         release.wait(hold_for)
@@ -98,8 +96,7 @@ def holders_process(url: str, sem_name: str, rw_name: str, n: int, value: int, t
                 rw.read_lock.release()
                 sem.release()
         finally:
-            identity.process_owner = real[0]
-            identity.thread_owner = real[1]
+            identity.thread_owner = real
         out_q.put({"released": len(held)})
     except Exception:
         out_q.put({"fatal": traceback.format_exc(limit=4)})
