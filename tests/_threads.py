@@ -6,9 +6,10 @@ back to the test's thread, which re-raises it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 
 def started(fn: Callable[[], Any]) -> Tuple[threading.Thread, Dict[str, Any]]:
@@ -62,10 +63,30 @@ def hub_waiters(prim: Any) -> List[str]:
         return [owner for (key, owner) in wakeups._waiters if key == prim._keys.hash]
 
 
+@contextlib.contextmanager
+def held_by_another_thread(lock: Any) -> Iterator[None]:
+    """``lock`` held by another thread of this process for the ``with`` block (so this
+    thread's acquire of it waits), released at its end."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            done.wait(60)
+
+    thread, out = started(hold)
+    try:
+        assert held.wait(10), out
+        yield
+    finally:
+        done.set()
+        joined(thread, out, 10)
+
+
 def engine_threads() -> List[str]:
     """The names of rlocks' own threads alive in this process (renewer, wake-ups)."""
     return [t.name for t in threading.enumerate() if t.name.startswith("rlocks-")]
 
 
-__all__: List[str] = ["engine_threads", "hub_waiters", "in_thread", "joined", "parked",
-                      "started"]
+__all__: List[str] = ["engine_threads", "held_by_another_thread", "hub_waiters", "in_thread",
+                      "joined", "parked", "started"]

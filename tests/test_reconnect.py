@@ -35,7 +35,7 @@ from rlocks.server import TemporaryRedisServer
 from . import _procs
 from ._proxy import FaultyLink
 from ._servers import wait_until
-from ._threads import hub_waiters, parked
+from ._threads import held_by_another_thread, hub_waiters, parked
 from .conftest import NAMESPACE
 
 
@@ -916,33 +916,24 @@ def test_a_waiter_whose_subscriber_cannot_listen_gives_up_in_time(
     admin.acl_setuser("nosub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
                       commands=["+@all", "-subscribe"])
     holder = rlocks.RLock("nosub", client=admin, namespace=NAMESPACE)
-    held, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with holder:
-            held.set()
-            done.wait(30)
-
-    thread, _ = in_thread(hold)
-    assert held.wait(10)
     url = f"redis://nosub:pw@127.0.0.1:{server.port}/0"
-    started = time.monotonic()
-    if driver == "threading":
-        waiter = rlocks.RLock("nosub", client=no_retry_client(url, 2.0), namespace=NAMESPACE)
-        assert waiter.acquire(timeout=1) is False
-    else:
-        async def scenario() -> None:
-            client = redis.asyncio.Redis.from_url(url, socket_timeout=2.0)
-            try:
-                waiter = rlocks.asyncio.RLock("nosub", client=client, namespace=NAMESPACE)
-                assert await waiter.acquire(timeout=1) is False
-            finally:
-                await client.aclose()
+    with held_by_another_thread(holder):
+        started = time.monotonic()
+        if driver == "threading":
+            waiter = rlocks.RLock("nosub", client=no_retry_client(url, 2.0),
+                                  namespace=NAMESPACE)
+            assert waiter.acquire(timeout=1) is False
+        else:
+            async def scenario() -> None:
+                client = redis.asyncio.Redis.from_url(url, socket_timeout=2.0)
+                try:
+                    waiter = rlocks.asyncio.RLock("nosub", client=client, namespace=NAMESPACE)
+                    assert await waiter.acquire(timeout=1) is False
+                finally:
+                    await client.aclose()
 
-        asyncio.run(scenario())
-    took = time.monotonic() - started
-    done.set()
-    thread.join(10)
+            asyncio.run(scenario())
+        took = time.monotonic() - started
     assert 1.0 <= took < 3.0, took
 
 
@@ -976,17 +967,8 @@ def test_a_waiter_with_no_turn_to_send_gives_up_at_its_deadline(
     of a 1 s timeout). Its wait for a turn now ends at its deadline, and it returns False,
     having sent nothing."""
     holder = rlocks.RLock(name, client=client, namespace=NAMESPACE)
-    held, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with holder:
-            held.set()
-            done.wait(30)
-
-    thread, _ = in_thread(hold)
-    assert held.wait(10)
-    started = time.monotonic()
-    try:
+    with held_by_another_thread(holder):
+        started = time.monotonic()
         if driver == "threading":
             waiter = rlocks.RLock(name, client=client, namespace=NAMESPACE)
             gate = waiter._gate()
@@ -1009,7 +991,4 @@ def test_a_waiter_with_no_turn_to_send_gives_up_at_its_deadline(
 
             asyncio.run(scenario())
         took = time.monotonic() - started
-    finally:
-        done.set()
-        thread.join(10)
     assert 0.5 <= took < 2.5, took
