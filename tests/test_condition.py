@@ -642,7 +642,10 @@ def test_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock(
     wait_until(lambda: waiting(client, cond) == 1, 10, "the first waiter's entry")
     second = Recorder(waiter(cond, 30, woken, "second"), "second")
     wait_until(lambda: waiting(client, cond) == 2, 10, "the second waiter's entry")
-    entry = owner_of(client.zrange(queue_of(cond), 0, 0)[0])
+    # The oldest by arrival (the member's prefix), which notify takes: not the first by
+    # score, the soonest lease end, which the first waiter's renewals may push past the
+    # second's.
+    entry = owner_of(min(client.zrange(queue_of(cond), 0, -1)))
     with cond:
         cond.notify()  # the oldest: the first waiter
         # Its look (one push) and two renewals while it waits for this lock: without
@@ -684,7 +687,7 @@ def test_asyncio_a_notified_entry_is_renewed_while_its_waiter_waits_for_the_lock
             await asyncio.wait_for(queued(1), 10)
             second = asyncio.ensure_future(wait("second"))
             await asyncio.wait_for(queued(2), 10)
-            entry = owner_of((await aclient.zrange(queue_of(cond), 0, 0))[0])
+            entry = owner_of(min(await aclient.zrange(queue_of(cond), 0, -1)))  # (see above)
             async with cond:
                 await cond.notify()
                 # (polled from a thread: the loop must go on renewing meanwhile)
