@@ -167,8 +167,7 @@ class ConditionCore:
         notified = used = False
         waiter: Any = None
         try:
-            left = 5.0 if deadline is None else max(0.0, min(5.0, deadline - monotonic()))
-            waiter = yield Enlist(backend, lock._keys.wake, self._key, owner, left)
+            waiter = yield Enlist(backend, lock._keys.wake, self._key, owner, deadline)
             while True:
                 reply = yield from call(backend, self._call(_CHECK, owner, lease), deadline)
                 if reply.status != 0:

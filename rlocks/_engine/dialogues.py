@@ -223,9 +223,7 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 yield Pause(_shorter(pause, left))
                 continue
             if waiter is None:
-                # (No longer than the wait has left: a subscriber cut off mid-connect.)
-                waiter = yield Enlist(backend, p._keys.wake, p._keys.hash, owner,
-                                      _shorter(5.0, left))
+                waiter = yield Enlist(backend, p._keys.wake, p._keys.hash, owner, deadline)
                 if waiter.fresh:
                     continue  # its subscriber was not listening: a hint may be lost
             if p._deadlock_timeout is not None and now - start >= p._deadlock_timeout:

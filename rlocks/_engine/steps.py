@@ -73,7 +73,15 @@ class Enlist(NamedTuple):
     namespace: str
     key: str
     owner: str
-    seconds: float = 5.0  # at most this long for a subscriber that is not listening yet
+    until: Optional[float] = None  # waits for a subscriber not yet listening: as Call.until
+
+
+#: The longest an Enlist waits for its subscriber to listen (it asks again after anyway).
+SUBSCRIBE_WAIT = 5.0
+
+
+def _left(until: Optional[float]) -> float:
+    return SUBSCRIBE_WAIT if until is None else max(0.0, min(SUBSCRIBE_WAIT, until - monotonic()))
 
 
 class Interrupted(BaseException):
@@ -168,7 +176,8 @@ def drive(dialogue: Generator[Any, Any, Any]) -> Any:
             elif kind is RunMany:
                 value = step.backend.run_many(step.calls)
             elif kind is Enlist:
-                value = step.backend.enlist(step.namespace, step.key, step.owner, step.seconds)
+                value = step.backend.enlist(step.namespace, step.key, step.owner,
+                                            _left(step.until))
             else:
                 raise TypeError(f"not a step: {step!r}")
         except BaseException as exc:  # noqa: BLE001 - the dialogue decides
@@ -209,7 +218,7 @@ async def adrive(dialogue: Generator[Any, Any, Any]) -> Any:
                 value = await step.backend.arun_many(step.calls)
             elif kind is Enlist:
                 value = await step.backend.aenlist(step.namespace, step.key, step.owner,
-                                                   step.seconds)
+                                                   _left(step.until))
             else:
                 raise TypeError(f"not a step: {step!r}")
         except BaseException as exc:  # noqa: BLE001 - the dialogue decides
