@@ -750,7 +750,12 @@ def test_an_asyncio_release_that_failed_leaves_no_level_for_the_next_acquire(
     """The asyncio twins settle a failed release's level the same way (one dialogue)."""
 
     async def main() -> None:
-        c = redis.asyncio.Redis(port=link.port, socket_timeout=2, socket_connect_timeout=2)
+        # No retries of its own: rlocks uses an asyncio client as it is (a threading one
+        # through a copy without retries), and redis-py 7.4's default Retry reconnects
+        # with back-off for several seconds, which a loaded CI lane stretched past rlocks'
+        # 10 s bound on one call (a TimeoutError instead of the ConnectionError).
+        c = redis.asyncio.Redis(port=link.port, socket_timeout=2, socket_connect_timeout=2,
+                                retry=Retry(NoBackoff(), 0))
         lock: Any = (  # (a 3 s lease: as above)
             rlocks.asyncio.RLock(name, client=c, namespace=NAMESPACE, ttl=3.0)
             if kind == "rlock"
