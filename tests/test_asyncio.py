@@ -340,8 +340,11 @@ def test_a_cancel_turned_into_a_timeout_in_a_condition_look_still_cancels_the_wa
         direct = aclient(url)
         waiter = asyncio.create_task(wait())
         await asyncio.wait_for(entered.wait(), 10)
-        # in its wait: the lock given up (so its join and release are answered)
+        # in its wait: the lock given up (so its join and release are answered), and its
+        # subscriber listening (a confirmation held below would delay its first look by
+        # up to 5 s, which a loaded CI lane once stretched past the 10 s below)
         assert await eventually(lambda: _absent(direct, key("rlock", name)), 10)
+        assert await eventually(lambda: _true(_listening(lock)), 10)
         link.hold_replies()
         # a look (one every third of the ttl) is sent and its answer held
         assert await eventually(lambda: _true(looks[0] > 0), 10)
@@ -362,6 +365,13 @@ def test_a_cancel_turned_into_a_timeout_in_a_condition_look_still_cancels_the_wa
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _listening(prim: Any) -> bool:
+    """Whether the running loop's wake-up subscriber for ``prim`` has its subscription
+    confirmed (no I/O)."""
+    hub = prim._backend._async_hubs.get(asyncio.get_running_loop(), {}).get(prim._keys.wake)
+    return hub is not None and bool(hub.ready.is_set())
 
 
 def test_cancel_while_the_acquire_script_is_in_flight_gives_the_hold_back(
