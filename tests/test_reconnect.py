@@ -909,6 +909,15 @@ def test_passing_a_lock_stays_prompt_after_the_subscriber_connection_drops(
         client.delete(f"{data}:waits", f"{data}:errors")
 
 
+def _user_without_subscribe(server: TemporaryRedisServer) -> str:
+    """The URL of a new ACL user of ``server`` that may do anything but SUBSCRIBE: its
+    wake-up subscriber never listens."""
+    no_retry_client(server.url, 2.0).acl_setuser(
+        "nosub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+        commands=["+@all", "-subscribe"])
+    return f"redis://nosub:pw@127.0.0.1:{server.port}/0"
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("driver", ["threading", "asyncio"])
 def test_a_waiter_whose_subscriber_cannot_listen_gives_up_in_time(
@@ -917,11 +926,8 @@ def test_a_waiter_whose_subscriber_cannot_listen_gives_up_in_time(
     """An acquire waits for its process's wake-up subscriber to listen no longer than it
     has left: one that cannot (here its user may not SUBSCRIBE; or a link cut off as it
     connects) held an acquire with a 1 s timeout for 5 s."""
-    admin = no_retry_client(server.url, 2.0)
-    admin.acl_setuser("nosub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                      commands=["+@all", "-subscribe"])
-    holder = rlocks.RLock("nosub", client=admin, namespace=NAMESPACE)
-    url = f"redis://nosub:pw@127.0.0.1:{server.port}/0"
+    url = _user_without_subscribe(server)
+    holder = rlocks.RLock("nosub", client=no_retry_client(server.url, 2.0), namespace=NAMESPACE)
     with held_by_another_thread(holder):
         started = time.monotonic()
         if driver == "threading":
@@ -948,10 +954,7 @@ def test_a_condition_wait_whose_subscriber_cannot_listen_times_out_in_time(
 ) -> None:
     """As for an acquire: Condition.wait(1) waits for a subscriber that cannot listen no
     longer than its timeout (it was 5 s)."""
-    admin = no_retry_client(server.url, 2.0)
-    admin.acl_setuser("nosub", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                      commands=["+@all", "-subscribe"])
-    url = f"redis://nosub:pw@127.0.0.1:{server.port}/0"
+    url = _user_without_subscribe(server)
     cond = rlocks.Condition(rlocks.RLock("nosubc", client=no_retry_client(url, 2.0),
                                          namespace=NAMESPACE))
     with cond:
@@ -964,7 +967,7 @@ def test_a_condition_wait_whose_subscriber_cannot_listen_times_out_in_time(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("driver", ["threading", "asyncio"])
 def test_a_waiter_with_no_turn_to_send_gives_up_at_its_deadline(
-    client: Any, name: str, driver: str
+    client: Any, redis_url: str, name: str, driver: str
 ) -> None:
     """A waiter's calls wait for a turn (at most GATE of one primitive's calls of a process
     on the way at once); with every turn held by calls stuck on a frozen server, a waiter
@@ -983,8 +986,7 @@ def test_a_waiter_with_no_turn_to_send_gives_up_at_its_deadline(
                 gate.put(turn)
         else:
             async def scenario() -> None:
-                aclient = redis.asyncio.Redis.from_url(
-                    f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}")
+                aclient = redis.asyncio.Redis.from_url(redis_url)
                 try:
                     waiter = rlocks.asyncio.RLock(name, client=aclient, namespace=NAMESPACE)
                     gate = waiter._gate()
