@@ -357,6 +357,28 @@ def test_deleted_key_makes_release_raise_lock_lost(client: Any, name: str) -> No
     assert lock._recursion_count() == 0
 
 
+def test_a_grant_to_another_thread_tells_the_holder_its_hold_was_lost(
+        client: Any, name: str) -> None:
+    # A failover that lost the hold, here a deleted key: Redis grants the lock to another
+    # thread of this process, which proves the holder's hold gone. The holder knows at
+    # once, before any renewal (a long ttl) or its own release (which, sent again after a
+    # broken link, could not tell the loss from its own first send's work).
+    lost: List[Any] = []
+    lock = make(name, client, ttl=60, on_lost=lost.append)
+    lock.acquire()
+    client.delete(hash_key(name))
+    thief = make(name, client)
+    in_other_thread = threading.Thread(target=thief.acquire)
+    in_other_thread.start()
+    in_other_thread.join(10)
+    assert not lock.owned()
+    wait_until(lambda: lost == [lock], 5, "on_lost (it runs on the callback thread)")
+    thief_state = client.hgetall(hash_key(name))
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    assert client.hgetall(hash_key(name)) == thief_state  # the new owner is untouched
+
+
 def test_nested_with_reports_a_loss_once(client: Any, name: str) -> None:
     lock = make(name, client)
     with pytest.raises(rlocks.LockLostError) as info:

@@ -160,6 +160,27 @@ def test_upgrade_is_refused_at_once_and_changes_nothing(
     lock.read_lock.release()
 
 
+@pytest.mark.parametrize("held, granted, lost", [
+    ("read", "write", True), ("write", "read", True), ("write", "write", True),
+    ("read", "read", False)])
+def test_a_grant_that_excludes_a_hold_of_this_process_tells_it_lost(
+        client: "redis.Redis[bytes]", name: str, held: str, granted: str, lost: bool) -> None:
+    # The hold gone from Redis (a failover lost it; here a deleted key), another thread's
+    # grant that it would have excluded proves it: the holder knows at once, before its
+    # release finds it.
+    told: List[Any] = []
+    rw = make(name, client, ttl=60, on_lost=told.append)
+    side = getattr(rw, f"{held}_lock")
+    side.acquire()
+    client.delete(key(name))
+    assert in_thread(lambda: getattr(make(name, client), f"{granted}_lock").acquire(timeout=5))
+    assert side.owned() is not lost  # a reader's grant proves nothing of another reader
+    if lost:  # (on_lost runs on the callback thread)
+        wait_for(lambda: len(told) == 1, 5, "on_lost")
+    with pytest.raises(LockLostError):
+        side.release()  # (found at the release, for the reader)
+
+
 def test_bad_input_changes_nothing(client: "redis.Redis[bytes]", name: str) -> None:
     lock = make(name, client)
     assert lock.read_lock.acquire()

@@ -15,7 +15,10 @@ state:
   release of it raises :class:`~rlocks.errors.LockLostError`.
 
 Only :meth:`Hold.lose` decides that a hold is lost; the renewer and the dialogues report
-what they saw to it.
+what they saw to it. A fresh grant is evidence too: Redis granting one owner of this
+process a hold that excludes another owner's, which is held and not on its way out, no
+longer had that other hold (its lease ended, or a failover lost it), so that one is lost
+(:meth:`Hold.granted_now`).
 
 Two objects of one name are one primitive: a hold is shared, in :func:`hold_for`'s
 registry, by every object (of this process) through which its owner took levels, and each
@@ -32,7 +35,7 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import metrics
 
@@ -44,6 +47,9 @@ HELD, RELEASING, GONE, LOST = "held", "releasing", "gone", "lost"
 
 _mutex = threading.Lock()
 _holds: "weakref.WeakValueDictionary[Tuple[Any, ...], Hold]" = weakref.WeakValueDictionary()
+# (backend address, key) -> the holds of that primitive granted since they were last seen
+# gone: what a fresh grant is checked against (see granted_now).
+_granted: "Dict[Tuple[Any, ...], weakref.WeakSet[Hold]]" = {}
 
 
 class Hold:
@@ -90,12 +96,33 @@ class Hold:
     # -- what the dialogues and the renewer report -----------------------------------------
 
     def granted_now(self, sent: float, ttl: float, token: Optional[int]) -> None:
-        """A fresh grant (count 1), from a call sent at ``sent``."""
+        """A fresh grant (count 1), from a call sent at ``sent``. Another owner's hold of
+        this process that it excludes (an RLock's, a writer's; a reader's, for a writer)
+        and that is held, with no release of its last level on the way, is lost: Redis
+        did not have it when it granted this one."""
         self.count, self.state, self.pending = 1, HELD, None
         self.token = token
         self.ttl = ttl
         self.granted = sent
         self.renewed(sent)
+        side = self.ident[2]
+        if side == "p":  # permits: whose grant overdrew the value cannot be told
+            return
+        key = self.ident[:2]
+        with _mutex:
+            peers = _granted.get(key)
+            if peers is None:
+                peers = _granted[key] = weakref.WeakSet()
+            over = []
+            for other in list(peers):
+                if other._state not in (HELD, RELEASING) or other.count <= 0:
+                    peers.discard(other)
+                elif (other.owner != self.owner and other._state == HELD
+                      and not (side == "r" and other.ident[2] == "r")):
+                    over.append(other)
+            peers.add(self)
+        for other in over:
+            other.lose(f"Redis granted it to {self.owner} of this process meanwhile")
 
     def renewed(self, sent: float, ttl: Optional[float] = None) -> None:
         """The lease was set to at least ``ttl`` (default: the hold's) by a call sent at
@@ -127,6 +154,7 @@ class Hold:
             pending, self.pending = self.pending, None
             if self.state == RELEASING:
                 self.state = GONE
+                self._ungranted()
         if pending is not None and not answered:
             self._report(pending)
 
@@ -146,8 +174,18 @@ class Hold:
             if self.state not in (HELD, RELEASING):
                 return False
             self.state = LOST
+            self._ungranted()
         self._report(reason)
         return True
+
+    def _ungranted(self) -> None:
+        """(Under ``_mutex``.) Out of ``_granted``, and its key with the last hold."""
+        key = self.ident[:2]
+        peers = _granted.get(key)
+        if peers is not None:
+            peers.discard(self)
+            if not peers:
+                del _granted[key]
 
     def _report(self, reason: str) -> None:
         self.reason = reason
@@ -211,6 +249,7 @@ def _forget_after_fork() -> None:
         hold.objects = weakref.WeakSet()
         hold._state, hold.alive_cell[0] = GONE, False  # (no "collected while held" warning)
     _holds.clear()
+    _granted.clear()
 
 
 if hasattr(os, "register_at_fork"):
