@@ -153,6 +153,59 @@ def test_waiter_rides_through_a_server_restart(server: TemporaryRedisServer, kin
         server.stop()
 
 
+@pytest.mark.parametrize("kind", ["rlock", "semaphore", "asyncio"])
+@pytest.mark.timeout(60)
+def test_a_release_refused_then_sent_to_a_server_that_lost_the_hold_reports_the_loss(
+        server: TemporaryRedisServer, link_failures: List[Tuple[int, float]], kind: str) -> None:
+    """A release sent again after a broken link finds nothing to release either way:
+    gone by an earlier send, or lost before it. Here every earlier send surely did not run
+    (the server was down: no connection could be made) and the restarted server is
+    empty: the hold was lost in the restart, and the release must say so, not take its
+    re-send's finding for its own work (a failover that lost a hold looks the same)."""
+    url = server.url
+
+    def make(client: Any) -> Any:
+        if kind == "rlock":
+            return rlocks.RLock("refused", client=client, namespace=NAMESPACE, ttl=30)
+        if kind == "semaphore":
+            return rlocks.Semaphore("refused", 2, client=client, namespace=NAMESPACE, ttl=30)
+        return rlocks.asyncio.RLock("refused", client=client, namespace=NAMESPACE, ttl=30)
+
+    def release() -> Any:
+        if kind != "asyncio":
+            lock = make(no_retry_client(url, 2.0))
+            assert lock.acquire()
+            server.stop()
+            lock.release()
+            return None
+
+        async def main() -> None:
+            client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2,
+                                                  retry=Retry(NoBackoff(), 0))
+            lock = make(client)
+            assert await lock.acquire()
+            server.stop()
+            # The loop sees the idle connection closed (redis-py then connects afresh, and
+            # is refused), as it would for a server gone a moment before the release.
+            await asyncio.sleep(0.1)
+            try:
+                await lock.release()
+            finally:
+                await client.aclose()
+        asyncio.run(main())
+        return None
+
+    thread, out = in_thread(release)
+    wait_until(lambda: any(t == thread.ident for t, _ in link_failures), 20,
+               "a release sent to the stopped server")
+    restarted = TemporaryRedisServer(port=server.port).start()  # same port, empty
+    try:
+        thread.join(30)
+        assert isinstance(out.get("result"), rlocks.LockLostError), out
+    finally:
+        restarted.stop()
+
+
 @pytest.mark.parametrize("phase", ["waiting", "timing-out", "taking-back"])
 @pytest.mark.parametrize("flavour", ["threading", "asyncio"])
 @pytest.mark.timeout(90)

@@ -40,7 +40,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_URL", "bounded", "default_client", "encoding_of", "io_client", "is_cluster",
+__all__ = ["DEFAULT_URL", "asend_on", "bounded", "default_client", "encoding_of", "io_client", "is_cluster",
            "pool_of"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -154,6 +154,26 @@ async def asend_once(client: Any, args: Sequence[Any]) -> Any:
         return await client.execute_command(*args)
     conn = await pool.get_connection()
     try:
+        return await asend_on(conn, args)
+    finally:
+        await pool.release(conn)
+
+
+async def asend_on(conn: Any, args: Sequence[Any]) -> Any:
+    """Send ``args`` once on ``conn`` (a ``redis.asyncio`` connection) and read the raw
+    reply. A connection its server closed while it sat idle (or with a stray reply on it)
+    is connected afresh first, as redis-py's own pools do unless maintenance notifications
+    are on: so a send to a server that is gone fails to connect, which tells that it surely
+    did not run (``steps.refused``), instead of being written to a dead link."""
+    if conn.is_connected:
+        try:
+            # (can_read: redis-py 8's name for it)
+            stale = await getattr(conn, "can_read", conn.can_read_destructive)()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            stale = True
+        if stale:
+            await conn.disconnect()
+    try:
         await conn.send_command(*args)
         return await conn.read_response()
     except BaseException as exc:
@@ -162,8 +182,6 @@ async def asend_once(client: Any, args: Sequence[Any]) -> Any:
             # disconnect would outlive a cancel; disconnect() is quick and never raises.)
             await conn.disconnect()
         raise
-    finally:
-        await pool.release(conn)
 
 
 def io_client(client: Any) -> Any:

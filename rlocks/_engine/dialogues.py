@@ -13,8 +13,10 @@ again after a lost reply is recognised: applied already (the reply says so, stat
 applied now, or refused. That is what lets :func:`.steps.call` send calls again after a
 broken link, a server restart or a failover, within the caller's deadline: the caller is
 not told about a failure whose outcome can be known. A release of the last level sent
-again finds nothing to release either way (released by the first send, or lost before):
-the first send is taken to have released it.
+again finds nothing to release either way (released by an earlier send, or lost before):
+an earlier send that may have run is taken to have released it; when every earlier send
+surely did not run (refused by the server, or no connection: :func:`.steps.refused`), the
+hold was lost before, and the release says so.
 
 A hold's lease is counted from the send of the call that granted it (the first send, if
 it was sent again), so this process never believes a lease longer than Redis keeps it.
@@ -268,7 +270,7 @@ def _shorter(a: float, b: Optional[float]) -> float:
     return max(0.0, a if b is None else min(a, b))
 
 
-def _unsent(sends: List[float], reply: Optional[Reply]) -> bool:
+def _unsent(sends: List[bool], reply: Optional[Reply]) -> bool:
     """Whether a call that raised surely never reached Redis: never sent, or sent once and
     interrupted before it went (``scripts.NOT_SENT``)."""
     return not sends or (len(sends) == 1 and reply is not None and reply.status == NOT_SENT)
@@ -295,7 +297,7 @@ def release(p: Any, owner: str) -> Steps:
     last = expect == 1
     if last:
         hold.begin_release()
-    sends: List[float] = []
+    sends: List[bool] = []
     until = min(hold.lease_end, monotonic() + RELEASE_PATIENCE)
     try:
         reply = yield from call(p._backend, p._spec.release(p, owner, expect), until, sends)
@@ -315,8 +317,8 @@ def release(p: Any, owner: str) -> Steps:
         if isinstance(exc, Interrupted):
             raise exc.cause from None
         raise
-    if reply.status == LOST and last and len(sends) > 1:
-        reply = Reply(DONE)  # sent again: the first send released it (see the docstring)
+    if reply.status == LOST and last and any(sends[:-1]):
+        reply = Reply(DONE)  # sent again: an earlier send released it (see the docstring)
     if reply.status == LOST:
         hold.lose("it was gone from Redis at release")
         _drop(p, owner, hold)
@@ -364,7 +366,7 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         if hold.count == take:
             hold.begin_release()
     until = min([h.lease_end for _, h, _ in mine] + [monotonic() + RELEASE_PATIENCE])
-    sends: List[float] = []
+    sends: List[bool] = []
     try:
         reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples),
                                 until, sends)
@@ -386,9 +388,9 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         if isinstance(exc, Interrupted):
             raise exc.cause from None
         raise
-    if (reply.status == LOST and reply.a == 1 and mine and len(sends) > 1
+    if (reply.status == LOST and reply.a == 1 and mine and any(sends[:-1])
             and mine[0][1].count == mine[0][2]):
-        reply = Reply(DONE)  # sent again, its last permits: the first send released them
+        reply = Reply(DONE)  # sent again, its last permits: an earlier send released them
     if reply.ok:
         for who, hold, take in mine:
             _drop(p, who, hold, take)

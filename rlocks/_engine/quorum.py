@@ -219,7 +219,10 @@ class Quorum:
 
     def _raise(self, results: Sequence[Result]) -> None:
         errors = [r for r in results if isinstance(r, BaseException)]
-        raise next((e for e in errors if transient(e)), errors[0])
+        error = next((e for e in errors if transient(e)), errors[0])
+        if len(errors) < len(results):
+            error._rlocks_ran = True  # type: ignore[union-attr]  # (steps.refused)
+        raise error
 
     # -- the backend's operations (see backends.py) ----------------------------------------
 

@@ -41,7 +41,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import RLocksError
-from .clients import asend_once, bounded, io_client
+from .clients import asend_on, asend_once, bounded, io_client
 
 __all__ = [
     "DONE", "GRANTED", "LOST", "MISMATCH", "NOT_SENT", "OVER", "UPGRADE", "WAIT",
@@ -350,11 +350,15 @@ class Call:
         await cluster.initialize()
         node = cluster.get_node_from_key(self.keys[0])
         try:
+            conn = node.acquire_connection()
             try:
-                raw = await node.execute_command(*self.command())
-            except NoScriptError:
-                await node.execute_command("SCRIPT", "LOAD", self.script.source)
-                raw = await node.execute_command(*self.command())
+                try:
+                    raw = await asend_on(conn, self.command())
+                except NoScriptError:
+                    await asend_on(conn, ("SCRIPT", "LOAD", self.script.source))
+                    raw = await asend_on(conn, self.command())
+            finally:
+                node.release(conn)
             return decode(raw, self.script.name)
         except ResponseError as exc:
             moved = isinstance(exc, (redis.exceptions.MovedError, redis.exceptions.AskError))

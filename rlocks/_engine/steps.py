@@ -108,21 +108,39 @@ def transient(exc: BaseException) -> bool:
 
 
 def call(backend: Any, script_call: Any, until: Optional[float],
-         sends: Optional[List[float]] = None) -> Generator[Any, Any, Any]:
+         sends: Optional[List[bool]] = None) -> Generator[Any, Any, Any]:
     """Run ``script_call``, sending it again after a failure of the link until ``until``
     (monotonic; ``None``: for ever). Raises the last failure after that. ``sends``, if
-    given, gets the time of each send."""
+    given, gets an entry for each send: False when it surely did not run (:func:`refused`),
+    else True."""
     delay = 0.01
     while True:
         if sends is not None:
-            sends.append(monotonic())
+            sends.append(True)
         try:
             return (yield Run(backend, script_call))
         except BaseException as exc:
+            if sends is not None and refused(exc):
+                sends[-1] = False
             if not transient(exc) or (until is not None and monotonic() + delay >= until):
                 raise
         yield Pause(delay)
         delay = min(delay * 2, 0.5)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed send surely did not run: the server answered with an error (it
+    runs no part of a script it refuses: LOADING, READONLY, MOVED, ...), or no connection
+    could be made (redis-py's "Error 111 connecting to ...", "Timeout connecting to
+    server"), or it never left (:class:`NoTurn`). When a client's own retries hid an
+    earlier try, this may call a send refused that ran: the caller then reports a loss
+    it cannot rule out, never a release it cannot prove. (A Quorum's error, when some
+    master answered, is marked ``_rlocks_ran``.)"""
+    if getattr(exc, "_rlocks_ran", False):
+        return False
+    if isinstance(exc, (rx.ResponseError, NoTurn)):
+        return True
+    return isinstance(exc, (rx.ConnectionError, rx.TimeoutError)) and "connecting to" in str(exc)
 
 
 def _foreign(exc: BaseException) -> bool:
