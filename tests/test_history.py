@@ -68,6 +68,37 @@ def test_an_overlapped_hold_must_be_the_one_told():
     assert rules(told_first + stop) == []
 
 
+def test_when_a_failover_forked_two_grants_either_may_be_the_one_told():
+    # The later hold's token is smaller: its server had not seen the earlier grant. Which
+    # one the surviving server kept, the order of the returns cannot tell: one told will
+    # do (rule 1). Without the failover, or with tokens in grant order, rule 5 stands.
+    def run(first_tok: int, later_tok: int, failover: bool) -> List[str]:
+        events = (hold("w1", "t1", "a", 1.0, 1.2, tok=first_tok)
+                  + hold("w2", "t1", "b", 1.1, 1.5, o="lost", tok=later_tok)
+                  + [fault("failover" if failover else "stop_worker", 0.9, 1.3,
+                           None if failover else "w2")])
+        return rules(events)
+
+    assert run(10, 8, failover=True) == []
+    assert "untold-loss" in run(10, 8, failover=False)
+    assert "untold-loss" in run(8, 10, failover=True)
+
+
+def test_on_lost_soon_after_a_release_cut_short_tells_that_hold():
+    # A cancelled release settles the hold after it returns; a loss it finds is told by
+    # on_lost alone. A release that finished, or an on_lost long after, tells nothing.
+    def run(release_o: str, on_lost_at: float) -> List[str]:
+        events = (hold("w1", "t1", "a", 1.0, 1.2, o=release_o)
+                  + [dict(a="on_lost", w="w1", p="rlock", obj="a", t=on_lost_at)]
+                  + hold("w2", "t1", "b", 1.1, 1.5)
+                  + [fault("stop_worker", 0.5, 1.05, "w1")])
+        return rules(events)
+
+    assert run("cancelled", 1.25) == []
+    assert "exclusion" in run("ok", 1.25)
+    assert "exclusion" in run("cancelled", 2.5)
+
+
 def test_a_hold_is_told_by_owned_on_lost_or_a_reentry():
     for telling in (dict(a="owned", w="w1", th="t1", p="rlock", s="x", h="a", t=1.15, o="false"),
                     dict(a="on_lost", w="w1", p="rlock", obj="a", t=1.15),

@@ -6,7 +6,8 @@ True to the ``release()`` call that ends it (a Condition's ``wait`` ends one hol
 called and starts another on return); a worker killed while holding holds until it was
 reaped. A hold is *told* lost once its holder learned it: ``LockLostError`` from a
 release, a re-entry or an acquire of its thread, ``owned()`` False inside it, or
-``on_lost`` while it was its process's only hold of the primitive.
+``on_lost`` while it was its process's only hold of the primitive (or soon after a
+release of it cut short by a cancel or an error returned).
 
 Rules (the issue's numbering):
 
@@ -18,7 +19,9 @@ Rules (the issue's numbering):
 4. ``token-order``: a hold granted after another returned has a larger token, and no two
    holds share one; ``fence``: the fenced store refuses no write of an untold hold and
    never accepts a write of an earlier grant after one of a later grant;
-5. ``untold-loss``: of two overlapping holds, the one that began first was told lost;
+5. ``untold-loss``: of two overlapping holds, the one that began first was told lost
+   (unless a failover forked their grants: the later one's token is smaller, and which
+   one the surviving server kept cannot be told from the order they returned in);
 6. ``stall``: once the faults are over (each fault's end, plus its ``recover``), a
    primitive that could serve a waiting thread serves one within ``bound`` seconds;
    ``fifo`` (fair primitives): a waiter is not served after one that asked more than
@@ -47,6 +50,7 @@ __all__ = ["Params", "Hold", "Report", "check", "load"]
 
 INF = math.inf
 EXCLUSIVE = ("rlock", "cond")  # every hold excludes every other
+CUT_TELLS = 1.0  # s after a release cut short returns in which its on_lost tells its hold
 PERMITS = ("sem", "bsem")
 
 
@@ -78,6 +82,7 @@ class Hold:
     token: Optional[int] = None
     told: Optional[float] = None
     how: str = ""
+    cut: float = -INF  # when a release that did not finish (cancelled, error) returned
 
     @property
     def owner(self) -> Tuple[str, str]:
@@ -257,6 +262,8 @@ class _History:
                         other.tell(ev["ret"], "release")
             elif ev["o"] in ("error", "refused"):
                 self.errors.append(ev)
+            if ev["o"] in ("error", "cancelled") and ev["h"] in self.holds:
+                self.holds[ev["h"]].cut = ev["ret"]
         elif a == "owned":
             if ev["o"] == "false":
                 hold = self.holds.get(ev["h"])
@@ -371,7 +378,7 @@ def _exclusion(hist: _History, params: Params, report: Report) -> None:
                 if other.told is None and hold.told is None:
                     report.add("exclusion", hold.start, kind,
                                f"{other.brief()} overlaps {hold.brief()}; neither was told lost")
-                elif other.told is None:
+                elif other.told is None and not _forked(hist, other, hold):
                     report.add("untold-loss", hold.start, kind,
                                f"{other.brief()} was overlapped by {hold.brief()} "
                                f"and never told lost")
@@ -402,6 +409,15 @@ def _permits(hist: _History, params: Params, report: Report) -> None:
         if ev["p"] == "bsem" and ev["o"] == "ok":
             report.add("bounded", ev["ret"], "bsem",
                        f"a release of nobody's permit by {ev['th']} was accepted")
+
+
+def _forked(hist: _History, first: Hold, later: Hold) -> bool:
+    """Whether a failover forked the grants of ``first`` and ``later``: ``later``'s token
+    is smaller, so the server that granted it had not seen ``first``'s grant. Which of the
+    two the surviving server kept, and so which one was lost, the order they returned in
+    cannot tell (either may be); rule 1 still asks that one was told."""
+    return (first.token is not None and later.token is not None and later.token < first.token
+            and _failover_between(hist, first.start, later.start))
 
 
 def _failover_between(hist: _History, t0: float, t1: float) -> bool:
@@ -475,6 +491,12 @@ def _on_lost(hist: _History, params: Params) -> None:
             continue
         if active:
             continue  # several holders in the process: it cannot say whose
+        # A release cut short (cancelled, failed) still settles the hold after it returns,
+        # and a loss it finds is told by on_lost only (it raised something else).
+        cut = [h for h in holds if h.end <= t <= h.cut + CUT_TELLS and h.told is None]
+        if len(cut) == 1:
+            cut[0].tell(t, "on_lost")
+            continue
         recent = [h for h in holds if t - params.ttl - 1.0 <= h.end <= t]
         if any(h.told is not None for h in recent):
             continue  # a late callback of a loss already told
