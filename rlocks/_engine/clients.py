@@ -40,8 +40,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_URL", "asend_on", "bounded", "default_client", "encoding_of", "io_client", "is_cluster",
-           "pool_of"]
+__all__ = ["DEFAULT_URL", "asend_on", "bounded", "default_client", "encoding_of", "io_client",
+           "is_cluster", "pool_of"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 SOCKET_TIMEOUT = 10.0  # s, the longest any one of rlocks' own round trips may block

@@ -221,7 +221,7 @@ class Quorum:
         errors = [r for r in results if isinstance(r, BaseException)]
         error = next((e for e in errors if transient(e)), errors[0])
         if len(errors) < len(results):
-            error._rlocks_ran = True  # type: ignore[union-attr]  # (steps.refused)
+            error._rlocks_ran = True  # type: ignore[attr-defined]  # (steps.refused)
         raise error
 
     # -- the backend's operations (see backends.py) ----------------------------------------
