@@ -35,7 +35,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 from .clients import is_cluster, pool_of
 from .clock import monotonic
 from .scripts import GRANTED, LOST, WAIT, Call, Reply, arun_many, run_many
-from .steps import transient
+from .steps import refused, transient
 
 __all__ = ["DRIFT_FACTOR", "Quorum", "drift_allowance"]
 
@@ -220,8 +220,8 @@ class Quorum:
     def _raise(self, results: Sequence[Result]) -> None:
         errors = [r for r in results if isinstance(r, BaseException)]
         error = next((e for e in errors if transient(e)), errors[0])
-        if len(errors) < len(results):
-            error._rlocks_ran = True  # type: ignore[attr-defined]  # (steps.refused)
+        if len(errors) < len(results) or not all(refused(e) for e in errors):
+            error._rlocks_ran = True  # type: ignore[attr-defined]  # a master may have run it
         raise error
 
     # -- the backend's operations (see backends.py) ----------------------------------------

@@ -38,7 +38,7 @@ from .clock import monotonic
 
 __all__ = [
     "TRANSIENT", "Enlist", "Interrupted", "Listen", "NoTurn", "Pause", "Read", "Run", "RunMany",
-    "adrive", "call", "drive", "transient",
+    "adrive", "call", "drive", "refused", "transient",
 ]
 
 
@@ -134,8 +134,8 @@ def refused(exc: BaseException) -> bool:
     could be made (redis-py's "Error 111 connecting to ...", "Timeout connecting to
     server"), or it never left (:class:`NoTurn`). When a client's own retries hid an
     earlier try, this may call a send refused that ran: the caller then reports a loss
-    it cannot rule out, never a release it cannot prove. (A Quorum's error, when some
-    master answered, is marked ``_rlocks_ran``.)"""
+    it cannot rule out, never a release it cannot prove. (A Quorum's error is marked
+    ``_rlocks_ran`` unless the call surely ran on no master.)"""
     if getattr(exc, "_rlocks_ran", False):
         return False
     if isinstance(exc, (rx.ResponseError, NoTurn)):
