@@ -493,6 +493,40 @@ def link(redis_url: str) -> Iterator[FaultyLink]:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "semaphore"])
+def test_a_grant_whose_answer_came_after_its_lease_ended_is_not_taken(
+    client: Any, link: FaultyLink, name: str, kind: str
+) -> None:
+    """A grant whose reply is held up past the lease it granted (counted from the send)
+    may have ended in Redis by then, and another owner may hold it: here Redis let it go
+    and another client took it. The acquire must not return True on that answer: it gives
+    the grant back and asks again (and, the other holding on, times out)."""
+    def make(c: Any) -> Any:
+        if kind == "rlock":
+            return rlocks.RLock(name, client=c, namespace=NAMESPACE, ttl=0.5)
+        return rlocks.Semaphore(name, 1, client=c, namespace=NAMESPACE, ttl=0.5)
+
+    slow = no_retry_client(link.url, 5.0)
+    late = make(slow)
+    assert late.acquire()  # (its connection made before the replies are held)
+    late.release()
+    link.hold_replies()
+    thread, out = in_thread(lambda: late.acquire(timeout=3))
+    wait_until(lambda: link.held > 0, 10, "the grant's reply held")
+    wait_until(lambda: not client.exists(late._keys.hash), 10, "the grant's lease to end")
+    other = make(client)
+    assert other.acquire(blocking=False)
+    try:
+        link.heal()
+        thread.join(10)
+        assert out.get("result") is False, out
+        assert late._recursion_count() == 0 if kind == "rlock" else not late._mine
+    finally:
+        other.release()
+        slow.close()
+
+
+@pytest.mark.timeout(60)
 def test_writer_gives_up_within_timeout_plus_one_socket_timeout(
     client: Any, link: FaultyLink, name: str
 ) -> None:

@@ -1,10 +1,11 @@
 """Acquire, release and extend, written once without I/O (generators of :mod:`.steps`).
 
 Acquire: a re-entry (the owner already holds a lock, through any object) is one call
-that adds a level. A fresh acquire asks the acquire script; granted, it returns. Not
-granted, the script has queued it (the queue orders waiters: first come, first served),
-and it waits for a wake-up hint or the script's "ask again" time, whichever is first,
-and asks again; each ask renews its place. It gives up at its deadline: its place goes
+that adds a level. A fresh acquire asks the acquire script; granted, it returns (unless
+the answer came after the lease it granted may have ended: then it gives the grant back
+and asks again). Not granted, the script has queued it (the queue orders waiters: first
+come, first served), and it waits for a wake-up hint or the script's "ask again" time,
+whichever is first, and asks again; each ask renews its place. It gives up at its deadline: its place goes
 (``leave``), and if it was at the head, the next waiter is woken. A script grants only
 to the caller that sent it, so nothing is ever granted to a waiter that is gone.
 
@@ -195,6 +196,14 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                 return False  # its deadline came while others' calls held every turn
             if reply.ok:
                 yield from _replicated(p, owner, hold, reply, expect)
+                if monotonic() >= sent + p._ttl:
+                    # Its answer came after the lease it granted may have ended (counted
+                    # from the send): another owner may hold it by now. Given back, and
+                    # asked for again.
+                    yield from _give_back(p, owner, hold, expect + 1)
+                    if deadline is not None and monotonic() >= deadline:
+                        return False
+                    continue
                 granted = True
                 _record(p, owner, hold, reply, sent)
                 if waited:
