@@ -5,9 +5,10 @@ that adds a level. A fresh acquire asks the acquire script; granted, it returns 
 the answer came after the lease it granted may have ended: then it gives the grant back
 and asks again). Not granted, the script has queued it (the queue orders waiters: first
 come, first served), and it waits for a wake-up hint or the script's "ask again" time,
-whichever is first, and asks again; each ask renews its place. It gives up at its deadline: its place goes
-(``leave``), and if it was at the head, the next waiter is woken. A script grants only
-to the caller that sent it, so nothing is ever granted to a waiter that is gone.
+whichever is first, and asks again; each ask renews its place. It gives up at its
+deadline: its place goes (``leave``), and if it was at the head, the next waiter is woken.
+A script grants only to the caller that sent it, so nothing is ever granted to a waiter
+that is gone.
 
 Every call says what it expects to find (the owner's count before it), so a call sent
 again after a lost reply is recognised: applied already (the reply says so, status 2),
