@@ -493,6 +493,42 @@ def link(redis_url: str) -> Iterator[FaultyLink]:
 
 
 @pytest.mark.timeout(60)
+def test_an_asyncio_semaphore_release_cut_short_still_tells_a_loss_its_answer_found(
+    client: Any, link: FaultyLink, name: str
+) -> None:
+    """A release cancelled while its call is on the way: the call runs on, and its
+    answer, learned after, says the permit was gone (its lease ended and another owner
+    took it). The loss is told by on_lost, as for a lock (the caller got the cancel)."""
+    lost: List[Any] = []
+
+    async def main() -> None:
+        slow = redis.asyncio.Redis.from_url(link.url, socket_timeout=2,
+                                            socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
+        sem = rlocks.asyncio.Semaphore(name, 1, client=slow, namespace=NAMESPACE, ttl=0.3,
+                                       auto_renew=False, on_lost=lost.append)
+        assert await sem.acquire()
+        other = rlocks.Semaphore(name, 1, client=client, namespace=NAMESPACE)
+        assert await asyncio.to_thread(other.acquire, timeout=5)  # once its lease ended
+        link.slow(0.1)
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await sem.release()
+            link.heal()
+            for _ in range(200):  # (on_lost runs as a callback of the loop)
+                if lost:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            link.heal()
+            await asyncio.to_thread(other.release)
+            await slow.aclose()
+
+    asyncio.run(main())
+    assert len(lost) == 1, lost
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["rlock", "semaphore"])
 def test_a_grant_whose_answer_came_after_its_lease_ended_is_not_taken(
     client: Any, link: FaultyLink, name: str, kind: str

@@ -381,7 +381,8 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         reply = yield from call(p._backend, p._spec.release_permits(p, owner, n, triples),
                                 until, sends)
     except BaseException as exc:
-        if _unsent(sends, exc.reply if isinstance(exc, Interrupted) else None):
+        reply = exc.reply if isinstance(exc, Interrupted) else None
+        if _unsent(sends, reply):
             # nothing reached Redis: all stays as it was
             for who, hold, take in others:
                 p._took(who, hold, take)
@@ -391,9 +392,12 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
             if isinstance(exc, Interrupted):
                 raise exc.cause from None
             raise
-        for who, hold, take in mine:  # no answer: off the books, its lease ends it
+        if reply is not None and reply.status == LOST and 0 < reply.a <= len(taking):
+            # (interrupted, its answer learned after: the permits it names were gone)
+            taking[reply.a - 1][1].lose("its permits were gone from Redis at release")
+        for who, hold, take in mine:  # else no answer: off the books, its lease ends it
             if hold.count <= take:
-                hold.end_release(answered=False)
+                hold.end_release(answered=reply is not None)
             _drop(p, who, hold, take)
         if isinstance(exc, Interrupted):
             raise exc.cause from None
