@@ -17,8 +17,11 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
+import redis
+import redis.asyncio.cluster
 
 import rlocks
+import rlocks.asyncio
 from rlocks._engine import identity
 
 from . import _procs
@@ -334,7 +337,26 @@ def test_cross_process_mutual_exclusion_through_the_cluster_client(
             cclient.delete(f"{data}:{k}")
 
 
-def test_replicas_option_is_refused_on_a_cluster_client(cclient: Any) -> None:
+def test_replicas_option_is_refused_on_a_cluster_client(cclient: Any, cluster: LocalCluster) -> None:
     # WAIT has no key, so a cluster client could not send it to the node that holds the lock.
     with pytest.raises(ValueError, match="not supported on Redis Cluster"):
         rlocks.RLock("wait-on-cluster", client=cclient, replicas=1)
+    # (the asyncio twin too: it was accepted, and no acknowledgement was ever checked)
+    aclient = redis.asyncio.cluster.RedisCluster(
+        startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in cluster.startup_nodes])
+    with pytest.raises(ValueError, match="not supported on Redis Cluster"):
+        rlocks.asyncio.RLock("wait-on-cluster", client=aclient, replicas=1)
+
+
+def test_two_asyncio_cluster_clients_of_two_clusters_are_two_backends() -> None:
+    # Before its first call an asyncio cluster client knows no nodes: it was named by the
+    # nodes it starts from, not as "a cluster" (two clusters' locks of one name were one
+    # lock to the process: a grant on one told the other's holder it was lost). No I/O.
+    from rlocks._engine.backends import address_of
+
+    def make(*ports: int) -> Any:
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode("127.0.0.1", p) for p in ports])
+
+    assert address_of(make(7000)) != address_of(make(7100))
+    assert address_of(make(7000, 7001)) == address_of(make(7001, 7000))

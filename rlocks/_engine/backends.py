@@ -36,7 +36,9 @@ def address_of(client: Any) -> Tuple[Any, ...]:
     """What identifies the server a client talks to (no I/O)."""
     if is_cluster(client) or hasattr(client, "get_nodes"):
         try:
-            nodes = client.get_nodes()
+            # (an asyncio cluster client knows no nodes before its first call: then the
+            # nodes it was given to start from)
+            nodes = client.get_nodes() or client.nodes_manager.startup_nodes.values()
             return ("cluster", tuple(sorted((n.host, n.port) for n in nodes)))
         except Exception:  # noqa: BLE001
             return ("cluster", id(client))

@@ -84,12 +84,11 @@ def default_client() -> "redis.Redis":
 
 
 def is_cluster(client: Any) -> bool:
-    """Whether ``client`` is a ``redis.cluster.RedisCluster``."""
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py without cluster support
-        return False
-    return isinstance(client, RedisCluster)
+    """Whether ``client`` is a ``RedisCluster`` (``redis.cluster``'s or ``redis.asyncio``'s)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
 def encoding_of(client: Any) -> str:
