@@ -563,6 +563,35 @@ def test_a_grant_whose_answer_came_after_its_lease_ended_is_not_taken(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["rlock", "semaphore"])
+def test_a_late_grant_whose_give_back_meets_a_dead_link_keeps_the_bound(
+    link: FaultyLink, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every grant is late (a round trip longer than the ttl), and the link dies just as
+    the late grant is given back: the give-back costs one socket timeout, and the acquire
+    must not spend a second one leaving the queue on the same dead link (its entry ends
+    with its lease): timeout + one socket timeout, not two."""
+    c = no_retry_client(link.url, 2.0)
+    lock: Any = (rlocks.RLock(name, client=c, namespace=NAMESPACE, ttl=0.2) if kind == "rlock"
+                 else rlocks.Semaphore(name, 2, client=c, namespace=NAMESPACE, ttl=0.2))
+    assert lock.acquire()
+    lock.release()
+    give_back = dialogues._give_back
+
+    def dying_link(*args: Any) -> Any:
+        link.blackhole()  # the fault, at the moment it matters; the give-back runs as is
+        return give_back(*args)
+
+    monkeypatch.setattr(dialogues, "_give_back", dying_link)
+    link.slow(0.12)  # each way: a round trip of 0.24 s > ttl 0.2 s
+    started = time.monotonic()
+    assert lock.acquire(timeout=0.3) is False
+    took = time.monotonic() - started
+    assert took < 0.3 + 0.24 + 2.0 + 1.0, took  # one socket timeout, slack; two: 4.5 s
+    c.close()
+
+
+@pytest.mark.timeout(60)
 def test_writer_gives_up_within_timeout_plus_one_socket_timeout(
     client: Any, link: FaultyLink, name: str
 ) -> None:

@@ -96,7 +96,8 @@ def _refused(p: Any, reply: Reply) -> BaseException:
 
 def _give_back(p: Any, owner: str, hold: Hold, count: int) -> Steps:
     """Undo a grant this caller will not keep (interrupted): the owner held ``count``
-    with it. Best effort: a failure leaves it to end with its lease."""
+    with it. Best effort: a failure leaves it to end with its lease. Returns whether
+    Redis answered."""
     try:
         if p._spec.kind == "sem":
             c = p._spec.release_permits(p, owner, 1, ((owner, count, 1),))
@@ -105,7 +106,8 @@ def _give_back(p: Any, owner: str, hold: Hold, count: int) -> Steps:
         reply = yield Run(p._backend, c)
         wakeups.wake_local(p._keys.hash, reply.woken)
     except BaseException:  # noqa: BLE001 - interrupted again, or no link: its lease ends it
-        pass
+        return False
+    return True
 
 
 def _settle(p: Any, owner: str, hold: Hold, reply: Optional[Reply], expect: int) -> Steps:
@@ -201,8 +203,9 @@ def _wait_for_grant(p: Any, owner: str, hold: Hold, wait: Optional[float],
                     # Its answer came after the lease it granted may have ended (counted
                     # from the send): another owner may hold it by now. Given back, and
                     # asked for again.
-                    yield from _give_back(p, owner, hold, expect + 1)
-                    if deadline is not None and monotonic() >= deadline:
+                    if not (yield from _give_back(p, owner, hold, expect + 1)):
+                        broken = True  # (no leave either: its entry ends with its lease)
+                    if broken or deadline is not None and monotonic() >= deadline:
                         return False
                     continue
                 granted = True
