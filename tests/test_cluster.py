@@ -11,6 +11,7 @@ primitive.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import threading
 import time
@@ -346,6 +347,25 @@ def test_replicas_option_is_refused_on_a_cluster_client(cclient: Any, cluster: L
         startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in cluster.startup_nodes])
     with pytest.raises(ValueError, match="not supported on Redis Cluster"):
         rlocks.asyncio.RLock("wait-on-cluster", client=aclient, replicas=1)
+
+
+@pytest.mark.timeout(30)
+def test_an_asyncio_cluster_client_with_no_node_reachable_fails_as_a_link_does() -> None:
+    # Its map is made at the first call: with no node up, that raised redis-py's
+    # RedisClusterException at once; a link's failure is sent again until the timeout,
+    # then raised as a ConnectionError, as on one server.
+    from rlocks.server import free_port
+
+    async def main() -> float:
+        client = redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode("127.0.0.1", free_port())])
+        lock = rlocks.asyncio.RLock("nobody-home", client=client)
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.ConnectionError, match="cannot be connected"):
+            await lock.acquire(timeout=0.5)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) >= 0.2  # sent again with back-off (at once, before)
 
 
 def test_two_asyncio_cluster_clients_of_two_clusters_are_two_backends() -> None:

@@ -347,7 +347,13 @@ class Call:
 
     async def _acluster(self, cluster: Any) -> Reply:
         """:meth:`_cluster` for a ``redis.asyncio`` cluster client."""
-        await cluster.initialize()
+        try:
+            await cluster.initialize()
+        except redis.exceptions.RedisClusterException as exc:
+            if not str(exc).startswith("Redis Cluster cannot be connected"):
+                raise
+            # (no node reachable: the link, as for one server, so sent again in time)
+            raise redis.exceptions.ConnectionError(str(exc)) from exc
         node = cluster.get_node_from_key(self.keys[0])
         try:
             conn = node.acquire_connection()
