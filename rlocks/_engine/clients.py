@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import threading
 import weakref
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -167,7 +168,7 @@ async def asend_on(conn: Any, args: Sequence[Any]) -> Any:
     if conn.is_connected:
         try:
             # (can_read: redis-py 8's name for it)
-            stale = await getattr(conn, "can_read", conn.can_read_destructive)()
+            stale = await getattr(conn, "can_read", conn.can_read_destructive)() or _readable(conn)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             stale = True
         if stale:
@@ -181,6 +182,16 @@ async def asend_on(conn: Any, args: Sequence[Any]) -> Any:
             # disconnect would outlive a cancel; disconnect() is quick and never raises.)
             await conn.disconnect()
         raise
+
+
+def _readable(conn: Any) -> bool:
+    """Whether an idle connection's socket has something to read that the event loop has
+    not taken in yet (the server closed it a moment ago): a poll that does not wait."""
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    return bool(select.select([sock.fileno()], [], [], 0)[0])
 
 
 def io_client(client: Any) -> Any:
