@@ -95,9 +95,9 @@ def _refused(p: Any, reply: Reply) -> BaseException:
 
 
 def _give_back(p: Any, owner: str, hold: Hold, count: int) -> Steps:
-    """Undo a grant this caller will not keep (interrupted): the owner held ``count``
-    with it. Best effort: a failure leaves it to end with its lease. Returns whether
-    Redis answered."""
+    """Undo a grant this caller will not keep (interrupted, short of its replicas, or
+    answered too late): the owner held ``count`` with it. Best effort: a failure leaves
+    it to end with its lease. Returns whether Redis answered."""
     try:
         if p._spec.kind == "sem":
             c = p._spec.release_permits(p, owner, 1, ((owner, count, 1),))
