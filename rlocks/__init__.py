@@ -11,6 +11,7 @@ from ._engine.quorum import Quorum
 from .condition import Condition
 from .decorators import limited, synchronized
 from .errors import DeadlockError, LockLostError, NotOwnedError, RLocksError, UpgradeError
+from .lock import Lock
 from .rlock import RLock
 from .rwlock import RWLock
 from .semaphore import BoundedSemaphore, Semaphore
@@ -24,6 +25,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "RLock",
+    "Lock",
     "RWLock",
     "Quorum",
     "Semaphore",

@@ -78,10 +78,12 @@ def test_the_package_logger_has_a_null_handler_and_no_other() -> None:
 
 CONSTRUCTORS: Dict[str, Callable[..., Any]] = {
     "rlocks.RLock": rlocks.RLock,
+    "rlocks.Lock": rlocks.Lock,
     "rlocks.RWLock": rlocks.RWLock,
     "rlocks.Semaphore": rlocks.Semaphore,
     "rlocks.BoundedSemaphore": rlocks.BoundedSemaphore,
     "rlocks.asyncio.RLock": ra.RLock,
+    "rlocks.asyncio.Lock": ra.Lock,
     "rlocks.asyncio.RWLock": ra.RWLock,
     "rlocks.asyncio.Semaphore": ra.Semaphore,
     "rlocks.asyncio.BoundedSemaphore": ra.BoundedSemaphore,
@@ -166,13 +168,15 @@ def test_decorators_point_peer_keywords_to_theirs(
 
 # -- owned() and extend() ---------------------------------------------------------------
 
-SYNC_KINDS = ["rlock", "read", "write", "semaphore", "bounded"]
+SYNC_KINDS = ["rlock", "lock", "read", "write", "semaphore", "bounded"]
 
 
 def make(kind: str, name: str, client: Any, **options: Any) -> Any:
     options.setdefault("namespace", NAMESPACE)
     if kind == "rlock":
         return rlocks.RLock(name, client=client, **options)
+    if kind == "lock":
+        return rlocks.Lock(name, client=client, **options)
     if kind in ("read", "write"):
         rw = rlocks.RWLock(name, client=client, **options)
         return rw.read_lock if kind == "read" else rw.write_lock
@@ -197,8 +201,9 @@ def test_owned_is_the_callers_local_hold(client: Any, name: str, kind: str) -> N
     assert lock.acquire()
     try:
         assert lock.owned() is True
-        # Locks and semaphore permits belong to the thread that took them.
-        assert in_thread(lock.owned) is False
+        # Locks and semaphore permits belong to the thread that took them; a Lock's
+        # hold to its process (any of its threads may release it).
+        assert in_thread(lock.owned) is (kind == "lock")
     finally:
         lock.release()
     assert lock.owned() is False
@@ -324,13 +329,15 @@ def test_extend_of_one_thread_leaves_another_threads_read_lease_alone(
 
 # -- the asyncio twins ------------------------------------------------------------------
 
-ASYNC_KINDS = ["rlock", "read", "write", "semaphore", "bounded"]
+ASYNC_KINDS = ["rlock", "lock", "read", "write", "semaphore", "bounded"]
 
 
 def amake(kind: str, name: str, client: Any, **options: Any) -> Any:
     options.setdefault("namespace", NAMESPACE)
     if kind == "rlock":
         return ra.RLock(name, client=client, **options)
+    if kind == "lock":
+        return ra.Lock(name, client=client, **options)
     if kind in ("read", "write"):
         rw = ra.RWLock(name, client=client, **options)
         return rw.read_lock if kind == "read" else rw.write_lock
@@ -356,8 +363,9 @@ def test_asyncio_owned_and_extend(redis_url: str, client: Any, name: str, kind: 
         async def other_task() -> bool:
             return bool(lock.owned())
 
-        # Locks and semaphore permits belong to the task that took them.
-        assert await asyncio.create_task(other_task()) is False
+        # Locks and semaphore permits belong to the task that took them (a Lock's
+        # hold to its process).
+        assert await asyncio.create_task(other_task()) is (kind == "lock")
         await lock.extend(60)
         assert await c.pttl(key) > 50_000
         await lock.extend(1)

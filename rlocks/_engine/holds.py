@@ -35,11 +35,11 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import metrics
 
-__all__ = ["GONE", "HELD", "LOST", "RELEASING", "Hold", "hold_for", "live", "peek"]
+__all__ = ["GONE", "HELD", "LOST", "RELEASING", "Hold", "held_here", "hold_for", "live", "peek"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Hold:
 
     __slots__ = ("ident", "label", "owner", "count", "token", "tokens", "ttl", "lease_end",
                  "due", "_state", "pending", "granted", "renew_call", "objects", "reason",
-                 "alive_cell", "__weakref__")
+                 "alive_cell", "watchers", "event", "__weakref__")
 
     def __init__(self, ident: Tuple[Any, ...], label: str, owner: str) -> None:
         self.ident = ident
@@ -76,6 +76,10 @@ class Hold:
         self.renew_call: Any = None  # the Call that renews it (set at its grant)
         self.objects: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.reason = ""
+        # Called (no arguments, from whichever thread finds the loss) when this grant is
+        # lost: a guard's cancel, the ``lost`` event's set. Reset by each fresh grant.
+        self.watchers: Optional[List[Callable[[], object]]] = None
+        self.event: Optional[threading.Event] = None
 
     def __repr__(self) -> str:
         return f"<Hold {self.label} {self.owner} x{self.count} {self.state}>"
@@ -101,6 +105,7 @@ class Hold:
         and that is held, with no release of its last level on the way, is lost: Redis
         did not have it when it granted this one."""
         self.count, self.state, self.pending = 1, HELD, None
+        self.watchers = self.event = None
         self.token = token
         self.ttl = ttl
         self.granted = sent
@@ -140,6 +145,15 @@ class Hold:
             if self.state != HELD:
                 return
         self.lose(reason)
+
+    def claim_release(self) -> bool:
+        """Begin the release of the last level if nobody has (True), for a lock any
+        thread of the process may release: two releases never both pick it."""
+        with _mutex:
+            if self.state == HELD and self.count == 1:
+                self.state = RELEASING
+                return True
+            return False
 
     def begin_release(self) -> None:
         with _mutex:
@@ -193,8 +207,48 @@ class Hold:
         objects = list(self.objects)
         if objects:
             metrics.lost(objects[0], self.granted)
+        with _mutex:
+            watchers, self.watchers = self.watchers, None
+        for watcher in watchers or ():
+            try:
+                watcher()
+            except Exception:  # noqa: BLE001 - one watcher's failure stops no other
+                log.exception("a watcher of %s's loss raised", self.label)
         for obj in objects:
             obj._hold_lost(self)
+
+    # -- who is told at once when this grant is lost -----------------------------------------
+
+    def watch(self, watcher: Callable[[], object]) -> bool:
+        """Call ``watcher()`` when this grant is found lost (once, from the thread that
+        finds it). False, and not kept, if it is not alive now: the caller acts itself."""
+        with _mutex:
+            if self._state not in (HELD, RELEASING):
+                return False
+            if self.watchers is None:
+                self.watchers = []
+            self.watchers.append(watcher)
+            return True
+
+    def unwatch(self, watcher: Callable[[], object]) -> None:
+        with _mutex:
+            if self.watchers is not None and watcher in self.watchers:
+                self.watchers.remove(watcher)
+
+    def lost_event(self) -> threading.Event:
+        """A ``threading.Event`` set when this grant is lost (set already if it is), the
+        same one for every caller until the next fresh grant."""
+        with _mutex:
+            event = self.event
+            if event is None:
+                event = self.event = threading.Event()
+                if self._state in (HELD, RELEASING):
+                    if self.watchers is None:
+                        self.watchers = []
+                    self.watchers.append(event.set)
+                elif self._state == LOST:
+                    event.set()
+            return event
 
     def any_object(self) -> Any:
         """One of the objects that hold levels of it (None: none is left)."""
@@ -221,6 +275,14 @@ def live() -> List[Hold]:
     """Every hold of this process that is held (no I/O)."""
     with _mutex:
         return [h for h in _holds.values() if h.alive and h.count > 0]
+
+
+def held_here(where: Tuple[Any, ...], owners: str) -> List[Hold]:
+    """The holds of the primitive (side) ``where`` (backend address, key, side) with
+    levels taken, whose owners start with ``owners`` (no I/O)."""
+    with _mutex:
+        return [hold for ident, hold in _holds.items()
+                if ident[:3] == where and hold.count > 0 and hold.owner.startswith(owners)]
 
 
 def peek(ident: Tuple[Any, ...]) -> Optional[Hold]:

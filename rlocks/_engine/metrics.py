@@ -76,6 +76,7 @@ DURATION_BUCKETS: Tuple[float, ...] = (
 # Public class name (the last part of a primitive's _label) -> the ``kind`` attribute.
 _KINDS = {
     "RLock": "rlock",
+    "Lock": "lock",
     "RWLock": "rwlock",
     "Semaphore": "semaphore",
     "BoundedSemaphore": "bounded_semaphore",

@@ -55,11 +55,12 @@ class Options:
 class LockSpec:
     """What an RLock (``side`` ``x``) or an RWLock side (``r`` / ``w``) sends."""
 
-    __slots__ = ("kind", "side", "acquire_script", "release_script", "renew_script",
+    __slots__ = ("kind", "code", "side", "acquire_script", "release_script", "renew_script",
                  "leave_script", "keys")
 
-    def __init__(self, kind: str, side: str) -> None:
-        self.kind, self.side = kind, side
+    def __init__(self, kind: str, side: str, code: Optional[str] = None) -> None:
+        # kind: the scripts ("rlock", "rw"); code: the key kind (a Lock's is "lock").
+        self.kind, self.side, self.code = kind, side, code or kind
         lib = "rlock_lib" if kind == "rlock" else "rw_lib"
         self.acquire_script = load(f"{kind}_acquire", lib)
         self.release_script = load(f"{kind}_release", lib)
@@ -104,11 +105,11 @@ class LockSpec:
 class PermitSpec:
     """What a (Bounded)Semaphore sends."""
 
-    __slots__ = ("kind", "side", "value", "bounded", "acquire_script", "release_script",
+    __slots__ = ("kind", "code", "side", "value", "bounded", "acquire_script", "release_script",
                  "renew_script", "leave_script")
 
     def __init__(self, value: int, bounded: bool) -> None:
-        self.kind, self.side = "sem", "p"
+        self.kind, self.code, self.side = "sem", "sem", "p"
         self.value, self.bounded = value, 1 if bounded else 0
         self.acquire_script = load("sem_acquire", "sem_lib")
         self.release_script = load("sem_release", "sem_lib")

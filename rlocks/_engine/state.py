@@ -77,6 +77,7 @@ class Kind(NamedTuple):
 
 KINDS: Dict[str, Kind] = {
     "rlock": Kind("rlock", "RLock"),
+    "lock": Kind("lock", "Lock"),  # an RLock's layout; its owners are per acquire
     "rw": Kind("rw", "RWLock"),  # readers and writers wait in one queue
     "sem": Kind("sem", "Semaphore"),
 }
@@ -293,7 +294,7 @@ def _decode_queue(queue: Any, now: int) -> Tuple[Tuple[QueueEntry, ...], int]:
     return tuple(result), stale
 
 
-_DECODERS = {"rlock": _decode_rlock, "rw": _decode_rw, "sem": _decode_sem}
+_DECODERS = {"rlock": _decode_rlock, "lock": _decode_rlock, "rw": _decode_rw, "sem": _decode_sem}
 
 
 def _decode(namespace: str, kind: str, name: str, reply: Any) -> Optional[PrimitiveState]:
@@ -432,7 +433,7 @@ async def afind(client: Any, namespace: str, name: str, kind: Optional[str] = No
 
 
 def _empty(p: Any) -> PrimitiveState:
-    kind = p._spec.kind
+    kind = p._spec.code
     return PrimitiveState(namespace=p._namespace, kind=kind, name=p._name, key=p._keys.hash,
                           type=KINDS[kind].label if kind != "sem" else (
                               "BoundedSemaphore" if p._spec.bounded else "Semaphore"),
@@ -447,7 +448,7 @@ def _own(p: Any, found: List[PrimitiveState]) -> PrimitiveState:
     if not found:
         return _empty(p)
     state = found[0]
-    if p._spec.kind == "sem" and state.value is None:
+    if p._spec.code == "sem" and state.value is None:
         state = replace(state, value=p._spec.value, free=p._spec.value - state.holds)
     return state
 
@@ -457,18 +458,18 @@ def statistics(p: Any) -> PrimitiveState:
     its masters agree on: :func:`agreed`)."""
     masters = getattr(p._backend, "masters", None)
     if masters is not None:
-        results = p._backend._map(lambda m: find(m, p._namespace, p._name, p._spec.kind))
+        results = p._backend._map(lambda m: find(m, p._namespace, p._name, p._spec.code))
         return agreed(p, p._backend.majority, results)
-    return _own(p, find(p.client, p._namespace, p._name, p._spec.kind))
+    return _own(p, find(p.client, p._namespace, p._name, p._spec.code))
 
 
 async def astatistics(p: Any) -> PrimitiveState:
     masters = getattr(p._backend, "masters", None)
     if masters is not None:
         results = await p._backend._amap(
-            lambda m: afind(m, p._namespace, p._name, p._spec.kind))
+            lambda m: afind(m, p._namespace, p._name, p._spec.code))
         return agreed(p, p._backend.majority, results)
-    return _own(p, await afind(p.client, p._namespace, p._name, p._spec.kind))
+    return _own(p, await afind(p.client, p._namespace, p._name, p._spec.code))
 
 
 def agreed(p: Any, need: int, results: Sequence[Any]) -> PrimitiveState:

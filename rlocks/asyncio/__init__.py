@@ -20,9 +20,10 @@ made with ``client=None`` share a client per event loop that rlocks opened: clos
 
 from .._engine.surface import aclose
 from .condition import Condition
+from .lock import Lock
 from .rlock import RLock
 from .rwlock import ReadLock, RWLock, WriteLock
 from .semaphore import BoundedSemaphore, Semaphore
 
-__all__ = ["RLock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore", "Condition",
-           "aclose"]
+__all__ = ["RLock", "Lock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore",
+           "Condition", "aclose"]
