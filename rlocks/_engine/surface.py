@@ -17,6 +17,7 @@ import atexit
 import inspect
 import logging
 import os
+import threading
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
@@ -27,6 +28,7 @@ from . import checks, dialogues, holds, identity, metrics
 from .backends import Server, address_of, backend_for
 from .clients import CONNECT_TIMEOUT, DEFAULT_URL, SOCKET_TIMEOUT
 from .constructors import public_method
+from .guard import Guard
 from .holds import Hold
 from .primitive import Primitive
 from .steps import adrive, drive
@@ -81,6 +83,18 @@ class _Views(Primitive):
         once the hold is known lost (``release()`` is still owed and raises
         LockLostError)."""
         return self._owned(self._owner())
+
+    def check(self) -> None:
+        """Raise :class:`~rlocks.errors.LockLostError` if the owner's hold is known lost
+        (its renewal or another grant of this process found it gone), else return (no
+        I/O, not a coroutine: cheap enough to call between steps of long work).
+        NotOwnedError if the owner holds nothing. A hold lost and not found yet passes:
+        this process learns of a loss within a renewal period (a third of the ``ttl``)."""
+        hold = self._current()
+        if hold is None:
+            raise self._not_owned("check")
+        if hold.state == holds.LOST:
+            raise self._lost_error(hold)
 
     def _current(self) -> Optional[Hold]:
         taken = self._mine.get(self._owner())
@@ -150,6 +164,18 @@ class _Blocking(_Views):
         except BaseException as exc:
             _repair(self, before, exc, True)
             raise
+
+
+    @property
+    def lost(self) -> threading.Event:
+        """A ``threading.Event`` set as soon as this process finds the calling thread's
+        current hold lost (set already if it is); a worker thread may poll ``is_set()``
+        or ``wait()`` on it. The same event until the next fresh grant. NotOwnedError if
+        the thread holds nothing (no I/O)."""
+        hold = self._current()
+        if hold is None:
+            raise self._not_owned("watch")
+        return hold.lost_event()
 
 
 class LockSurface(_Blocking, _Tokens):
@@ -312,6 +338,14 @@ class AsyncPrimitive(_Views):
     @staticmethod
     def _owner() -> str:
         return identity.task_owner()
+
+    def guard(self, timeout: Optional[float] = None) -> Guard:
+        """``async with lock.guard():`` acquires (waiting at most ``timeout`` s, or raising
+        TimeoutError), runs the body, and releases; if this process finds the hold lost
+        meanwhile, the task running the body is cancelled at once and the ``async with``
+        raises :class:`~rlocks.errors.LockLostError` instead (see :mod:`rlocks._engine.guard`).
+        A new guard for each ``async with``."""
+        return Guard(self, timeout)
 
     def _default_client(self) -> Any:
         return None
