@@ -12,6 +12,7 @@ from .condition import Condition
 from .decorators import limited, synchronized
 from .errors import DeadlockError, LockLostError, NotOwnedError, RLocksError, UpgradeError
 from .lock import Lock
+from .multi import acquire_all
 from .rlock import RLock
 from .rwlock import RWLock
 from .semaphore import BoundedSemaphore, Semaphore
@@ -36,6 +37,7 @@ __all__ = [
     "LockLostError",
     "UpgradeError",
     "DeadlockError",
+    "acquire_all",
     "synchronized",
     "limited",
     "__version__",

@@ -330,3 +330,35 @@ def pingpong_worker(
         report_error(client, f"{data}:errors")
         os._exit(EXIT_FAILED)
     os._exit(EXIT_OK)
+
+
+def all_of_worker(
+    spec: Dict[str, Any], names: List[str], namespace: str, data: str, seconds: float
+) -> None:
+    """For ``seconds``: take a Lock, an RLock (no deadlock detection: the order is what
+    must keep it out of a circle), a write side and a Semaphore(1), named in the order of
+    ``names``, with ``rlocks.acquire_all`` (waiting for ever); inside, check that nobody
+    else is inside (``{data}:inside``); ``rpush {data}:rounds <monotonic s>`` per round."""
+    client = make_client(spec)
+    try:
+        made = {
+            "lock": lambda n: rlocks.Lock(n, client=client, namespace=namespace),
+            "rlock": lambda n: rlocks.RLock(n, client=client, namespace=namespace,
+                                            deadlock_timeout=None),
+            "write": lambda n: rlocks.RWLock(n, client=client, namespace=namespace,
+                                             deadlock_timeout=None).write_lock,
+            "sem": lambda n: rlocks.Semaphore(n, 1, client=client, namespace=namespace),
+        }
+        prims = [made[n.split("-", 1)[0]](n) for n in names]
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            with rlocks.acquire_all(*prims):
+                if client.incr(f"{data}:inside") != 1:
+                    raise AssertionError("two processes inside at once")
+                time.sleep(0.002)
+                client.decr(f"{data}:inside")
+            client.rpush(f"{data}:rounds", time.monotonic())
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
+        report_error(client, f"{data}:errors")
+        os._exit(EXIT_FAILED)
+    os._exit(EXIT_OK)

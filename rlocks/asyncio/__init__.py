@@ -21,9 +21,10 @@ made with ``client=None`` share a client per event loop that rlocks opened: clos
 from .._engine.surface import aclose
 from .condition import Condition
 from .lock import Lock
+from .multi import acquire_all
 from .rlock import RLock
 from .rwlock import ReadLock, RWLock, WriteLock
 from .semaphore import BoundedSemaphore, Semaphore
 
 __all__ = ["RLock", "Lock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore",
-           "Condition", "aclose"]
+           "Condition", "acquire_all", "aclose"]
