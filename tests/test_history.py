@@ -219,7 +219,7 @@ def test_a_worker_that_does_not_stop_is_hung():
 def _judge(result: Any) -> None:
     assert result.ok, (f"{result.report.summary(40)}\n(history in {result.folder})")
     stats = result.report.stats
-    assert all(stats["sections"].get(k, 0) > 10 for k in ("rlock", "rw", "sem", "bsem", "cond")), stats
+    assert all(stats["sections"].get(k, 0) > 10 for k in ("rlock", "lock", "rw", "sem", "bsem", "cond")), stats
 
 
 @pytest.mark.history

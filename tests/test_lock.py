@@ -197,3 +197,26 @@ def test_a_lock_refuses_deadlock_detection_and_bad_input(name: str) -> None:
     with pytest.raises(TypeError):
         ra.Lock("x", client=redis.Redis(port=1))
     assert threading.active_count() >= 1
+
+
+def test_a_lost_hold_still_on_the_books_does_not_stand_for_the_live_one(
+    client: Any, name: str
+) -> None:
+    """Thread one's hold is lost and not yet released when thread two takes the lock:
+    token, owned() and release() speak of thread two's live hold; thread one's release
+    then tells the loss (found by the history checker: token-order, a shared token)."""
+    lost: List[Any] = []
+    lock = make(name, client, auto_renew=False, on_lost=lost.append)
+    joined(*started(lock.acquire))
+    old = lock.token
+    client.delete(lock._keys.hash)  # as an expiry or a forced release would
+    assert lock.acquire(timeout=5)  # the grant tells this process the old hold is gone
+    wait_until(lambda: lost == [lock], 5, "on_lost of the old hold")
+    assert lock.token is not None and old is not None and lock.token > old
+    assert lock.owned()
+    lock.release()  # the live hold, not the lost one
+    assert not lock.locked()
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()  # the lost one's release, owed still
+    with pytest.raises(rlocks.NotOwnedError):
+        lock.release()

@@ -19,7 +19,7 @@ from typing import Any, List
 
 from .. import errors
 from . import identity
-from .holds import LOST, held_here, peek
+from .holds import HELD, LOST, held_here, peek
 
 __all__ = ["ProcessOwned"]
 
@@ -53,8 +53,14 @@ class ProcessOwned:
 
     def _owner(self) -> str:
         """The owner of this process's hold (taken through this object first, else through
-        another object of this name), or the caller's id when it holds none (no I/O)."""
-        for hold in self._holds_here():
+        another object of this name), or the caller's id when it holds none (no I/O).
+        A held hold first: a lost one, or one on its way out, may still be on the books
+        while another thread already holds the lock again."""
+        found = self._holds_here()
+        for hold in found:
+            if hold.state == HELD:
+                return str(hold.owner)
+        for hold in found:
             return str(hold.owner)
         return self._caller()
 
@@ -64,11 +70,16 @@ class ProcessOwned:
                                  identity.process_token() + ":")
 
     def _releasing(self) -> str:
-        """The owner whose hold a release by the caller gives back: one no other release
-        has begun with (claimed now, so two releases never pick one hold), or a lost one
-        (its release raises LockLostError). NotOwnedError (no I/O) when there is none."""
-        for hold in self._holds_here():
-            if hold.claim_release() or hold.state == LOST:
+        """The owner whose hold a release by the caller gives back: a held one that no
+        other release has begun with (claimed now, so two releases never pick one hold),
+        else a lost one (its release raises LockLostError). NotOwnedError (no I/O) when
+        there is none."""
+        found = self._holds_here()
+        for hold in found:
+            if hold.claim_release():
+                return str(hold.owner)
+        for hold in found:
+            if hold.state == LOST:
                 return str(hold.owner)
         raise self._not_owned()
 

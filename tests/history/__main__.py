@@ -15,7 +15,7 @@ import time
 from .run import RunConfig, run
 from .workload import KINDS
 
-PRIMITIVES = {"rlock": "rlock", "rwlock": "rw", "semaphore": "sem",
+PRIMITIVES = {"rlock": "rlock", "lock": "lock", "rwlock": "rw", "semaphore": "sem",
               "boundedsemaphore": "bsem", "condition": "cond"}
 
 

@@ -49,7 +49,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 __all__ = ["Params", "Hold", "Report", "check", "load"]
 
 INF = math.inf
-EXCLUSIVE = ("rlock", "cond")  # every hold excludes every other
+EXCLUSIVE = ("rlock", "lock", "cond")  # every hold excludes every other
 CUT_TELLS = 1.0  # s after a release cut short returns in which its on_lost tells its hold
 PERMITS = ("sem", "bsem")
 

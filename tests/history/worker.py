@@ -108,6 +108,8 @@ def handles(kind: str, name: str, client: Any, cfg: Dict[str, Any], aio: bool,
         each = dict(common, ttl=ttl, on_lost=on_lost(kind, obj))
         if kind == "rlock":
             made[obj] = mod.RLock(name, **each)
+        elif kind == "lock":
+            made[obj] = mod.Lock(name, **each)
         elif kind == "rw":
             rw = mod.RWLock(name, **each)
             made[obj + "r"], made[obj + "w"] = rw.read_lock, rw.write_lock

@@ -5,6 +5,9 @@ blocking driver (threads) and the awaited driver (asyncio tasks) in ``worker`` c
 them out and record them. So the two drivers run the same sections, and the random
 choices depend only on the seed.
 
+Kinds: ``rlock``, ``lock`` (rlocks.Lock: the same sections without re-entry), ``rw``,
+``sem``, ``bsem``, ``cond``.
+
 Handles: every process makes two objects of each primitive's name (``a`` and ``b``, with
 different ``ttl``s: two objects of one name are one primitive), used at random, and
 re-enters through either. A Condition has one object (``c``, its lock's only object: a
@@ -31,8 +34,8 @@ __all__ = [
 
 #: The primitives a run can exercise, and the side (role) each hold has: ``x`` exclusive,
 #: ``r``/``w`` an RWLock's read/write side, ``p`` a permit.
-KINDS = ("rlock", "rw", "sem", "bsem", "cond")
-SIDES = {"rlock": "x", "cond": "x", "sem": "p", "bsem": "p"}
+KINDS = ("rlock", "lock", "rw", "sem", "bsem", "cond")
+SIDES = {"rlock": "x", "lock": "x", "cond": "x", "sem": "p", "bsem": "p"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ def workload(kind: str, thread: str, seed: int, shape: Shape, role: int = 0) -> 
     holds = (f"{thread}/{n}" for n in itertools.count())
     if kind == "rlock":
         return _exclusive(rng, holds, shape)
+    if kind == "lock":  # not reentrant: no nested acquire
+        return _exclusive(rng, holds, shape, reenter=False)
     if kind == "rw":
         return _readers_writers(rng, holds, shape)
     if kind in ("sem", "bsem"):
@@ -153,14 +158,14 @@ def _inside(rng: random.Random, obj: str, side: str, hold: str, shape: Shape,
         yield _pause(rng, shape)
 
 
-def _exclusive(rng: random.Random, holds, shape: Shape) -> Work:
+def _exclusive(rng: random.Random, holds, shape: Shape, reenter: bool = True) -> Work:
     while True:
         obj, hold = rng.choice("ab"), next(holds)
         got = yield Acquire(obj, "x", hold, 1, True, shape.timeout)
         if got != "ok":
             yield Sleep(0.02)
             continue
-        yield from _inside(rng, obj, "x", hold, shape)
+        yield from _inside(rng, obj, "x", hold, shape, reenter)
         yield Release(obj, "x", hold, True)
 
 
