@@ -11,6 +11,7 @@ from ._engine.quorum import Quorum
 from .condition import Condition
 from .decorators import limited, synchronized
 from .errors import DeadlockError, LockLostError, NotOwnedError, RLocksError, UpgradeError
+from .event import Event
 from .lock import Lock
 from .multi import acquire_all
 from .rlock import RLock
@@ -32,6 +33,7 @@ __all__ = [
     "Semaphore",
     "BoundedSemaphore",
     "Condition",
+    "Event",
     "RLocksError",
     "NotOwnedError",
     "LockLostError",

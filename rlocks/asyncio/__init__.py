@@ -1,6 +1,7 @@
 """asyncio twins of the rlocks primitives, over ``redis.asyncio``.
 
-``rlocks.asyncio.RLock``, ``RWLock``, ``Semaphore`` and ``BoundedSemaphore`` share their
+``rlocks.asyncio.RLock``, ``Lock``, ``RWLock``, ``Semaphore``, ``BoundedSemaphore`` and
+``Event`` (and ``acquire_all``) share their
 Redis state, scripts and semantics with the synchronous ones (an asyncio RLock and a
 threading RLock of the same name are one lock), with the running **task** as owner of a
 lock hold. Every method that talks to Redis is a coroutine: ``await lock.acquire()``,
@@ -20,6 +21,7 @@ made with ``client=None`` share a client per event loop that rlocks opened: clos
 
 from .._engine.surface import aclose
 from .condition import Condition
+from .event import Event
 from .lock import Lock
 from .multi import acquire_all
 from .rlock import RLock
@@ -27,4 +29,4 @@ from .rwlock import ReadLock, RWLock, WriteLock
 from .semaphore import BoundedSemaphore, Semaphore
 
 __all__ = ["RLock", "Lock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore",
-           "Condition", "acquire_all", "aclose"]
+           "Condition", "Event", "acquire_all", "aclose"]
