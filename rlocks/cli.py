@@ -197,7 +197,7 @@ def _redis_message(exc: Exception, url: str) -> str:
 @functools.partial(_global_options, group=True)
 @click.version_option(__version__, prog_name="rlocks")
 def cli() -> None:
-    """Inspect and manage rlocks primitives (RLock, RWLock, Semaphore) in Redis."""
+    """Inspect and manage rlocks primitives (RLock, Lock, RWLock, Semaphore, Event) in Redis."""
     _settings()
 
 
@@ -241,7 +241,10 @@ def _known(value: Optional[int]) -> str:
 
 
 def _list_lines(states: Sequence[_state.PrimitiveState]) -> List[str]:
-    rows = [("TYPE", "NAME", "HOLDERS", "HOLDS", "FREE", "LEASE", "WAITING")]
+    # A STATE column only when a kind without holders (an Event) is listed.
+    detail = any(state.detail is not None for state in states)
+    rows = [("TYPE", "NAME", "HOLDERS", "HOLDS", "FREE", "LEASE", "WAITING")
+            + (("STATE",) if detail else ())]
     for state in states:
         free = f"{_known(state.free)}/{_known(state.value)}" if state.kind == "sem" else "-"
         holds = str(state.holds) if state.holders else "0"
@@ -250,7 +253,7 @@ def _list_lines(states: Sequence[_state.PrimitiveState]) -> List[str]:
         rows.append((
             state.type, _quoted(state.name), _holders_cell(state), holds, free, lease,
             "?" if waiting is None else str(waiting),
-        ))
+        ) + ((state.detail or "-",) if detail else ()))
     return _table(rows)
 
 
@@ -267,6 +270,8 @@ def _inspect_lines(state: _state.PrimitiveState) -> List[str]:
     if state.kind == "sem":
         lines.append(f"  permits    {_known(state.free)} free of {_known(state.value)} "
                      f"({state.holds} held by {_plural(len(state.holders), 'owner')})")
+    elif state.detail is not None:
+        lines.append(f"  state      {state.detail}")
     else:
         lines.append(f"  held       {_plural(state.holds, 'hold')} by "
                      f"{_plural(len(state.holders), 'owner')}")

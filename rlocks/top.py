@@ -256,6 +256,8 @@ def _holders_cell(state: PrimitiveState) -> str:
         count = str(len(state.holders))
     if state.kind == "sem":
         count += f" ({state.free}/{state.value} free)"
+    if state.detail is not None:
+        count += f" ({state.detail})"
     return count
 
 

@@ -78,6 +78,7 @@ class Kind(NamedTuple):
 KINDS: Dict[str, Kind] = {
     "rlock": Kind("rlock", "RLock"),
     "lock": Kind("lock", "Lock"),  # an RLock's layout; its owners are per acquire
+    "event": Kind("event", "Event"),  # a flag and its waiters: no holders
     "rw": Kind("rw", "RWLock"),  # readers and writers wait in one queue
     "sem": Kind("sem", "Semaphore"),
 }
@@ -173,6 +174,8 @@ class PrimitiveState:
     stale: int = 0  # holds or entries past their lease, not yet tidied by a script
     #: The queue in order, head first: one entry per waiting thread or task (None: not read).
     queue: Optional[Tuple[QueueEntry, ...]] = None
+    #: What a kind without holders is: an Event's "set" or "clear".
+    detail: Optional[str] = None
 
     @property
     def holds(self) -> int:
@@ -201,6 +204,8 @@ class PrimitiveState:
         if self.kind == "sem":
             data["value"] = self.value
             data["free"] = self.free
+        if self.detail is not None:
+            data["detail"] = self.detail
         return data
 
 
@@ -275,10 +280,16 @@ def _decode_sem(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
             "type": "BoundedSemaphore" if bounded else "Semaphore"}
 
 
+def _decode_event(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
+                  now: int) -> Dict[str, Any]:
+    return {"holders": (), "stale": 0, "type": "Event",
+            "detail": "set" if flat.get("set") == "1" else "clear"}
+
+
 _SIDES = {"r": "read", "w": "write"}
 
 
-def _decode_queue(queue: Any, now: int) -> Tuple[Tuple[QueueEntry, ...], int]:
+def _decode_queue(queue: Any, now: int, kind: str = "") -> Tuple[Tuple[QueueEntry, ...], int]:
     """The queue in arrival order, and how many of its entries' leases ended (stale)."""
     result, stale = [], 0
     for member, end in sorted(_scores(queue)):
@@ -287,6 +298,13 @@ def _decode_queue(queue: Any, now: int) -> Tuple[Tuple[QueueEntry, ...], int]:
         if end <= now:
             stale += 1
             continue
+        if kind == "event":  # '[!]<owner>#<wait>': '!' once a set() reached it
+            told = member.startswith("!")
+            result.append(QueueEntry(
+                entry=member, waiter=member.lstrip("!").rsplit("#", 1)[0],
+                side="told" if told else "", wanted=1, lease_left_ms=int(end) - now,
+                age_ms=None))
+            continue
         arrival, side, owner = member.split(":", 2)
         result.append(QueueEntry(
             entry=member, waiter=owner, side=_SIDES.get(side, ""), wanted=1,
@@ -294,7 +312,8 @@ def _decode_queue(queue: Any, now: int) -> Tuple[Tuple[QueueEntry, ...], int]:
     return tuple(result), stale
 
 
-_DECODERS = {"rlock": _decode_rlock, "lock": _decode_rlock, "rw": _decode_rw, "sem": _decode_sem}
+_DECODERS = {"rlock": _decode_rlock, "lock": _decode_rlock, "event": _decode_event,
+             "rw": _decode_rw, "sem": _decode_sem}
 
 
 def _decode(namespace: str, kind: str, name: str, reply: Any) -> Optional[PrimitiveState]:
@@ -307,12 +326,14 @@ def _decode(namespace: str, kind: str, name: str, reply: Any) -> Optional[Primit
     lease = None if int(pttl) < 0 else int(pttl)
     ends = {member: int(score) for member, score in _scores(leases)}
     parts = _DECODERS[kind](flat, lease, ends, now)
+    if kind == "lock":
+        parts["type"] = KINDS[kind].label  # (the RLock's layout)
     length = _int(flat.get("#t", ""))
     if length is not None:
         parts["holders"] = tuple(
             replace(h, renewed_ms=max(0, length - h.lease_ms)) if h.lease_ms is not None else h
             for h in parts["holders"])
-    waiting_in, stale = _decode_queue(queue, now)
+    waiting_in, stale = _decode_queue(queue, now, kind)
     parts["stale"] += stale
     return PrimitiveState(namespace=namespace, kind=kind, name=name,
                           key=keys_for(namespace, kind, name).hash, lease_ms=lease,
