@@ -8,9 +8,17 @@ lost holds, fork, cluster) and the differences from ``threading``.
 import logging
 
 from ._engine.quorum import Quorum
+from .barrier import Barrier
 from .condition import Condition
 from .decorators import limited, synchronized
-from .errors import DeadlockError, LockLostError, NotOwnedError, RLocksError, UpgradeError
+from .errors import (
+    BrokenBarrierError,
+    DeadlockError,
+    LockLostError,
+    NotOwnedError,
+    RLocksError,
+    UpgradeError,
+)
 from .event import Event
 from .lock import Lock
 from .multi import acquire_all
@@ -34,11 +42,13 @@ __all__ = [
     "BoundedSemaphore",
     "Condition",
     "Event",
+    "Barrier",
     "RLocksError",
     "NotOwnedError",
     "LockLostError",
     "UpgradeError",
     "DeadlockError",
+    "BrokenBarrierError",
     "acquire_all",
     "synchronized",
     "limited",

@@ -11,6 +11,8 @@ different thing from "the answer was no".
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Optional, Tuple
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "UpgradeError",
     "ReplicationError",
     "DeadlockError",
+    "BrokenBarrierError",
 ]
 
 
@@ -91,3 +94,13 @@ class DeadlockError(RLocksError, RuntimeError):
     ) -> None:
         super().__init__(message, name=name)
         self.cycle = cycle
+
+
+class BrokenBarrierError(RLocksError, threading.BrokenBarrierError, asyncio.BrokenBarrierError):
+    """A Barrier's wait could not pass: the barrier is broken, or was reset, while the
+    party waited, or was broken when it came (``abort()``, a party that timed out, was
+    cancelled, or whose lease ended because its process died, an action that raised).
+
+    Also a ``threading.BrokenBarrierError`` and an ``asyncio.BrokenBarrierError``, so code
+    written for either keeps catching it. ``name`` is the barrier's name.
+    """

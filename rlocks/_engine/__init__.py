@@ -11,6 +11,8 @@ Its modules, in import order: each imports only modules listed above it.
 - ``callbacks``: where ``on_lost`` callbacks run.
 - ``metrics``: OpenTelemetry metrics and spans.
 - ``holds``: what this process knows of its holds (one state machine per hold).
+- ``guard``: ``async with lock.guard():``, a section stopped when its hold is lost.
+- ``nonreentrant``: the owners of a lock that is not reentrant (``rlocks.Lock``).
 - ``steps``: the step vocabulary of the dialogues, and the blocking and awaited drivers.
 - ``wakeups``: the wake-up hint subscribers and the waiters' table.
 - ``backends``: one server or cluster, as the dialogues see it.
@@ -20,7 +22,10 @@ Its modules, in import order: each imports only modules listed above it.
 - ``renewal``: the renewer (a thread, or a task per event loop), batched.
 - ``dialogues``: acquire, release, extend, written once without I/O.
 - ``condition``: the distributed Condition's wait and notify.
+- ``barrier``: the distributed Barrier's arrive, wait and pass (dialogues and checks).
 - ``constructors``: constructor argument errors that name the public class.
 - ``primitive``: a primitive's settings, what it sends, the levels it took.
+- ``event``: the distributed Event's flag, waiters and marks.
+- ``multi``: several primitives taken in one global order, all or none.
 - ``surface``: the ``threading`` and asyncio surfaces.
 """

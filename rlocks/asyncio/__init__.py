@@ -1,11 +1,11 @@
 """asyncio twins of the rlocks primitives, over ``redis.asyncio``.
 
-``rlocks.asyncio.RLock``, ``Lock``, ``RWLock``, ``Semaphore``, ``BoundedSemaphore`` and
-``Event`` (and ``acquire_all``) share their
-Redis state, scripts and semantics with the synchronous ones (an asyncio RLock and a
-threading RLock of the same name are one lock), with the running **task** as owner of a
-lock hold. Every method that talks to Redis is a coroutine: ``await lock.acquire()``,
-``await lock.release()``, ``await lock.locked()``, ``async with lock:``.
+``rlocks.asyncio.RLock``, ``Lock``, ``RWLock``, ``Semaphore``, ``BoundedSemaphore``,
+``Event`` and ``Barrier`` (and ``acquire_all``) share their Redis state, scripts and
+semantics with the synchronous ones (an asyncio RLock and a threading RLock of the same
+name are one lock), with the running **task** as owner of a lock hold. Every method that
+talks to Redis is a coroutine: ``await lock.acquire()``, ``await lock.release()``, ``await
+lock.locked()``, ``async with lock:``.
 
 Differences from ``asyncio.Lock`` / ``asyncio.Semaphore``: ``release()`` and ``locked()``
 are coroutines (they are round trips); ``acquire`` also takes ``blocking`` and ``timeout``;
@@ -20,6 +20,7 @@ made with ``client=None`` share a client per event loop that rlocks opened: clos
 """
 
 from .._engine.surface import aclose
+from .barrier import Barrier
 from .condition import Condition
 from .event import Event
 from .lock import Lock
@@ -29,4 +30,4 @@ from .rwlock import ReadLock, RWLock, WriteLock
 from .semaphore import BoundedSemaphore, Semaphore
 
 __all__ = ["RLock", "Lock", "RWLock", "ReadLock", "WriteLock", "Semaphore", "BoundedSemaphore",
-           "Condition", "Event", "acquire_all", "aclose"]
+           "Condition", "Event", "Barrier", "acquire_all", "aclose"]
