@@ -197,7 +197,8 @@ def _redis_message(exc: Exception, url: str) -> str:
 @functools.partial(_global_options, group=True)
 @click.version_option(__version__, prog_name="rlocks")
 def cli() -> None:
-    """Inspect and manage rlocks primitives (RLock, Lock, RWLock, Semaphore, Event) in Redis."""
+    """Inspect and manage rlocks primitives (RLock, Lock, RWLock, Semaphore, Event,
+    Barrier) in Redis."""
     _settings()
 
 
@@ -534,6 +535,9 @@ def release_command(name: str, force: bool, yes: bool, kind: Optional[str]) -> N
         kinds = ", ".join(state.type for state in states)
         raise UsageFailure(f"{name!r} names several primitives ({kinds}): choose one with --kind")
     state = states[0]
+    if state.detail is not None:  # an Event or a Barrier: state, not holds
+        raise Failure(f"{state.type} {_quoted(name)} has no holds to release: its own "
+                      f"{'clear()' if state.kind == 'event' else 'reset()'} changes it")
     summary = (f"{state.type} {_quoted(name)}: {_plural(state.holds, 'hold')} of "
                f"{_plural(len(state.holders), 'owner')}")
     if not yes:

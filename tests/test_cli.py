@@ -115,7 +115,7 @@ def test_keys_other_than_a_primitive_hash_are_not_primitives(key: str) -> None:
     assert ins.parse_key(key, "rlocks") is None
 
 
-@pytest.mark.parametrize("kind", sorted(set(ins.KINDS) - {"event"}))  # (an Event: no holds)
+@pytest.mark.parametrize("kind", sorted(set(ins.KINDS) - {"event", "barrier"}))  # (no holds)
 def test_a_release_hints_only_the_head_waiter_on_its_process_channel(
     client: "redis.Redis[bytes]", ns: str, name: str, kind: str
 ) -> None:
@@ -207,10 +207,42 @@ def test_list_and_inspect_show_a_lock_and_an_event(
         assert run("inspect", "door").stdout.startswith("Lock door")
         data = {d["name"]: d for d in json.loads(run("list", "--json").stdout)}
         assert data["go"]["detail"] == "set" and data["door"]["type"] == "Lock"
+        forced = run("release", "--force", "go", "--yes")
+        assert forced.exit_code != 0 and "no holds to release: its own clear()" in forced.stderr
+        assert go.is_set()
         go.clear()
         assert "go" not in run("list").stdout  # a cleared Event leaves no key
     finally:
         go.clear()
+
+
+def test_list_and_inspect_show_a_barrier(run: Callable[..., Result], ns: str) -> None:
+    gate = rlocks.Barrier("gate", 2, namespace=ns, timeout=30)
+    broke: List[BaseException] = []
+
+    def wait() -> None:
+        try:
+            gate.wait()
+        except rlocks.BrokenBarrierError as exc:
+            broke.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        wait_for(lambda: gate.n_waiting == 1, "one party waiting")
+        rows = {line.split()[1]: line.split() for line in run("list").stdout.splitlines()[1:]}
+        assert rows["gate"][0] == "Barrier" and rows["gate"][-2:] == ["1/2", "waiting"]
+        assert "  state      1/2 waiting" in run("inspect", "gate").stdout.splitlines()
+        forced = run("release", "--force", "gate", "--yes")
+        assert forced.exit_code != 0 and "its own reset()" in forced.stderr
+        gate.abort()
+        waiter.join(10)
+        assert len(broke) == 1
+        assert "broken" in run("inspect", "gate").stdout
+    finally:
+        gate.abort()
+        waiter.join(10)
+        gate.reset()
 
 
 def test_list_filters_by_glob_and_kind(run: Callable[..., Result], ns: str,

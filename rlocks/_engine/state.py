@@ -79,6 +79,7 @@ KINDS: Dict[str, Kind] = {
     "rlock": Kind("rlock", "RLock"),
     "lock": Kind("lock", "Lock"),  # an RLock's layout; its owners are per acquire
     "event": Kind("event", "Event"),  # a flag and its waiters: no holders
+    "barrier": Kind("barrier", "Barrier"),  # parties and generations: no holders
     "rw": Kind("rw", "RWLock"),  # readers and writers wait in one queue
     "sem": Kind("sem", "Semaphore"),
 }
@@ -174,7 +175,8 @@ class PrimitiveState:
     stale: int = 0  # holds or entries past their lease, not yet tidied by a script
     #: The queue in order, head first: one entry per waiting thread or task (None: not read).
     queue: Optional[Tuple[QueueEntry, ...]] = None
-    #: What a kind without holders is: an Event's "set" or "clear".
+    #: What a kind without holders is: an Event's "set" or "clear", a Barrier's "2/3
+    #: waiting" or "broken".
     detail: Optional[str] = None
 
     @property
@@ -286,6 +288,18 @@ def _decode_event(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int
             "detail": "set" if flat.get("set") == "1" else "clear"}
 
 
+def _decode_barrier(flat: Dict[str, str], pttl: Optional[int], ends: Dict[str, int],
+                    now: int) -> Dict[str, Any]:
+    # (lua/barrier_lib.lua: parties, n arrived in this generation, broken, act)
+    if flat.get("broken") == "1":
+        detail = "broken"
+    else:
+        detail = f"{_int(flat.get('n', '0')) or 0}/{flat.get('parties', '?')} waiting"
+        if flat.get("act"):
+            detail += ", action running"
+    return {"holders": (), "stale": 0, "type": "Barrier", "detail": detail}
+
+
 _SIDES = {"r": "read", "w": "write"}
 
 
@@ -313,7 +327,7 @@ def _decode_queue(queue: Any, now: int, kind: str = "") -> Tuple[Tuple[QueueEntr
 
 
 _DECODERS = {"rlock": _decode_rlock, "lock": _decode_rlock, "event": _decode_event,
-             "rw": _decode_rw, "sem": _decode_sem}
+             "barrier": _decode_barrier, "rw": _decode_rw, "sem": _decode_sem}
 
 
 def _decode(namespace: str, kind: str, name: str, reply: Any) -> Optional[PrimitiveState]:
