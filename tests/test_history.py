@@ -213,13 +213,75 @@ def test_a_worker_that_does_not_stop_is_hung():
     assert rules([dict(a="hung", w="nemesis", target="w1", t=5.0)]) == ["hung"]
 
 
+# -- the Barrier ----------------------------------------------------------------------------
+
+
+def generation(first: float, parties: int = 3, *, ran: bool = True, o: str = "ok",
+               gen: int = 0) -> List[Dict[str, Any]]:
+    """``parties`` threads (of workers w1, w2, ...) wait from ``first`` on; the last runs
+    the action (when ``ran``) at ``first + 0.1``; each returns ``o`` at ``first + 0.2``."""
+    events: List[Dict[str, Any]] = []
+    for i in range(parties):
+        w, th, inv = f"w{i + 1}", f"b{gen}", first + 0.01 * i
+        events.append(dict(a="bwait_call", w=w, th=th, inv=inv, obj="a", to=3.0, tid=i))
+        events.append(dict(a="bwait", w=w, th=th, inv=inv, ret=first + 0.2, o=o,
+                           idx=i if o == "ok" else None, obj="a"))
+    if ran:
+        events.append(dict(a="bpass", w=f"w{parties}", p="barrier", obj="a", t=first + 0.1,
+                           tid=parties - 1))
+    return events
+
+
+def test_generations_that_pass_in_turn_keep_the_barrier_rules():
+    events = generation(1.0) + generation(2.0, gen=1) + generation(3.0, ran=False, o="broken",
+                                                                   gen=2)
+    assert rules(events) == []
+
+
+def test_a_generation_that_passes_before_every_party_arrived_is_early():
+    events = generation(1.0)
+    late = [e for e in events if e["a"] == "bwait_call" and e["w"] == "w3"][0]
+    late["inv"] = 1.15  # its wait was called after the action ran
+    assert rules(events) == ["barrier-early"]
+
+
+def test_a_wait_that_returns_before_any_action_ran_is_counted_out():
+    events = generation(1.0)
+    for e in events:
+        if e["a"] == "bpass":
+            e["t"] = 1.25  # the action ran after the waits returned
+    assert rules(events) == ["barrier-count"]
+
+
+def test_an_action_whose_generation_then_broke_is_not_a_pass():
+    # The action ran, then the generation broke (every wait broken): not a pass, so a
+    # next generation that passes with fewer calls than two generations' is not early.
+    events = generation(1.0, ran=True, o="broken") + generation(2.0, gen=1)
+    assert rules(events) == []
+    events = generation(1.0, ran=True, o="ok") + generation(2.0, gen=1)
+    for e in events:
+        if e["a"] == "bwait_call" and e["th"] == "b1" and e["w"] == "w3":
+            e["inv"] = 2.15  # late for the second generation
+    assert rules(events) == ["barrier-early"]
+
+
+def test_a_barrier_wait_long_past_its_timeout_is_slow_unless_a_fault_was_near():
+    events = generation(1.0)
+    for e in events:
+        if e["a"] == "bwait" and e["w"] == "w1":
+            e["ret"] = 9.0
+    assert rules(events) == ["barrier-slow"]
+    assert rules(events + [fault("stop_worker", 2.0, 3.0, target="w2")]) == []
+
+
 # -- the runs ----------------------------------------------------------------------------------
 
 
 def _judge(result: Any) -> None:
     assert result.ok, (f"{result.report.summary(40)}\n(history in {result.folder})")
     stats = result.report.stats
-    assert all(stats["sections"].get(k, 0) > 10 for k in ("rlock", "lock", "rw", "sem", "bsem", "cond")), stats
+    kinds = ("rlock", "lock", "rw", "sem", "bsem", "cond", "barrier")
+    assert all(stats["sections"].get(k, 0) > 10 for k in kinds), stats
 
 
 @pytest.mark.history

@@ -16,7 +16,7 @@ from .run import RunConfig, run
 from .workload import KINDS
 
 PRIMITIVES = {"rlock": "rlock", "lock": "lock", "rwlock": "rw", "semaphore": "sem",
-              "boundedsemaphore": "bsem", "condition": "cond"}
+              "boundedsemaphore": "bsem", "condition": "cond", "barrier": "barrier"}
 
 
 def main(argv=None) -> int:

@@ -33,6 +33,8 @@ Rules (the issue's numbering):
    lost, unless a fault touched the holder or the servers from one ttl before the hold
    to the telling; ``error``: no call fails outside the faults' reach.
 
+8. (Barrier) ``barrier-early``, ``barrier-count``, ``barrier-slow``: see :func:`_barrier`.
+
 Each violation names the rule, the time, and the holds or events involved.
 """
 
@@ -63,6 +65,7 @@ class Params:
     slack: float = 1.5  # added to ttl + entry_lease for ``stall``
     eps: float = 0.3  # FIFO: arrivals closer than this are not ordered
     notify_bound: float = 6.0
+    parties: int = 3  # the Barrier's (workload.PARTIES)
 
     @property
     def bound(self) -> float:
@@ -204,6 +207,9 @@ class _History:
         self.errors: List[Dict[str, Any]] = []
         self.faults: List[Fault] = []
         self.hung: List[Dict[str, Any]] = []
+        self.barrier_calls: List[Dict[str, Any]] = []
+        self.barrier_waits: List[Dict[str, Any]] = []
+        self.barrier_passes: List[Dict[str, Any]] = []
         self.workers: Dict[str, Dict[str, float]] = defaultdict(dict)
         self.last = 0.0
         for ev in events:
@@ -293,6 +299,17 @@ class _History:
             self.spurious.append(ev)
             if ev["o"] == "error":
                 self.errors.append(ev)
+        elif a == "bwait_call":
+            self.barrier_calls.append(ev)
+        elif a == "bwait":
+            self.barrier_waits.append(ev)
+            if ev["o"] not in ("ok", "broken"):
+                self.errors.append(dict(ev, p="barrier"))
+        elif a == "bpass":
+            self.barrier_passes.append(ev)
+        elif a == "breset":
+            if ev["o"] != "ok":
+                self.errors.append(dict(ev, p="barrier"))
         elif a == "error":
             self.errors.append(ev)
         elif a == "fault":
@@ -344,6 +361,7 @@ def check(events: Sequence[Dict[str, Any]], params: Params,
     if params.fair:
         _fifo(hist, params, report)
     _notify(hist, params, report)
+    _barrier(hist, params, report)
     for hung in hist.hung:
         report.add("hung", hung["t"], "-", f"worker {hung['target']} did not stop when told")
     report.violations.sort(key=lambda v: v.t)
@@ -670,6 +688,63 @@ def _notify(hist: _History, params: Params, report: Report) -> None:
                                for w in eligible))
 
 
+def _barrier(hist: _History, params: Params, report: Report) -> None:
+    """The action records each generation's pass, run by the party that arrived last,
+    in its wait, before any wait of the generation returns. A pass *took* unless that
+    wait ended ``broken`` (the generation broke after its action: a reset, a party gone).
+
+    ``barrier-early``: the j-th pass that took needs j x ``parties`` waits called before
+    it that could have arrived for it (a wait of a generation that passed returns True,
+    or fails on the link, or never returns: killed, or cut off by the run's end);
+    ``barrier-count``: by any moment, no more waits returned True than ``parties`` x the
+    actions run, each with an index below ``parties``;
+    ``barrier-slow``: a wait returns within its timeout plus ``bound`` unless a fault
+    (of any worker: a stopped party holds up every other) was felt meanwhile."""
+    n = params.parties
+    ended = {(ev["w"], ev["th"], ev["inv"]): ev for ev in hist.barrier_waits}
+    outcome = {(c["w"], c["th"], c["inv"]): ended.get((c["w"], c["th"], c["inv"]),
+                                                      {"o": "unknown"})["o"]
+               for c in hist.barrier_calls}
+    could = sorted(c["inv"] for c in hist.barrier_calls
+                   if outcome[(c["w"], c["th"], c["inv"])] != "broken")
+    runs: Dict[Tuple[str, Any], List[Tuple[float, str]]] = defaultdict(list)
+    for c in hist.barrier_calls:
+        runs[(c["w"], c.get("tid"))].append((c["inv"], outcome[(c["w"], c["th"], c["inv"])]))
+    took = []
+    for p in hist.barrier_passes:
+        calls = runs.get((p["w"], p.get("tid")), [])
+        at = bisect.bisect_right(calls, (p["t"], "~")) - 1  # the runner's wait then
+        if at < 0 or calls[at][1] != "broken":
+            took.append(p["t"])
+    took.sort()
+    for j, t in enumerate(took, 1):
+        called = bisect.bisect_right(could, t)
+        if called < j * n:
+            report.add("barrier-early", t, "barrier",
+                       f"generation {j} passed at {t:.3f} with {called} waits that could "
+                       f"have arrived (it needs {j * n})")
+    actions = sorted(p["t"] for p in hist.barrier_passes)
+    oks = sorted((ev for ev in hist.barrier_waits if ev["o"] == "ok"), key=lambda e: e["ret"])
+    for k, ev in enumerate(oks, 1):
+        passed = bisect.bisect_right(actions, ev["ret"])
+        if k > n * passed:
+            report.add("barrier-count", ev["ret"], "barrier",
+                       f"{k} waits returned by {ev['ret']:.3f} ({ev['w']}.{ev['th']} the "
+                       f"last), but {passed} actions had run")
+        if not (isinstance(ev.get("idx"), int) and 0 <= ev["idx"] < n):
+            report.add("barrier-count", ev["ret"], "barrier",
+                       f"{ev['w']}.{ev['th']}'s wait returned index {ev.get('idx')!r}")
+    timeouts = {(c["w"], c["th"], c["inv"]): c.get("to", 0.0) for c in hist.barrier_calls}
+    for ev in hist.barrier_waits:
+        spent = ev["ret"] - ev["inv"]
+        if spent <= timeouts.get((ev["w"], ev["th"], ev["inv"]), 0.0) + params.bound:
+            continue
+        if any(f.inv <= ev["ret"] and f.until >= ev["inv"] for f in hist.faults):
+            continue
+        report.add("barrier-slow", ev["ret"], "barrier",
+                   f"{ev['w']}.{ev['th']}'s wait took {spent:.3f} s with no fault near it")
+
+
 def _stats(hist: _History, report: Report, longest: Dict[str, Any]) -> None:
     sections: Dict[str, int] = defaultdict(int)
     told: Dict[str, int] = defaultdict(int)
@@ -677,6 +752,8 @@ def _stats(hist: _History, report: Report, longest: Dict[str, Any]) -> None:
         sections[hold.kind] += 1
         if hold.told is not None:
             told[hold.kind] += 1
+    if hist.barrier_passes:
+        sections["barrier"] = len(hist.barrier_passes)  # actions run (generations)
     faults: Dict[str, int] = defaultdict(int)
     for f in hist.faults:
         faults[f.kind] += 1

@@ -36,7 +36,10 @@ import rlocks
 import rlocks.asyncio
 
 from .workload import (
+    PARTIES,
     Acquire,
+    BarrierReset,
+    BarrierWait,
     Notify,
     Owned,
     Release,
@@ -73,6 +76,8 @@ class Recorder:
 
 
 def outcome(exc: BaseException) -> str:
+    if isinstance(exc, rlocks.BrokenBarrierError):
+        return "broken"
     if isinstance(exc, rlocks.LockLostError):
         return "lost"
     if isinstance(exc, (ValueError, rlocks.NotOwnedError)):
@@ -96,7 +101,9 @@ def make_client(spec: Dict[str, Any], aio: bool) -> Any:
 
 
 def handles(kind: str, name: str, client: Any, cfg: Dict[str, Any], aio: bool,
-            on_lost: Callable[[str, str], Callable[[Any], None]]) -> Dict[str, Any]:
+            on_lost: Callable[[str, str], Callable[[Any], None]],
+            passed: Callable[[str], Callable[[], None]] = lambda obj: lambda: None,
+            ) -> Dict[str, Any]:
     """The objects a workload's actions name: ``a``/``b`` (two of one name, different
     ttls), ``c`` (a Condition), ``spare`` (a BoundedSemaphore nothing is taken through)."""
     mod = rlocks.asyncio if aio else rlocks
@@ -119,6 +126,11 @@ def handles(kind: str, name: str, client: Any, cfg: Dict[str, Any], aio: bool,
             made[obj] = mod.BoundedSemaphore(name, cfg["permits"], **each)
     if kind == "bsem":
         made["spare"] = mod.BoundedSemaphore(name, cfg["permits"], **dict(common, ttl=cfg["ttl"]))
+    if kind == "barrier":
+        for obj in ("a", "b"):
+            made[obj] = mod.Barrier(name, PARTIES, action=passed(obj), client=client,
+                                    namespace=cfg["namespace"], entry_lease=cfg["entry_lease"])
+        return made
     if kind == "cond":
         lock = mod.RLock(name, **dict(common, ttl=cfg["ttl"], on_lost=on_lost(kind, "c")))
         made["c"] = mod.Condition(lock)
@@ -211,6 +223,17 @@ class _Performer:
             elif isinstance(action, Spurious):
                 yield (made["spare"].release, ())
                 o = "ok"
+            elif isinstance(action, BarrierWait):
+                rec(a="bwait_call", inv=inv, obj=action.obj, to=action.timeout, tid=_tid(),
+                    **base)
+                index = yield (made[action.obj].wait, (action.timeout,))
+                rec(a="bwait", inv=inv, ret=time.monotonic(), o="ok", idx=index,
+                    obj=action.obj, **base)
+                return "ok"
+            elif isinstance(action, BarrierReset):
+                yield (made[action.obj].reset, ())
+                rec(a="breset", inv=inv, ret=time.monotonic(), o="ok", **base)
+                return "ok"
             else:
                 raise TypeError(action)
         except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
@@ -225,6 +248,10 @@ class _Performer:
             if isinstance(action, Wait):
                 rec(a="wait", s="x", h=action.hold, new=action.new, inv=inv,
                     ret=time.monotonic(), o=o, to=action.timeout, **extra, **base)
+                return o
+            if isinstance(action, (BarrierWait, BarrierReset)):
+                rec(a="bwait" if isinstance(action, BarrierWait) else "breset", inv=inv,
+                    ret=time.monotonic(), o=o, **extra, **base)
                 return o
             self._record_end(action, inv, o, extra, base)
             return o
@@ -300,6 +327,28 @@ async def perform_awaited(performer: _Performer, action: Any, cancel: float,
         return str(done.value)
 
 
+def _between(action: Any) -> bool:
+    """Whether the thread holds nothing before ``action`` (it may stop there)."""
+    return isinstance(action, Acquire) and action.depth == 1 or isinstance(action, BarrierWait)
+
+
+def _passed(rec: Recorder) -> Callable[[str], Callable[[], None]]:
+    """The Barrier's action: it records the generation's pass (once per generation, by
+    the last party to arrive, before any wait of the generation returns)."""
+    return lambda obj: lambda: rec(a="bpass", p="barrier", obj=obj, t=time.monotonic(),
+                                   tid=_tid())
+
+
+def _tid() -> int:
+    """Who runs this: the asyncio task, or the thread (the action runs in the wait of the
+    party that arrived last, so its tid names that wait)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return id(task) if task is not None else threading.get_ident()
+
+
 def _fence_call(store: Any) -> Any:
     script = store.register_script(FENCE)
     return lambda keys, args: script(keys=keys, args=args)
@@ -333,7 +382,8 @@ def _main_threads(cfg, worker, rec, stop, on_lost, plan) -> None:
     client = make_client(cfg["client"], aio=False)
     store = redis.Redis.from_url(cfg["store"], socket_timeout=10)
     fence = _fence_call(store)
-    made = {kind: handles(kind, f"{cfg['name']}-{kind}", client, cfg, False, on_lost)
+    made = {kind: handles(kind, f"{cfg['name']}-{kind}", client, cfg, False, on_lost,
+                          _passed(rec))
             for kind in cfg["kinds"]}
     rec(a="start", pid=os.getpid(), t=time.monotonic())
     threads = []
@@ -354,7 +404,7 @@ def _thread_loop(performer: _Performer, kind: str, thread: str, role: int,
     result: Optional[str] = None
     while True:
         action = work.send(result)  # type: ignore[arg-type]
-        if isinstance(action, Acquire) and action.depth == 1 and stop:
+        if stop and _between(action):
             return
         if isinstance(action, Sleep):
             time.sleep(action.seconds)
@@ -367,7 +417,8 @@ async def _main_async(cfg, worker, rec, stop, on_lost, plan) -> None:
     client = make_client(cfg["client"], aio=True)
     store = redis.asyncio.Redis.from_url(cfg["store"], socket_timeout=10)
     fence = _fence_call(store)
-    made = {kind: handles(kind, f"{cfg['name']}-{kind}", client, cfg, True, on_lost)
+    made = {kind: handles(kind, f"{cfg['name']}-{kind}", client, cfg, True, on_lost,
+                          _passed(rec))
             for kind in cfg["kinds"]}
     rec(a="start", pid=os.getpid(), t=time.monotonic())
     tasks = []
@@ -386,7 +437,7 @@ async def _task_loop(performer: _Performer, kind: str, thread: str, role: int,
     result: Optional[str] = None
     while True:
         action = work.send(result)  # type: ignore[arg-type]
-        if isinstance(action, Acquire) and action.depth == 1 and stop:
+        if stop and _between(action):
             return
         if isinstance(action, Sleep):
             await asyncio.sleep(action.seconds)

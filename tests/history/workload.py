@@ -6,7 +6,8 @@ them out and record them. So the two drivers run the same sections, and the rand
 choices depend only on the seed.
 
 Kinds: ``rlock``, ``lock`` (rlocks.Lock: the same sections without re-entry), ``rw``,
-``sem``, ``bsem``, ``cond``.
+``sem``, ``bsem``, ``cond``, ``barrier`` (every thread a party of one Barrier of
+``PARTIES``: it waits, and after a BrokenBarrierError one thread of each worker resets it).
 
 Handles: every process makes two objects of each primitive's name (``a`` and ``b``, with
 different ``ttl``s: two objects of one name are one primitive), used at random, and
@@ -29,12 +30,12 @@ from typing import Generator, Optional
 
 __all__ = [
     "Acquire", "Release", "Sleep", "Write", "Owned", "Wait", "Notify", "Spurious",
-    "KINDS", "SIDES", "workload",
+    "BarrierWait", "BarrierReset", "KINDS", "PARTIES", "SIDES", "workload",
 ]
 
 #: The primitives a run can exercise, and the side (role) each hold has: ``x`` exclusive,
 #: ``r``/``w`` an RWLock's read/write side, ``p`` a permit.
-KINDS = ("rlock", "lock", "rw", "sem", "bsem", "cond")
+KINDS = ("rlock", "lock", "rw", "sem", "bsem", "cond", "barrier")
 SIDES = {"rlock": "x", "lock": "x", "cond": "x", "sem": "p", "bsem": "p"}
 
 
@@ -97,6 +98,22 @@ class Spurious:
     """A release of nobody's permit (BoundedSemaphore: must be refused)."""
 
 
+@dataclass(frozen=True)
+class BarrierWait:
+    """``Barrier.wait(timeout)``: ``ok`` (passed: its index is recorded) or ``broken``."""
+
+    obj: str
+    timeout: float
+
+
+@dataclass(frozen=True)
+class BarrierReset:
+    obj: str
+
+
+#: The parties of the run's Barrier (fewer than its threads: some wait for the next).
+PARTIES = 3
+
 Action = object
 Work = Generator[Action, str, None]
 
@@ -114,6 +131,7 @@ class Shape:
     long_min: float = 0.3
     long_max: float = 1.5
     wait_timeout: float = 2.0  # Condition.wait(timeout=...)
+    barrier_timeout: float = 3.0  # Barrier.wait(timeout=...)
 
 
 def workload(kind: str, thread: str, seed: int, shape: Shape, role: int = 0) -> Work:
@@ -130,6 +148,8 @@ def workload(kind: str, thread: str, seed: int, shape: Shape, role: int = 0) -> 
         return _permits(rng, holds, shape, bounded=kind == "bsem")
     if kind == "cond":
         return _notifier(rng, holds, shape) if role == 0 else _waiter(rng, holds, shape)
+    if kind == "barrier":
+        return _party(rng, shape, role)
     raise ValueError(kind)
 
 
@@ -212,6 +232,17 @@ def _permits(rng: random.Random, holds, shape: Shape, bounded: bool) -> Work:
                 yield _pause(rng, shape)
                 yield Release(through, "p", second, True)
         yield Release(obj, "p", hold, True)
+
+
+def _party(rng: random.Random, shape: Shape, role: int) -> Work:
+    while True:
+        got = yield BarrierWait(rng.choice("ab"), shape.barrier_timeout)
+        if got == "ok":
+            yield Sleep(rng.uniform(0.0, shape.hold_max))
+            continue
+        yield Sleep(rng.uniform(0.05, 0.3))
+        if got == "broken" and role == 0:
+            yield BarrierReset(rng.choice("ab"))
 
 
 def _waiter(rng: random.Random, holds, shape: Shape) -> Work:
