@@ -220,3 +220,43 @@ def test_a_lost_hold_still_on_the_books_does_not_stand_for_the_live_one(
         lock.release()  # the lost one's release, owed still
     with pytest.raises(rlocks.NotOwnedError):
         lock.release()
+
+
+def test_a_thread_whose_hold_was_lost_hears_it_and_leaves_the_new_holder_alone(
+    client: Any, name: str
+) -> None:
+    """T1's hold ends in Redis while T2 waits; T2 is granted. T1's release (leaving its
+    with block) tells T1 its hold was lost and leaves T2's hold alone: no other process
+    gets the lock while T2 is inside (a bug hunt found T1 giving back T2's hold)."""
+    lock = make(name, client)
+    inside, leave = threading.Event(), threading.Event()
+
+    def second() -> None:
+        with lock:
+            inside.set()
+            leave.wait(30)
+
+    assert lock.acquire()
+    thread, out = started(second)
+    wait_until(lambda: parked(thread), 10, "T2 waiting")
+    client.delete(lock._keys.hash)  # as `rlocks release --force` would
+    assert inside.wait(10)
+    with pytest.raises(rlocks.LockLostError):
+        lock.check()  # T1 speaks of its own hold
+    with pytest.raises(rlocks.LockLostError):
+        lock.release()
+    assert lock.locked()
+    assert in_other_process_acquire(client, name) is False
+    leave.set()
+    joined(thread, out)
+    assert not lock.locked()
+
+
+def in_other_process_acquire(client: Any, name: str) -> bool:
+    url = "redis://{host}:{port}".format(**client.connection_pool.connection_kwargs)
+    code = ("import sys, redis, rlocks; l = rlocks.Lock(sys.argv[2], client=redis.Redis."
+            "from_url(sys.argv[1]), namespace=sys.argv[3]); print(l.acquire(blocking=False))")
+    done = subprocess.run([sys.executable, "-c", code, url, name, NAMESPACE],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip() == "True"

@@ -308,8 +308,10 @@ def release(p: Any, owner: str) -> Steps:
         raise p._lost_error(hold)
     expect = hold.count
     last = expect == 1
-    if last:
-        hold.begin_release()
+    if last and not hold.claim_release():
+        # Another thread's release of it is on its way (a Lock any thread may release):
+        # as threading's second release, this one finds the lock not held.
+        raise p._not_owned()
     sends: List[bool] = []
     until = min(hold.lease_end, monotonic() + RELEASE_PATIENCE)
     try:

@@ -147,8 +147,8 @@ class Hold:
         self.lose(reason)
 
     def claim_release(self) -> bool:
-        """Begin the release of the last level if nobody has (True), for a lock any
-        thread of the process may release: two releases never both pick it."""
+        """Begin the release of the last level if nobody has (True): two releases (of a
+        lock any thread of the process may release) never both send."""
         with _mutex:
             if self.state == HELD and self.count == 1:
                 self.state = RELEASING

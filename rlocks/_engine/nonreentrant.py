@@ -52,17 +52,21 @@ class ProcessOwned:
         return f"{base}.{next(_serials)}"  # this process holds it as the caller already
 
     def _owner(self) -> str:
-        """The owner of this process's hold (taken through this object first, else through
-        another object of this name), or the caller's id when it holds none (no I/O).
-        A held hold first: a lost one, or one on its way out, may still be on the books
-        while another thread already holds the lock again."""
+        """The owner of this process's hold that the caller speaks of (no I/O): the one
+        the caller took, if it took one (held, lost or on its way out), else a held one,
+        else any; the caller's id when the process holds none. A lost hold stays on the
+        books until released, while another thread may hold the lock again meanwhile."""
         found = self._holds_here()
+        caller = self._caller()
+        for hold in found:
+            if hold.owner == caller or hold.owner.startswith(caller + "."):
+                return str(hold.owner)
         for hold in found:
             if hold.state == HELD:
                 return str(hold.owner)
         for hold in found:
             return str(hold.owner)
-        return self._caller()
+        return caller
 
     def _holds_here(self) -> List[Any]:
         mine = [hold for hold, _ in list(self._mine.values())]
@@ -70,18 +74,14 @@ class ProcessOwned:
                                  identity.process_token() + ":")
 
     def _releasing(self) -> str:
-        """The owner whose hold a release by the caller gives back: a held one that no
-        other release has begun with (claimed now, so two releases never pick one hold),
-        else a lost one (its release raises LockLostError). NotOwnedError (no I/O) when
-        there is none."""
-        found = self._holds_here()
-        for hold in found:
-            if hold.claim_release():
-                return str(hold.owner)
-        for hold in found:
-            if hold.state == LOST:
-                return str(hold.owner)
-        raise self._not_owned()
+        """The owner whose hold a release by the caller gives back (no I/O): as
+        :meth:`_owner`, so a thread whose own hold was lost hears of the loss, and never
+        gives back the hold another thread took since. The release dialogue claims it:
+        a second release of one hold finds the lock not held. NotOwnedError when there
+        is none."""
+        if not self._holds_here():
+            raise self._not_owned()
+        return self._owner()
 
     def _not_owned(self, what: str = "release") -> Any:
         return errors.NotOwnedError(
