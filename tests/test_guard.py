@@ -4,6 +4,7 @@ threads look with ``check()`` and the ``lost`` event."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from typing import Any, List
 
@@ -201,3 +202,37 @@ def test_threads_look_with_check_and_the_lost_event(client: Any, name: str, kind
     assert not prim.lost.is_set()
     prim.release()
     wait_until(lambda: not client.exists(prim._keys.hash), 5, "released")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a task counts its cancellations from 3.11")
+def test_a_cancellation_from_elsewhere_that_comes_with_the_loss_goes_on(
+    redis_url: str, name: str
+) -> None:
+    """The loss is found and, before the task runs again, someone else cancels it too (a
+    TaskGroup sibling failed): the guard must not turn both into one LockLostError that
+    a caller could handle and carry on from, with the outside cancellation gone."""
+    async def main() -> None:
+        c = redis.asyncio.Redis.from_url(redis_url)
+        lock = ra.Lock(name, client=c, namespace=NAMESPACE, ttl=5)
+        entered = asyncio.Event()
+
+        async def worker() -> str:
+            try:
+                async with lock.guard():
+                    entered.set()
+                    await asyncio.sleep(30)
+            except rlocks.LockLostError:
+                await asyncio.sleep(0.05)  # handles the loss and goes on
+            return "went on"
+
+        task = asyncio.create_task(worker())
+        await entered.wait()
+        hold = lock._current()
+        assert hold is not None
+        hold.lose("found gone (as the renewer reports it)")
+        task.cancel()  # someone else's cancellation
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await c.aclose()
+
+    run(main())
