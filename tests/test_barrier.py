@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -722,3 +723,77 @@ def test_threads_and_tasks_are_parties_of_one_barrier(
 
     assert asyncio.run(main()) == 1
     assert joined(*thread[0]) == 0
+
+
+def test_scripts_a_wait_that_never_left_is_not_counted_again(client: Any, name: str) -> None:
+    """A's wait arrived and its leaving never reached Redis (its break was lost with the
+    link, or cut by an interrupt); A's next wait must not count on top of it (two waits
+    would then pass a 3-party generation): it leaves then, breaking the barrier."""
+    b = Barrier(name, 3, client=client, namespace=NAMESPACE)
+    assert _arrive(b, A, "1") == Reply(WAIT, 0)
+    assert _arrive(b, A, "2").status == LOST  # the earlier wait leaves: broken
+    assert fields(client, b)["broken"] == "1"
+    assert _arrive(b, B, "1").status == LOST
+
+
+def test_scripts_a_runner_whose_action_never_ended_is_not_queued_behind_itself(
+    client: Any, name: str
+) -> None:
+    """A ran the action and neither its pass nor its break reached Redis: its next wait
+    breaks the barrier instead of queueing behind its own action (which would hang
+    every party, time-outs included)."""
+    b = Barrier(name, 2, client=client, namespace=NAMESPACE)
+    assert _arrive(b, B, "1", action=True) == Reply(WAIT, 0)
+    assert _arrive(b, A, "1", action=True) == Reply(GRANTED, 1, 1)  # run the action
+    assert _arrive(b, A, "2", action=True).status == LOST
+    f = fields(client, b)
+    assert f["broken"] == "1" and "act" not in f
+    assert _script(b, engine._LOOK, B, "1", 5000).status == LOST  # B hears it at once
+
+
+def test_scripts_a_party_away_longer_than_its_lease_still_hears_its_generation_passed(
+    client: Any, name: str
+) -> None:
+    b = Barrier(name, 2, client=client, namespace=NAMESPACE)
+    assert _script(b, engine._ARRIVE, A, "1", 100, 0, 100) == Reply(WAIT, 0)  # 0.1 s lease
+    assert _script(b, engine._ARRIVE, B, "1", 100, 0, 100).status == GRANTED  # passes
+    time.sleep(0.3)  # A was stopped for longer than its lease
+    assert _script(b, engine._PEEK, B).status in (GRANTED, WAIT)  # (tidies)
+    assert _script(b, engine._LOOK, A, "1", 100) == Reply(GRANTED, 0, 0)  # not broken
+
+
+def test_the_party_that_broke_the_barrier_needs_no_lease_to_leave_no_key(
+    client: Any, name: str
+) -> None:
+    b = Barrier(name, 2, client=client, namespace=NAMESPACE, entry_lease=60)
+    with pytest.raises(BrokenBarrierError):
+        b.wait(timeout=0.05)  # times out: it breaks the barrier, and has its answer
+    b.reset()
+    assert client.exists(b._keys.hash, b._keys.queue) == 0
+
+
+def test_a_time_out_that_came_while_the_action_ran_is_not_blamed(client: Any, name: str) -> None:
+    """The waiter's time-out ran out while the action ran (which it waits for, as in
+    threading); the action then raised: the waiter hears that the barrier broke, not that
+    its own time-out broke it."""
+    def action() -> None:
+        time.sleep(0.6)
+        raise RuntimeError("the action failed")
+
+    b = Barrier(name, 2, action=action, client=client, namespace=NAMESPACE)
+    errors: List[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            b.wait(timeout=0.3)
+        except BrokenBarrierError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_until(lambda: b.n_waiting == 1, 10, "the waiter arrived")
+    with pytest.raises(RuntimeError, match="the action failed"):
+        b.wait(timeout=30)
+    thread.join(10)
+    assert len(errors) == 1 and "this wait timed out" not in str(errors[0]), errors
+    b.reset()

@@ -272,7 +272,8 @@ class BarrierCore:
                     if deadline is not None and now >= deadline:
                         reply = yield from call(backend, self._call(_BREAK, owner, call_id, "t"),
                                                 now + RELEASE_PATIENCE)
-                        timed_out = seconds
+                        if reply.status != WAIT:
+                            timed_out = seconds  # (it broke the barrier)
                         deadline = None  # (still waiting: an action runs; it is given time)
                     else:
                         yield Listen(waiter,

@@ -31,6 +31,13 @@ if c == call and s ~= 'q' then
     if s == 'p' or s == 'c' then return reply('1', i, 0) end
     return reply('-1', 0)
 end
+if v and (s == 'w' or s == 'a') then
+    -- An earlier wait of this owner arrived and never left (its break was lost with the
+    -- link, or cut by an interrupt): it leaves now, as that break would have done, so it
+    -- is never counted twice (nor its action left running): the barrier breaks.
+    if got[4] ~= '1' then break_all() end
+    got[4] = '1'
+end
 if got[4] == '1' then
     if v then
         -- (its outcome of an earlier wait is of no use now that it waits again)
@@ -67,6 +74,6 @@ end
 -- The last, and no action: the generation passes in this call.
 record(ME, 'a', gen, index, call, lease)
 pass()
-record(ME, 'c', gen, index, call, lease)  -- (its answer is this reply)
+collect()  -- (its answer is this reply)
 settle(false)
 return reply('1', index, 0)

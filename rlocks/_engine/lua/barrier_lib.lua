@@ -28,6 +28,9 @@ local H, L = KEYS[1], KEYS[2]
 local ME = ARGV[1]
 local PARTIES = tonumber(ARGV[3])
 local KEEP = tonumber(ARGV[4])
+-- An outcome not collected yet is kept at least this long (ms), so a party stopped for
+-- a while after its generation passed still hears that it passed (not "broken").
+local OUTCOME_MS = 60000
 
 local function parse(v)
     local s, g, i, c, l = string.match(v, '^(%a) (%-?%d+) (%-?%d+) (%S+) (%d+)$')
@@ -59,13 +62,14 @@ local function mismatch()
 end
 
 -- Give every waiting party (and the action's runner) the outcome `to` ('p' / 'b'), with
--- a fresh lease to collect it in, and hint them and the queued ones (not the caller).
+-- a fresh lease to collect it in (at least OUTCOME_MS), and hint them and the queued
+-- ones (not the caller).
 local function conclude(to)
     local hinted = {}
     for _, p in ipairs(parties()) do
         if p.s == 'w' or p.s == 'a' then
             record(p.owner, to, p.g, p.i, p.c, p.l)
-            redis.call('ZADD', L, now_ms() + p.l, p.owner)
+            redis.call('ZADD', L, now_ms() + math.max(p.l, OUTCOME_MS), p.owner)
         end
         if (p.s == 'w' or p.s == 'a' or p.s == 'q') and p.owner ~= ME then
             hinted[#hinted + 1] = '0:b:' .. p.owner
@@ -83,9 +87,22 @@ local function all_collected()
     return true
 end
 
+-- The caller collects its outcome ('p' -> 'c', 'b' -> 'd'): kept for its own lease
+-- only (a re-send's answer), no longer for OUTCOME_MS.
+local function collect()
+    local v = redis.call('HGET', H, 'a:' .. ME)
+    if not v then return end
+    local s, g, i, c, l = parse(v)
+    if s == 'p' or s == 'b' then
+        record(ME, s == 'p' and 'c' or 'd', g, i, c, l)
+        redis.call('ZADD', L, now_ms() + l, ME)
+    end
+end
+
 local function break_all()
     conclude('b')
     redis.call('HSET', H, 'broken', '1')
+    collect()  -- the caller's own outcome is its reply
 end
 
 -- The full generation passes: its parties' outcomes are 'p', the next one starts.

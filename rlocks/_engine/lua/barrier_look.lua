@@ -21,10 +21,9 @@ local waiting = s == 'w' or s == 'q'
 if waiting then
     redis.call('ZADD', L, now_ms() + tonumber(ARGV[6]), ME)
 end
-if s == 'p' then
-    redis.call('HSET', H, 'a:' .. ME, 'c' .. string.sub(v, 2))  -- collected
-elseif s == 'b' then
-    redis.call('HSET', H, 'a:' .. ME, 'd' .. string.sub(v, 2))  -- collected
+if s == 'p' or s == 'b' then
+    collect()
+    changed = true  -- (its shorter lease may end the keys sooner)
 end
 if changed then settle() end
 if waiting then return reply('0', i) end

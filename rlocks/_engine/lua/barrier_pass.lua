@@ -17,7 +17,7 @@ if c ~= ARGV[5] then
 end
 if s == 'a' then
     pass()
-    record(ME, 'c', g, i, c, tonumber(string.match(v, '(%d+)$')))
+    collect()  -- (its answer is this reply)
     settle()
     return reply('1', i, 0)
 end
