@@ -312,9 +312,10 @@ def visit_every_point(
     sender = io_client(prim.client)
     # Once untraced: what runs at a process's first acquire only (the metrics' set-up,
     # the renewer thread's start) is not part of every acquire.
-    setup()
+    # (Before setup: a Lock's second acquire would wait for ever.)
     prim.acquire()
     prim.release()
+    setup()
     at = 0
     while True:
         at += 1
