@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ._engine import identity
+from ._engine import identity, metrics
 from ._engine.barrier import BarrierCore
 from ._engine.constructors import public_init
 from ._engine.primitive import ENTRY_LEASE
@@ -71,7 +71,8 @@ class Barrier(BarrierCore):
         ``entry_lease / 3`` that renews this party's lease.
         """
         seconds = self._wait_seconds(timeout)
-        turn = drive(self._wait(identity.thread_owner(), seconds))
+        with metrics.waits(self):
+            turn = drive(self._wait(identity.thread_owner(), seconds))
         if not turn.act:
             return int(turn.arrival)
         action = self._action

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ._engine import metrics
 from ._engine.constructors import public_init
 from ._engine.event import ENTRY_LEASE, EventCore
 from ._engine.steps import drive
@@ -84,4 +85,7 @@ class Event(EventCore):
         woken: register, look again, leave.
         """
         seconds = self._seconds(timeout)
-        return bool(drive(self._wait(self._owner(), seconds)))
+        if seconds == 0:  # (a look: no wait to count)
+            return bool(drive(self._wait(self._owner(), seconds)))
+        with metrics.waits(self):
+            return bool(drive(self._wait(self._owner(), seconds)))

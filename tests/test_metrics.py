@@ -604,3 +604,18 @@ def test_a_condition_wait_that_waits_to_retake_its_lock_leaves_no_wait_open(
                               outcome="acquired", waited=False)
     assert acquired.count == 1 and acquired.sum <= t1 - t0
     assert otel.total("rlocks.waiting", name=name) == 0
+
+
+def test_event_and_barrier_waits_count_as_waiting(otel: Telemetry, client: Any,
+                                                  name: str) -> None:
+    event = rlocks.Event(name, client=client, namespace=NAMESPACE)
+    barrier = rlocks.Barrier(name, 2, client=client, namespace=NAMESPACE)
+    waiting = [in_thread(lambda: event.wait(30)), in_thread(lambda: barrier.wait(30))]
+    wait_for(lambda: otel.total("rlocks.waiting", name=name, kind="event") == 1
+             and otel.total("rlocks.waiting", name=name, kind="barrier") == 1,
+             "one Event and one Barrier waiter counted")
+    event.set()
+    assert barrier.wait(30) in (0, 1)
+    assert joined(*waiting[0]) is True and joined(*waiting[1]) in (0, 1)
+    assert otel.total("rlocks.waiting", name=name) == 0
+    event.clear()

@@ -58,6 +58,7 @@ __all__ = [
     "measure_acquire",
     "measure_async_acquire",
     "renewed",
+    "waits",
     "wait_began",
     "wait_closed",
     "wait_over",
@@ -304,6 +305,23 @@ def wait_closed() -> None:
     wait = _current.get()
     if wait is not None and not wait.ended:
         _end_wait(wait, wait.attributes, None)
+
+
+class waits:
+    """``with metrics.waits(primitive):`` around a wait that is no acquire (an Event's, a
+    Barrier's): counted in ``rlocks.waiting`` (its kind ``event`` / ``barrier``) and
+    spanned as an acquire's wait is, while it lasts."""
+
+    __slots__ = ("_primitive",)
+
+    def __init__(self, primitive: Any) -> None:
+        self._primitive = primitive
+
+    def __enter__(self) -> None:
+        wait_began(self._primitive, monotonic())
+
+    def __exit__(self, *exc: Any) -> None:
+        wait_closed()
 
 
 def _end_wait(wait: _Wait, attributes: Dict[str, Any], error: Optional[BaseException]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Optional
 
-from .._engine import identity
+from .._engine import identity, metrics
 from .._engine.barrier import BarrierCore
 from .._engine.constructors import public_init
 from .._engine.primitive import ENTRY_LEASE
@@ -60,7 +60,8 @@ class Barrier(BarrierCore):
         timed out. A cancelled wait breaks the barrier (if it had arrived), then
         re-raises CancelledError."""
         seconds = self._wait_seconds(timeout)
-        turn = await adrive(self._wait(identity.task_owner(), seconds))
+        with metrics.waits(self):
+            turn = await adrive(self._wait(identity.task_owner(), seconds))
         if not turn.act:
             return int(turn.arrival)
         action = self._action

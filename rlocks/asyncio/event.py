@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .._engine import identity
+from .._engine import identity, metrics
 from .._engine.backends import backend_for
 from .._engine.constructors import public_init
 from .._engine.event import ENTRY_LEASE, EventCore
@@ -71,4 +71,7 @@ class Event(EventCore):
         or a ``set()`` came while it waited, False after ``timeout`` seconds (``None``: no
         limit). Misuse errors before any I/O, as there."""
         seconds = self._seconds(timeout)
-        return bool(await adrive(self._wait(self._owner(), seconds)))
+        if seconds == 0:  # (a look: no wait to count)
+            return bool(await adrive(self._wait(self._owner(), seconds)))
+        with metrics.waits(self):
+            return bool(await adrive(self._wait(self._owner(), seconds)))
