@@ -610,7 +610,7 @@ def test_a_party_killed_while_waiting_breaks_the_barrier_and_the_rest_go_on(
 ) -> None:
     client, spec = target
     data = f"{NAMESPACE}:data:{name}"
-    lease, gens = 0.5, 300
+    lease, gens = 0.5, 500  # 1,000 generations in all, the victim killed midway
     go = SPAWN.Event()
     roles = ["victim", "waiter", "waiter", "late"]
     procs = [SPAWN.Process(target=killed_party_worker,

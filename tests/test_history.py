@@ -265,6 +265,26 @@ def test_an_action_whose_generation_then_broke_is_not_a_pass():
     assert rules(events) == ["barrier-early"]
 
 
+def test_a_pass_a_failover_lost_may_pass_again_after_it():
+    # A, B, C arrive; C, last, runs the action and returns; the pass is lost with the
+    # master (A and B never heard it): on the promoted replica A and B wait on, and pass
+    # with D. Four waits, two passes: early, unless a fault that may lose writes is near.
+    def call(w: str, inv: float, tid: int) -> Dict[str, Any]:
+        return dict(a="bwait_call", w=w, th="t", inv=inv, obj="a", to=3.0, tid=tid)
+
+    def ret(w: str, inv: float, at: float, idx: int) -> Dict[str, Any]:
+        return dict(a="bwait", w=w, th="t", inv=inv, ret=at, o="ok", idx=idx, obj="a")
+
+    events = [call("A", 1.0, 1), call("B", 1.01, 2), call("C", 1.02, 3),
+              dict(a="bpass", w="C", p="barrier", obj="a", t=1.1, tid=3),
+              ret("C", 1.02, 1.2, 2),
+              call("D", 1.6, 4), dict(a="bpass", w="D", p="barrier", obj="a", t=1.7, tid=4),
+              ret("A", 1.0, 1.8, 0), ret("B", 1.01, 1.8, 1), ret("D", 1.6, 1.8, 2)]
+    assert rules(events) == ["barrier-early"]
+    assert rules(events + [fault("failover", 1.15, 1.5)]) == []
+    assert rules(events + [fault("client_kill", 1.15, 1.5)]) == ["barrier-early"]
+
+
 def test_a_barrier_wait_long_past_its_timeout_is_slow_unless_a_fault_was_near():
     events = generation(1.0)
     for e in events:

@@ -688,6 +688,12 @@ def _notify(hist: _History, params: Params, report: Report) -> None:
                                for w in eligible))
 
 
+#: Faults after which Redis may have lost writes a party was answered from (an
+#: asynchronous replica promoted; a restart, without persistence): a generation may then
+#: pass again with arrivals a lost pass had answered, as a lock's grant may be forked.
+LOSES_WRITES = ("failover", "failover_force", "kill_master", "restart")
+
+
 def _barrier(hist: _History, params: Params, report: Report) -> None:
     """The action records each generation's pass, run by the party that arrived last,
     in its wait, before any wait of the generation returns. A pass *took* unless that
@@ -699,38 +705,74 @@ def _barrier(hist: _History, params: Params, report: Report) -> None:
     ``barrier-count``: by any moment, no more waits returned True than ``parties`` x the
     actions run, each with an index below ``parties``;
     ``barrier-slow``: a wait returns within its timeout plus ``bound`` unless a fault
-    (of any worker: a stopped party holds up every other) was felt meanwhile."""
+    (of any worker: a stopped party holds up every other) was felt meanwhile.
+
+    The counts start again after each fault that may lose writes (``LOSES_WRITES``): from
+    its reach's end ``e`` on, only waits still alive at ``e`` or called after it count (a
+    wait that failed on the link, until its lease would have ended),
+    and at most the waits alive at ``e`` may return once more than the actions after it
+    allow; passes and returns within its reach are not judged."""
     n = params.parties
     ended = {(ev["w"], ev["th"], ev["inv"]): ev for ev in hist.barrier_waits}
-    outcome = {(c["w"], c["th"], c["inv"]): ended.get((c["w"], c["th"], c["inv"]),
-                                                      {"o": "unknown"})["o"]
-               for c in hist.barrier_calls}
-    could = sorted(c["inv"] for c in hist.barrier_calls
-                   if outcome[(c["w"], c["th"], c["inv"])] != "broken")
+    calls = []  # (inv, ret or INF, outcome)
     runs: Dict[Tuple[str, Any], List[Tuple[float, str]]] = defaultdict(list)
     for c in hist.barrier_calls:
-        runs[(c["w"], c.get("tid"))].append((c["inv"], outcome[(c["w"], c["th"], c["inv"])]))
+        done = ended.get((c["w"], c["th"], c["inv"]))
+        o = "unknown" if done is None else done["o"]
+        # A wait that failed on the link may have left its arrival in Redis (its break
+        # could not be sent): it counts until its lease ends.
+        until = INF if done is None else done["ret"] + (
+            params.entry_lease + 1.0 if o == "error" else 0.0)
+        calls.append((c["inv"], until, o))
+        runs[(c["w"], c.get("tid"))].append((c["inv"], o))
     took = []
     for p in hist.barrier_passes:
-        calls = runs.get((p["w"], p.get("tid")), [])
-        at = bisect.bisect_right(calls, (p["t"], "~")) - 1  # the runner's wait then
-        if at < 0 or calls[at][1] != "broken":
+        mine = runs.get((p["w"], p.get("tid")), [])
+        at = bisect.bisect_right(mine, (p["t"], "~")) - 1  # the runner's wait then
+        if at < 0 or mine[at][1] != "broken":
             took.append(p["t"])
     took.sort()
-    for j, t in enumerate(took, 1):
-        called = bisect.bisect_right(could, t)
-        if called < j * n:
-            report.add("barrier-early", t, "barrier",
-                       f"generation {j} passed at {t:.3f} with {called} waits that could "
-                       f"have arrived (it needs {j * n})")
     actions = sorted(p["t"] for p in hist.barrier_passes)
     oks = sorted((ev for ev in hist.barrier_waits if ev["o"] == "ok"), key=lambda e: e["ret"])
-    for k, ev in enumerate(oks, 1):
-        passed = bisect.bisect_right(actions, ev["ret"])
-        if k > n * passed:
+    windows = sorted((f.inv, f.until) for f in hist.faults if f.kind in LOSES_WRITES)
+
+    def segment(t: float) -> Optional[float]:
+        """The start of the segment ``t`` is judged in (-INF: from the first), or None:
+        within a fault's reach, not judged."""
+        since = -INF
+        for inv, until in windows:
+            if inv <= t <= until:
+                return None
+            if until < t:
+                since = max(since, until)
+        return since
+
+    counted: Dict[float, int] = defaultdict(int)
+    for t in took:
+        since = segment(t)
+        if since is None:
+            continue
+        counted[since] += 1
+        j = counted[since]
+        could = sum(1 for inv, ret, o in calls
+                    if inv <= t and o != "broken" and (since == -INF or ret > since))
+        if could < j * n:
+            report.add("barrier-early", t, "barrier",
+                       f"generation {j} (since {since:.3f}) passed at {t:.3f} with {could} "
+                       f"waits that could have arrived (it needs {j * n})")
+    returned: Dict[float, int] = defaultdict(int)
+    for ev in oks:
+        since = segment(ev["ret"])
+        if since is None:
+            continue
+        returned[since] += 1
+        alive = 0 if since == -INF else sum(1 for inv, ret, _ in calls
+                                            if inv <= since < ret)
+        passed = sum(1 for t in actions if since < t <= ev["ret"])
+        if returned[since] > n * passed + alive:
             report.add("barrier-count", ev["ret"], "barrier",
-                       f"{k} waits returned by {ev['ret']:.3f} ({ev['w']}.{ev['th']} the "
-                       f"last), but {passed} actions had run")
+                       f"{returned[since]} waits returned by {ev['ret']:.3f} "
+                       f"({ev['w']}.{ev['th']} the last), but {passed} actions had run")
         if not (isinstance(ev.get("idx"), int) and 0 <= ev["idx"] < n):
             report.add("barrier-count", ev["ret"], "barrier",
                        f"{ev['w']}.{ev['th']}'s wait returned index {ev.get('idx')!r}")
