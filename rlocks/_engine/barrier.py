@@ -39,7 +39,7 @@ from typing import Any, Generator, NamedTuple, Optional
 from ..errors import BrokenBarrierError, RLocksError
 from . import checks, wakeups
 from .backends import backend_for
-from .clients import default_client, encoding_of
+from .clients import checked_client, default_client, encoding_of
 from .clock import monotonic
 from .dialogues import RELEASE_PATIENCE
 from .keys import PrimitiveKeys, keys_for
@@ -132,17 +132,7 @@ class BarrierCore:
         if hasattr(client, "masters") and hasattr(client, "queues"):
             raise ValueError(f"{where}: client is a Quorum, but a Barrier keeps its parties "
                              "on one server: use a single server or a Redis Cluster")
-        if not callable(getattr(client, "evalsha", None)):
-            raise TypeError(f"{where}: client must be a redis.Redis or "
-                            f"redis.cluster.RedisCluster, not {type(client).__name__}")
-        is_async = type(client).__module__.startswith("redis.asyncio")
-        if is_async and not self._aio:
-            raise TypeError(f"{where}: client is a redis.asyncio client; rlocks.Barrier needs "
-                            "a synchronous redis.Redis (use rlocks.asyncio.Barrier)")
-        if self._aio and not is_async:
-            raise TypeError(f"{where}: client must be a redis.asyncio client "
-                            f"(redis.asyncio.Redis), not {type(client).__name__}")
-        return client
+        return checked_client(client, where, self._aio)
 
     def _backend_of(self, client: Any) -> Any:
         return backend_for(client)

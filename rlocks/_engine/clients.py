@@ -253,3 +253,20 @@ def _derive(pool: Any, client_type: Any, pool_types: Tuple[Any, ...], retry_type
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
     )
     return client_type(connection_pool=own)
+
+
+def checked_client(client: Any, where: str, aio: bool) -> Any:
+    """``client`` as a primitive takes it (a ``redis.Redis``, a ``RedisCluster``, or their
+    ``redis.asyncio`` twins for the asyncio primitives, ``aio``): TypeError naming
+    ``where`` for anything else, before any I/O."""
+    if not callable(getattr(client, "evalsha", None)):
+        raise TypeError(f"{where}: client must be a redis.Redis or "
+                        f"redis.cluster.RedisCluster, not {type(client).__name__}")
+    is_async = type(client).__module__.startswith("redis.asyncio")
+    if is_async and not aio:
+        raise TypeError(f"{where}: client is a redis.asyncio client; this needs a synchronous "
+                        "redis.Redis (use the rlocks.asyncio twin for asyncio)")
+    if aio and not is_async:
+        raise TypeError(f"{where}: client must be a redis.asyncio client "
+                        f"(redis.asyncio.Redis), not {type(client).__name__}")
+    return client

@@ -47,7 +47,7 @@ from typing import Any, Generator, Optional
 
 from . import checks, identity, wakeups
 from .backends import backend_for
-from .clients import default_client, encoding_of
+from .clients import checked_client, default_client, encoding_of
 from .clock import monotonic
 from .dialogues import RELEASE_PATIENCE
 from .keys import PrimitiveKeys, keys_for
@@ -110,7 +110,7 @@ class EventCore:
         return f"{self._label}({checks.shown(self._name)})"
 
     def _resolve_client(self, client: Any) -> Any:
-        """``client`` as given, checked (the rules of ``Primitive._resolve_client``), or
+        """``client`` as given, checked (``clients.checked_client``), or
         the default one (``None`` for asyncio: each loop's own, see ``_backend_of``)."""
         where = self._where
         if client is None:
@@ -120,17 +120,7 @@ class EventCore:
                 f"{where}: client is a Quorum, but an Event keeps its flag and its waiters "
                 "on one server (a quorum of flags is not built): use a single server or "
                 "a Redis Cluster client")
-        if not callable(getattr(client, "evalsha", None)):
-            raise TypeError(f"{where}: client must be a redis.Redis or "
-                            f"redis.cluster.RedisCluster, not {type(client).__name__}")
-        is_async = type(client).__module__.startswith("redis.asyncio")
-        if is_async and not self._aio:
-            raise TypeError(f"{where}: client is a redis.asyncio client; rlocks.Event needs "
-                            "a synchronous redis.Redis (use rlocks.asyncio.Event for asyncio)")
-        if self._aio and not is_async:
-            raise TypeError(f"{where}: client must be a redis.asyncio client "
-                            f"(redis.asyncio.Redis), not {type(client).__name__}")
-        return client
+        return checked_client(client, where, self._aio)
 
     def _default_client(self) -> Any:
         return default_client()

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
 from .. import errors
 from . import callbacks, checks, identity
 from .backends import backend_for
-from .clients import default_client, encoding_of, is_cluster
+from .clients import checked_client, default_client, encoding_of, is_cluster
 from .holds import LOST, Hold, hold_for, peek
 from .keys import PrimitiveKeys, keys_for
 from .scripts import Call, load
@@ -218,17 +218,7 @@ class Primitive:
                 raise TypeError(f"{label}: the Quorum's clients are {kind} clients; use "
                                 f"{'rlocks.asyncio' if client.aio else 'rlocks'} for them")
             return client
-        if not callable(getattr(client, "evalsha", None)):
-            raise TypeError(f"{label}: client must be a redis.Redis or "
-                            f"redis.cluster.RedisCluster, not {type(client).__name__}")
-        is_async = type(client).__module__.startswith("redis.asyncio")
-        if is_async and not self._aio:
-            raise TypeError(f"{label}: client is a redis.asyncio client; this primitive needs "
-                            "a synchronous redis.Redis (use rlocks.asyncio for asyncio)")
-        if self._aio and not is_async:
-            raise TypeError(f"{label}: client must be a redis.asyncio client "
-                            f"(redis.asyncio.Redis), not {type(client).__name__}")
-        return client
+        return checked_client(client, label, self._aio)
 
     def _default_client(self) -> Any:
         return default_client()
