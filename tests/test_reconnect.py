@@ -1148,3 +1148,34 @@ def test_a_waiter_with_no_turn_to_send_gives_up_at_its_deadline(
             asyncio.run(scenario())
         took = time.monotonic() - started
     assert 0.5 <= took < 2.5, took
+
+
+@pytest.mark.parametrize("kind", ["rlock", "write", "sem"])
+def test_a_release_that_cannot_reach_redis_before_the_lease_ended_reports_the_loss(
+    kind: str,
+) -> None:
+    """Redis out of reach (a killed master, say) until the hold's lease has ended: its
+    release cannot release it any more, and another owner may hold it by now (a failover
+    may have lost it before). The holder hears LockLostError and on_lost, not the link's
+    error, which left the loss untold (found by a cluster soak: an RWLock writer whose
+    master was killed right after its grant overlapped the next writer, untold)."""
+    lost: List[Any] = []
+    with TemporaryRedisServer() as server, FaultyLink(server.port) as link:
+        client = redis.Redis(port=link.port, socket_timeout=1, socket_connect_timeout=1)
+        common = dict(client=client, namespace=NAMESPACE, ttl=1.0, auto_renew=False,
+                      on_lost=lost.append)
+        if kind == "rlock":
+            prim: Any = rlocks.RLock("outlived", **common)
+        elif kind == "write":
+            prim = rlocks.RWLock("outlived", **common).write_lock
+        else:
+            prim = rlocks.Semaphore("outlived", 2, **common)
+        assert prim.acquire()
+        link.cut()  # refused from now on
+        time.sleep(1.2)  # past the lease
+        with pytest.raises(rlocks.LockLostError) as raised:
+            prim.release()
+        assert isinstance(raised.value.__cause__, redis.exceptions.ConnectionError)
+        wait_until(lambda: lost == [prim], 5, "on_lost")
+        assert not prim.owned()
+        client.close()

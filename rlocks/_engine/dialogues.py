@@ -289,6 +289,19 @@ def _unsent(sends: List[bool], reply: Optional[Reply]) -> bool:
     return not sends or (len(sends) == 1 and reply is not None and reply.status == NOT_SENT)
 
 
+OUTLIVED = "its release could not reach Redis before its lease ended"
+
+
+def _outlived(exc: BaseException, reply: Optional[Reply], hold: Hold) -> bool:
+    """Whether a last release that failed on the link, unanswered, did so once the hold's
+    lease had ended as far as this process knows (no renewal confirmed it longer): no
+    call can release it any more and whoever asks next may be granted it (a failover may
+    have lost it before), so its holder is told it was lost rather than of the link's
+    error (which would leave the loss untold: no renewal follows a dropped hold)."""
+    return (reply is None and not isinstance(exc, Interrupted) and transient(exc)
+            and monotonic() >= hold.lease_end)
+
+
 def _drop(p: Any, owner: str, hold: Hold, n: int = 1) -> None:
     hold.count -= n
     p._gave(owner, n)
@@ -326,6 +339,10 @@ def release(p: Any, owner: str) -> Steps:
             raise
         if reply is not None and reply.status == LOST:
             hold.lose("it was gone from Redis at release")
+        elif last and _outlived(exc, reply, hold):
+            hold.lose(OUTLIVED)
+            _drop(p, owner, hold)
+            raise p._lost_error(hold) from exc
         elif last:
             hold.end_release(answered=reply is not None)
         _drop(p, owner, hold)  # (after the report: on_lost goes to its holding objects)
@@ -400,10 +417,17 @@ def release_permits(p: Any, owner: str, n: int) -> Steps:
         if reply is not None and reply.status == LOST and 0 < reply.a <= len(taking):
             # (interrupted, its answer learned after: the permits it names were gone)
             taking[reply.a - 1][1].lose("its permits were gone from Redis at release")
+        outlived = None
         for who, hold, take in mine:  # else no answer: off the books, its lease ends it
             if hold.count <= take:
-                hold.end_release(answered=reply is not None)
+                if _outlived(exc, reply, hold):
+                    hold.lose(OUTLIVED)
+                    outlived = hold
+                else:
+                    hold.end_release(answered=reply is not None)
             _drop(p, who, hold, take)
+        if outlived is not None:
+            raise p._lost_error(outlived) from exc
         if isinstance(exc, Interrupted):
             raise exc.cause from None
         raise
