@@ -4,7 +4,6 @@ threads look with ``check()`` and the ``lost`` event."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from typing import Any, List
 
@@ -204,7 +203,6 @@ def test_threads_look_with_check_and_the_lost_event(client: Any, name: str, kind
     wait_until(lambda: not client.exists(prim._keys.hash), 5, "released")
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="a task counts its cancellations from 3.11")
 def test_a_cancellation_from_elsewhere_that_comes_with_the_loss_goes_on(
     redis_url: str, name: str
 ) -> None:

@@ -77,13 +77,11 @@ class Guard:
         if not self._fired:
             await prim.__aexit__(exc_type, exc, tb)
             return
-        uncancel = getattr(task, "uncancel", None)  # (Python 3.11+)
-        if uncancel is not None:
-            uncancel()  # the guard's own request (taken back even if the body swallowed it)
+        assert task is not None
+        task.uncancel()  # the guard's own request (taken back even if the body swallowed it)
         # Someone else cancelled the task too (a TaskGroup sibling failed, a shutdown):
-        # that cancellation goes on, unchanged. (Python 3.11+: before, it cannot be told.)
-        cancelling = getattr(task, "cancelling", None)
-        external = cancelling is not None and cancelling() > 0
+        # that cancellation goes on, unchanged.
+        external = task.cancelling() > 0
         try:
             await prim.release()  # owed still; a lost hold's raises LockLostError
         except Exception as error:  # noqa: BLE001 - the loss is what the caller hears
