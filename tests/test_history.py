@@ -152,6 +152,19 @@ def test_the_fenced_store_takes_no_late_write():
     assert rules(events, log=[("rlock", 2, "b"), ("rlock", 2, "a")]) == ["fence"]
 
 
+def test_a_release_that_failed_on_the_link_in_a_fault_tells_its_hold():
+    # w1's grant was lost with its master (killed); w2 is granted by the promoted replica
+    # while w1 still holds; w1's release then meets the dead master: an error, unanswered.
+    events = hold("w1", "t1", "a", 1.0, 1.5, p="bsem", s="p") + hold(
+        "w2", "t1", "b", 1.2, 1.6, p="bsem", s="p") + hold(
+        "w3", "t1", "c", 1.3, 1.7, p="bsem", s="p")
+    for e in events:
+        if e["a"] == "release" and e["h"] == "a":
+            e["o"] = "error"
+    assert rules(events) == ["error", "permits"]  # no fault: both are violations
+    assert rules(events + [fault("kill_master", 1.1, 1.4)]) == []
+
+
 def test_a_loss_with_no_fault_near_it_is_false():
     lost = hold("w1", "t1", "a", 1.0, 1.1, o="lost")
     assert rules(lost) == ["false-loss"]

@@ -7,7 +7,8 @@ called and starts another on return); a worker killed while holding holds until 
 reaped. A hold is *told* lost once its holder learned it: ``LockLostError`` from a
 release, a re-entry or an acquire of its thread, ``owned()`` False inside it, or
 ``on_lost`` while it was its process's only hold of the primitive (or soon after a
-release of it cut short by a cancel or an error returned).
+release of it cut short by a cancel or an error returned), or its release failing on
+the link, unanswered, while a fault was felt (its fate unknown: it may have been lost).
 
 Rules (the issue's numbering):
 
@@ -207,6 +208,7 @@ class _History:
         self.errors: List[Dict[str, Any]] = []
         self.faults: List[Fault] = []
         self.hung: List[Dict[str, Any]] = []
+        self.failed_releases: List[Tuple[str, float]] = []  # (hold, when its release failed)
         self.barrier_calls: List[Dict[str, Any]] = []
         self.barrier_waits: List[Dict[str, Any]] = []
         self.barrier_passes: List[Dict[str, Any]] = []
@@ -270,6 +272,8 @@ class _History:
                 self.errors.append(ev)
             if ev["o"] in ("error", "cancelled") and ev["h"] in self.holds:
                 self.holds[ev["h"]].cut = ev["ret"]
+            if ev["o"] == "error" and ev.get("end") and ev["h"] in self.holds:
+                self.failed_releases.append((ev["h"], ev["ret"]))
         elif a == "owned":
             if ev["o"] == "false":
                 hold = self.holds.get(ev["h"])
@@ -351,6 +355,7 @@ def check(events: Sequence[Dict[str, Any]], params: Params,
     hist = _History(events)
     report = Report()
     _on_lost(hist, params)  # first: it tells holds, which the rules below read
+    _failed_releases(hist)
     _exclusion(hist, params, report)
     _permits(hist, params, report)
     _tokens(hist, report)
@@ -519,6 +524,18 @@ def _on_lost(hist: _History, params: Params) -> None:
         if any(h.told is not None for h in recent):
             continue  # a late callback of a loss already told
         ev["false"] = True
+
+
+def _failed_releases(hist: _History) -> None:
+    """A release that failed on the link, unanswered, while a fault was felt (outside one,
+    ``error`` is a violation of its own) tells its holder the hold's fate is unknown: it
+    may have been lost (a failover may have dropped a grant the promoted replica never
+    had; the release met the dead master). The library says so where it knows more:
+    LockLostError once the hold's lease has ended."""
+    for hid, t in hist.failed_releases:
+        hold = hist.holds[hid]
+        if hist.touched(hold.worker, hold.start, t) is not None:
+            hold.tell(t, "release error")
 
 
 def _false_losses(hist: _History, params: Params, report: Report) -> None:
