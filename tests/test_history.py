@@ -253,7 +253,7 @@ def test_generations_that_pass_in_turn_keep_the_barrier_rules():
 
 def test_a_generation_that_passes_before_every_party_arrived_is_early():
     events = generation(1.0)
-    late = [e for e in events if e["a"] == "bwait_call" and e["w"] == "w3"][0]
+    late = [e for e in events if e["a"] == "bwait_call" and e["w"] == "w1"][0]
     late["inv"] = 1.15  # its wait was called after the action ran
     assert rules(events) == ["barrier-early"]
 
@@ -296,6 +296,17 @@ def test_a_pass_a_failover_lost_may_pass_again_after_it():
     assert rules(events) == ["barrier-early"]
     assert rules(events + [fault("failover", 1.15, 1.5)]) == []
     assert rules(events + [fault("client_kill", 1.15, 1.5)]) == ["barrier-early"]
+
+
+def test_a_party_whose_passed_outcome_a_restart_lost_may_hear_broken():
+    # The generation passed (its runner returned), then Redis restarted without
+    # persistence before w1 and w2 looked: they hear "broken" for waits that arrived.
+    events = generation(1.0)
+    for e in events:
+        if e["a"] == "bwait" and e["w"] in ("w1", "w2"):
+            e.update(o="broken", idx=None, ret=1.5)
+    assert rules(events) == ["barrier-early"]
+    assert rules(events + [fault("restart", 1.2, 1.4)]) == []
 
 
 def test_a_barrier_wait_long_past_its_timeout_is_slow_unless_a_fault_was_near():

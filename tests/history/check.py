@@ -713,8 +713,9 @@ LOSES_WRITES = ("failover", "failover_force", "kill_master", "restart")
 
 def _barrier(hist: _History, params: Params, report: Report) -> None:
     """The action records each generation's pass, run by the party that arrived last,
-    in its wait, before any wait of the generation returns. A pass *took* unless that
-    wait ended ``broken`` (the generation broke after its action: a reset, a party gone).
+    in its wait, before any wait of the generation returns. A pass *took* when that wait
+    returned True (else the generation may have broken after its action: a reset, a
+    party gone, the pass's call lost with the link).
 
     ``barrier-early``: the j-th pass that took needs j x ``parties`` waits called before
     it that could have arrived for it (a wait of a generation that passed returns True,
@@ -731,11 +732,18 @@ def _barrier(hist: _History, params: Params, report: Report) -> None:
     allow; passes and returns within its reach are not judged."""
     n = params.parties
     ended = {(ev["w"], ev["th"], ev["inv"]): ev for ev in hist.barrier_waits}
+    windows = sorted((f.inv, f.until) for f in hist.faults if f.kind in LOSES_WRITES)
     calls = []  # (inv, ret or INF, outcome)
     runs: Dict[Tuple[str, Any], List[Tuple[float, str]]] = defaultdict(list)
     for c in hist.barrier_calls:
         done = ended.get((c["w"], c["th"], c["inv"]))
         o = "unknown" if done is None else done["o"]
+        if o == "broken" and any(inv <= done["ret"] and until >= c["inv"]
+                                 for inv, until in windows):
+            # Its generation may have passed before Redis lost the outcome it had not
+            # collected yet (a restart without persistence, a failover): it then hears
+            # "broken" for a wait that did arrive.
+            o = "unknown"
         # A wait that failed on the link may have left its arrival in Redis (its break
         # could not be sent): it counts until its lease ends.
         until = INF if done is None else done["ret"] + (
@@ -746,12 +754,13 @@ def _barrier(hist: _History, params: Params, report: Report) -> None:
     for p in hist.barrier_passes:
         mine = runs.get((p["w"], p.get("tid")), [])
         at = bisect.bisect_right(mine, (p["t"], "~")) - 1  # the runner's wait then
-        if at < 0 or mine[at][1] != "broken":
+        if at >= 0 and mine[at][1] == "ok":
+            # (its wait failed on the link, or never returned: whether the pass took is
+            # not known, so it is not counted; fewer passes only ask for fewer waits)
             took.append(p["t"])
     took.sort()
     actions = sorted(p["t"] for p in hist.barrier_passes)
     oks = sorted((ev for ev in hist.barrier_waits if ev["o"] == "ok"), key=lambda e: e["ret"])
-    windows = sorted((f.inv, f.until) for f in hist.faults if f.kind in LOSES_WRITES)
 
     def segment(t: float) -> Optional[float]:
         """The start of the segment ``t`` is judged in (-INF: from the first), or None:
